@@ -1,0 +1,184 @@
+"""The ``datalane`` command: run, verify, demo and inspect.
+
+* ``run``     - one world in one process; prints ``step=<n> sha256=<global hash>`` per step.
+* ``verify``  - every world size x worker count, plus resumes on another topology; exits 0
+                only if every step hash agrees.
+* ``demo``    - the elastic demo with one OS process per rank (see :mod:`datalane.demo`).
+* ``inspect`` - a resume point in human form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from datalane.spec.errors import DatalaneError
+from datalane.spec.knobs import Knobs
+from datalane.spec.state import Checkpoint, Counters
+
+__all__ = ["main"]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers")
+    if not values:
+        raise argparse.ArgumentTypeError("the list is empty")
+    return values
+
+
+def _knobs(args: argparse.Namespace, workers: int | None = None) -> Knobs:
+    from datalane.spec import model
+
+    return model.load(Knobs, {"workers": workers or args.workers, "prefetch": args.prefetch},
+                      "knobs")
+
+
+def _summary(counters: Counters, before: Counters | None, seconds: float, steps: int,
+             ) -> str:
+    tokens = counters.tokens - (before.tokens if before else 0)
+    padding = counters.padding - (before.padding if before else 0)
+    docs = counters.docs - (before.docs if before else 0)
+    skipped = dict(counters.skipped)
+    for k, v in (before.skipped if before else {}).items():
+        skipped[k] = skipped.get(k, 0) - v
+    skipped = {k: v for k, v in sorted(skipped.items()) if v}
+    total = tokens + padding
+    rate = tokens / seconds if seconds > 0 else 0.0
+    skip_text = ", ".join(f"{k}={v}" for k, v in skipped.items()) or "none"
+    return (f"steps={steps} tokens={tokens} tokens_per_s={rate:,.0f} documents_read={docs} "
+            f"skipped={sum(skipped.values())} ({skip_text}) "
+            f"padding_fraction={padding / total if total else 0.0:.4f} seconds={seconds:.2f}")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from datalane.runner import run_world
+    from datalane.spec.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe)
+    start = Checkpoint.load(args.resume) if args.resume else None
+    save_at = frozenset([args.save_state_at]) if args.save_state_at is not None else frozenset()
+    if (args.save_state_at is None) != (args.state_out is None):
+        raise DatalaneError("--save-state-at and --state-out go together")
+    result = run_world(recipe, args.world, _knobs(args), args.steps, start=start,
+                       save_at=save_at,
+                       on_step=lambda s, h: print(f"step={s} sha256={h}", flush=True))
+    if args.save_state_at is not None:
+        ckpt = result.checkpoints.get(args.save_state_at)
+        if ckpt is None:
+            raise DatalaneError(f"--save-state-at {args.save_state_at} was never reached "
+                                f"(the run covered steps {min(result.hashes, default=0)}-"
+                                f"{max(result.hashes, default=-1)})")
+        with open(args.state_out, "w", encoding="utf-8") as f:
+            f.write(ckpt.dumps())
+        print(f"saved state of step {ckpt.step} to {args.state_out}", file=sys.stderr)
+    before = Counters()
+    for lane in (start.lanes.values() if start else []):
+        before.add(lane.counters)
+    print(_summary(result.counters, before if start else None, result.seconds,
+                   len(result.hashes)))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from datalane.verify import verify
+
+    recipe_path = args.recipe
+    ok = verify(recipe_path, args.steps, args.worlds, args.workers, args.resume_at,
+                prefetch=args.prefetch)
+    return 0 if ok else 1
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from datalane.demo import run_demo
+
+    return run_demo(args.dir, args.steps, keep=args.keep)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from datalane.inspect_state import describe
+
+    print(describe(Checkpoint.load(args.state), raw=args.json))
+    return 0
+
+
+def _cmd_rank(args: argparse.Namespace) -> int:
+    from datalane.demo import rank_main
+
+    return rank_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="datalane", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def knobs(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--workers", type=int, default=2, help="map worker threads")
+        sp.add_argument("--prefetch", type=int, default=8, help="map tasks in flight per stream")
+
+    run = sub.add_parser("run", help="run one world and print per-step global hashes")
+    run.add_argument("recipe")
+    run.add_argument("--world", type=int, default=1, help="data-parallel world size")
+    run.add_argument("--steps", type=int, default=None,
+                     help="steps to run (default: until every lane runs out of data)")
+    run.add_argument("--save-state-at", type=int, default=None, metavar="S",
+                     help="save the resume point at the boundary before step S")
+    run.add_argument("--state-out", default=None, metavar="FILE")
+    run.add_argument("--resume", default=None, metavar="FILE", help="resume from a state file")
+    knobs(run)
+    run.set_defaults(fn=_cmd_run)
+
+    ver = sub.add_parser("verify", help="check that every topology gives the same batches")
+    ver.add_argument("recipe")
+    ver.add_argument("--steps", type=int, required=True)
+    ver.add_argument("--worlds", type=_ints, default=[1, 2, 4])
+    ver.add_argument("--workers", type=_ints, default=[1, 3])
+    ver.add_argument("--resume-at", type=_ints, default=[])
+    ver.add_argument("--prefetch", type=int, default=8)
+    ver.set_defaults(fn=_cmd_verify)
+
+    demo = sub.add_parser("demo", help="elastic demo: 4 ranks, resume on 2, then on 8")
+    demo.add_argument("--dir", default=None, help="work folder (default: a temporary one)")
+    demo.add_argument("--steps", type=int, default=8, help="steps per phase")
+    demo.add_argument("--keep", action="store_true", help="keep the work folder")
+    demo.set_defaults(fn=_cmd_demo)
+
+    ins = sub.add_parser("inspect", help="print a state file in human form")
+    ins.add_argument("state")
+    ins.add_argument("--json", action="store_true", help="also print each lane state's JSON")
+    ins.set_defaults(fn=_cmd_inspect)
+
+    rank = sub.add_parser("_rank", help=argparse.SUPPRESS)  # one rank process of the demo
+    rank.add_argument("--recipe", required=True)
+    rank.add_argument("--rank", type=int, required=True)
+    rank.add_argument("--world", type=int, required=True)
+    rank.add_argument("--steps", type=int, required=True)
+    rank.add_argument("--resume", default=None)
+    rank.add_argument("--state-out", required=True)
+    rank.add_argument("--workers", type=int, default=1)
+    rank.set_defaults(fn=_cmd_rank)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    try:
+        return int(args.fn(args))
+    except DatalaneError as e:
+        print(f"datalane {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+

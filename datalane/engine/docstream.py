@@ -1,0 +1,223 @@
+"""One lane's documents from one source: read, block shuffle, map tasks, ordered results.
+
+The lane's records of a source, epoch by epoch, are cut into blocks of ``K`` records; each
+block is permuted by a key of ``(seed, source, lane, epoch, block)`` (DESIGN section 3.2) and
+cut into map tasks that run on the shared worker pool. Results are consumed strictly in
+submission order, so counters and the ``fail`` policy see records in the logical order.
+
+The stream's resume point is a :class:`~datalane.spec.state.SourceCursor`: the epoch and block,
+where the block starts (chunk ordinal and record position), and how many of its shuffled
+records were consumed. Restoring reads that one block again and maps only the records after
+the offset, so restore cost is bounded by a block, whatever the position in the stream.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from datalane.engine.chunks import RecordReader
+from datalane.engine.mapstage import BAD_RECORD_REASONS, MapResult, MapStage, Record
+from datalane.engine.plan import SourcePlan
+from datalane.engine.rng import permutation
+from datalane.spec.errors import DataError
+from datalane.spec.knobs import Knobs
+from datalane.spec.state import Counters, SourceCursor
+
+__all__ = ["DocStream"]
+
+
+@dataclass
+class _Block:
+    epoch: int
+    index: int
+    chunk: int  # ordinal, in the lane's chunk list of the epoch, of the first record's chunk
+    pos: int  # position of the first record (-1: the start of the chunk)
+    records: list[Record]  # in shuffled order
+    after: SourceCursor  # where the next block starts
+    submitted: int = 0
+
+
+@dataclass
+class _Task:
+    block: _Block
+    start: int  # offset of the slice in the shuffled block
+    future: Future[MapResult]
+
+
+class DocStream:
+    """Documents of one (lane, source) in final order, with a resumable cursor."""
+
+    def __init__(self, source: SourcePlan, lane: int, stage: MapStage, pool: Executor,
+                 knobs: Knobs, block_size: int, policy: str, counters: Counters,
+                 cursor: SourceCursor | None = None) -> None:
+        self.source = source
+        self.lane = lane
+        self._stage = stage
+        self._pool = pool
+        self._knobs = knobs
+        self._block_size = block_size
+        self._policy = policy
+        self._counters = counters
+        self._reader = RecordReader(source.files, source.spec.text_field)
+        self._jsonl = [f.format == "jsonl" for f in source.files]
+        cur = cursor or SourceCursor(0, 0, 0, -1, 0)
+        # reader side (ahead of the consumer)
+        self._r_epoch = cur.epoch
+        self._r_block = cur.block
+        self._r_chunk = cur.chunk
+        self._r_iter: Iterator[tuple[int, Any]] | None = None
+        self._r_start: int | None = cur.pos if cur.pos >= 0 else None
+        self._r_peek: tuple[int, Record] | None = None
+        self._skip_first = cur.offset  # records of the first block already consumed
+        self._block: _Block | None = None
+        self._tasks: deque[_Task] = deque()
+        # consumer side
+        self._cur: MapResult | None = None
+        self._cur_task: _Task | None = None
+        self._i = 0
+        self._cursor = cur
+
+    # -- reading -----------------------------------------------------------------------------
+    def _exhausted_epoch(self, epoch: int) -> bool:
+        epochs = self.source.spec.epochs
+        return epochs is not None and epoch >= epochs
+
+    def _next_record(self) -> tuple[int, Record] | None:
+        """``(chunk ordinal, record)`` of the next record of the reader's epoch, or None."""
+        if self._r_peek is not None:
+            rec, self._r_peek = self._r_peek, None
+            return rec
+        chunks = self.source.lane_chunks(self.lane, self._r_epoch)
+        while self._r_chunk < len(chunks):
+            if self._r_iter is None:
+                self._r_iter = self._reader.records(chunks[self._r_chunk], self._r_start)
+                self._r_start = None
+            got = next(self._r_iter, None)
+            if got is not None:
+                return self._r_chunk, (chunks[self._r_chunk].file, got[0], got[1])
+            self._r_iter = None
+            self._r_chunk += 1
+        return None
+
+    def _start_epoch(self, epoch: int) -> None:
+        self._r_epoch, self._r_block, self._r_chunk = epoch, 0, 0
+        self._r_iter, self._r_start, self._r_peek = None, None, None
+
+    def _read_block(self) -> _Block | None:
+        """Read the next block (the reader runs ahead of the consumer), or None at the end."""
+        while not self._exhausted_epoch(self._r_epoch):
+            first = self._next_record()
+            if first is None:  # the epoch ended on a block boundary
+                if self._r_block == 0 and self.source.spec.epochs is None:
+                    raise DataError(
+                        f"source {self.source.spec.name!r}: lane {self.lane} read no record "
+                        f"in epoch {self._r_epoch}; its chunks hold no documents")
+                self._start_epoch(self._r_epoch + 1)
+                continue
+            records = [first[1]]
+            while len(records) < self._block_size:
+                nxt = self._next_record()
+                if nxt is None:
+                    break
+                records.append(nxt[1])
+            peek = self._next_record() if len(records) == self._block_size else None
+            epoch, index = self._r_epoch, self._r_block
+            if peek is None:
+                after = SourceCursor(epoch + 1, 0, 0, -1, 0)
+                self._start_epoch(epoch + 1)
+            else:
+                after = SourceCursor(epoch, index + 1, peek[0], peek[1][1], 0)
+                self._r_peek = peek
+                self._r_block += 1
+            order = permutation(len(records), self.source.seed, "block", self.source.spec.name,
+                                self.lane, epoch, index)
+            return _Block(epoch, index, first[0], first[1][1], [records[i] for i in order],
+                          after)
+        return None
+
+    def _fill(self) -> None:
+        """Submit map tasks until ``prefetch`` are in flight (the backpressure bound)."""
+        while len(self._tasks) < self._knobs.prefetch:
+            block = self._block
+            if block is None or block.submitted >= len(block.records):
+                block = self._read_block()
+                if block is None:
+                    return
+                block.submitted = min(self._skip_first, len(block.records))
+                self._skip_first = 0
+                self._block = block
+                if block.submitted >= len(block.records):
+                    self._cursor = block.after
+                    continue
+            start = block.submitted
+            piece = block.records[start:start + self._knobs.task_docs]
+            block.submitted += len(piece)
+            future = self._pool.submit(self._stage.run, piece, self._jsonl)
+            self._tasks.append(_Task(block, start, future))
+
+    # -- consuming ---------------------------------------------------------------------------
+    def next_doc(self) -> tuple[np.ndarray, tuple[int, int]] | None:
+        """The next kept document's tokens and its ``(file, position)``, or None at the end."""
+        while True:
+            if self._cur is None:
+                self._fill()
+                if not self._tasks:
+                    self._cursor = SourceCursor(self._r_epoch, 0, 0, -1, 0)
+                    return None
+                task = self._tasks.popleft()
+                self._cur, self._cur_task, self._i = task.future.result(), task, 0
+                self._fill()
+            res, task, i = self._cur, self._cur_task, self._i
+            assert task is not None  # set together with self._cur
+            if i >= len(res.status):
+                self._cur = None
+                continue
+            self._i = i + 1
+            block = task.block
+            offset = task.start + i + 1
+            if offset >= len(block.records):
+                self._cursor = block.after
+            else:
+                self._cursor = SourceCursor(block.epoch, block.index, block.chunk, block.pos,
+                                            offset)
+            file, pos, _ = block.records[task.start + i]
+            self._counters.docs += 1
+            reason = res.status[i]
+            if reason is None:
+                return res.tokens[res.offsets[i]:res.offsets[i + 1]], (file, pos)
+            if reason in BAD_RECORD_REASONS and self._policy == "fail":
+                raise DataError(f"source {self.source.spec.name!r}: {res.detail[i]} in "
+                                f"{self._where(file, pos)} (bad_records is 'fail')")
+            self._counters.skip(reason)
+
+    def _where(self, file: int, pos: int) -> str:
+        sf = self.source.files[file]
+        unit = "row" if sf.format == "parquet" else "byte"
+        return f"{sf.uri} at {unit} {pos}"
+
+    def fetch(self, file: int, pos: int) -> np.ndarray:
+        """Re-read and map one document by reference (restoring a packer's carry-over)."""
+        raw = self._reader.read_one(file, pos)
+        res = self._stage.run([(file, pos, raw)], self._jsonl)
+        if res.status[0] is not None:
+            raise DataError(f"source {self.source.spec.name!r}: the carried document at "
+                            f"{self._where(file, pos)} no longer maps to tokens "
+                            f"({res.status[0]}); did the file change?")
+        return res.tokens
+
+    @property
+    def cursor(self) -> SourceCursor:
+        """Resume point: where the next document not yet consumed comes from."""
+        return self._cursor
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.future.cancel()
+        self._tasks.clear()
+        self._reader.close()

@@ -1,0 +1,124 @@
+"""Source files through fsspec: expand URIs and globs, identify files, open them.
+
+The identity of a file (URI, size, and the ETag or modification time its filesystem reports)
+goes into the recipe fingerprint. Callers: :mod:`datalane.engine.plan` (listing),
+:mod:`datalane.engine.chunks` (reading), :mod:`datalane.engine.tokenize` (tokenizer file).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import IO, Any
+
+from datalane.spec.errors import ConfigError, StorageError
+
+__all__ = ["SourceFile", "compression_of", "expand", "format_of", "open_file", "read_bytes"]
+
+_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl",
+            ".ndjson": "jsonl"}
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file of a source, as listed when the plan was made."""
+
+    uri: str
+    size: int
+    ident: str  # ETag or mtime: changes when the content may have changed
+    format: str
+    compression: str | None
+
+
+def compression_of(uri: str) -> str | None:
+    return _COMPRESSIONS.get(os.path.splitext(uri)[1].lower())
+
+
+def format_of(uri: str, declared: str | None, where: str) -> str:
+    """The file format: declared in the recipe, or inferred from the extension."""
+    if declared is not None:
+        return declared
+    stem = uri
+    if compression_of(uri):
+        stem = os.path.splitext(uri)[0]
+    fmt = _FORMATS.get(os.path.splitext(stem)[1].lower())
+    if fmt is None:
+        raise ConfigError(f"{where}: cannot infer the format of {uri!r} from its extension; "
+                          f"set {where}.format to 'parquet' or 'jsonl'")
+    return fmt
+
+
+def _fs(uri: str) -> tuple[Any, str]:
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(uri)  # type: ignore[no-any-return]
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"cannot open {uri!r}: {e}") from e
+
+
+def _ident(info: dict[str, Any]) -> str:
+    for key in ("ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified", "updated"):
+        if info.get(key) is not None:
+            return f"{key}={info[key]}"
+    return "none"
+
+
+def _unstrip(fs: Any, path: str) -> str:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("file", "local"):
+        return path
+    return fs.unstrip_protocol(path)  # type: ignore[no-any-return]
+
+
+def expand(uri: str, where: str) -> list[tuple[str, int, str]]:
+    """Sorted ``(uri, size, ident)`` of every file a path, glob or URI names."""
+    fs, path = _fs(uri)
+    try:
+        if any(c in path for c in "*?["):
+            paths = sorted(fs.glob(path))
+            if not paths:
+                raise ConfigError(f"{where} {uri!r} matches no file")
+        else:
+            paths = [path]
+        out = []
+        for p in paths:
+            info = fs.info(p)
+            if info.get("type") == "directory":
+                raise ConfigError(f"{where} {uri!r} is a directory; use a glob such as "
+                                  f"'{uri.rstrip('/')}/*.parquet'")
+            out.append((_unstrip(fs, p), int(info["size"]), _ident(info)))
+        return out
+    except FileNotFoundError as e:
+        raise ConfigError(f"{where} {uri!r} does not exist") from e
+    except PermissionError as e:
+        raise ConfigError(f"{where} {uri!r} is not readable: permission denied") from e
+    except OSError as e:
+        raise StorageError(f"{where} {uri!r} cannot be listed: {e}", transient=True) from e
+
+
+def open_file(uri: str, compression: str | None = None) -> IO[bytes]:
+    """Open a source file for binary reading, decompressing on the fly if asked."""
+    import fsspec
+
+    try:
+        return fsspec.open(uri, "rb", compression=compression).open()  # type: ignore[no-any-return]
+    except FileNotFoundError as e:
+        raise StorageError(f"source file {uri} disappeared after planning") from e
+    except OSError as e:
+        raise StorageError(f"cannot open {uri}: {e}", transient=True) from e
+
+
+def read_bytes(uri: str, where: str) -> bytes:
+    """Whole content of a small object (tokenizer files)."""
+    fs, path = _fs(uri)
+    try:
+        with fs.open(path, "rb") as f:
+            return f.read()  # type: ignore[no-any-return]
+    except FileNotFoundError as e:
+        raise ConfigError(f"{where} {uri!r} does not exist") from e
+    except IsADirectoryError as e:
+        raise ConfigError(f"{where} {uri!r} is a directory; point it at tokenizer.json") from e
+    except OSError as e:
+        raise ConfigError(f"{where} {uri!r} cannot be read: {e}") from e

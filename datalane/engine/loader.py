@@ -1,0 +1,180 @@
+"""The loader: the lanes of one rank, as steps and microbatches of numpy arrays.
+
+``Loader(recipe, rank, world_size, knobs)`` owns lanes ``[r*L/W, (r+1)*L/W)`` (DESIGN
+section 2); every step it concatenates its lanes' windows in lane order into the rank's local
+batch. All lanes of the loader share one worker pool. ``state_dict()`` between steps returns
+a checkpoint of the rank's lanes; the union of all ranks' checkpoints of a step restores any
+world size that divides ``L`` (:func:`datalane.spec.state.merge_checkpoints`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from datalane.engine.lane import LaneStream
+from datalane.engine.mapstage import MapStage
+from datalane.engine.plan import Plan
+from datalane.spec.errors import ConfigError, MismatchError
+from datalane.spec.fingerprint import check_fingerprint
+from datalane.spec.hashing import global_hash
+from datalane.spec.knobs import Knobs
+from datalane.spec.lanes import lanes_of_rank
+from datalane.spec.recipe import Recipe
+from datalane.spec.state import Checkpoint, Counters, LaneState
+
+__all__ = ["Loader", "Microbatch", "Step"]
+
+
+@dataclass
+class Step:
+    """A rank's local batch of one step: its lanes' windows, in lane order."""
+
+    step: int
+    input_ids: np.ndarray  # (B/W, seq_len + 1) int32
+    positions: np.ndarray  # (B/W, seq_len + 1) int32; -1 marks padding
+    lane_digests: dict[int, bytes]  # window digest of each lane this rank owns
+    ended: bool  # every lane of this rank has run out of data (later steps are padding)
+
+    def global_hash(self) -> str:
+        """The global step hash; valid only when this step holds every lane (W = 1)."""
+        return global_hash(self.lane_digests[k] for k in sorted(self.lane_digests))
+
+
+@dataclass
+class Microbatch:
+    """Consecutive sequences of a rank's local batch."""
+
+    step: int
+    index: int
+    input_ids: np.ndarray
+    positions: np.ndarray
+
+
+class Loader:
+    """Steps of one rank of a ``world_size``-rank job; resumable with ``state_dict``."""
+
+    def __init__(self, recipe: Recipe, rank: int = 0, world_size: int = 1,
+                 knobs: Knobs | None = None, *, plan: Plan | None = None,
+                 pool: Executor | None = None) -> None:
+        self.recipe = recipe
+        self.rank = rank
+        self.world_size = world_size
+        self.lanes = lanes_of_rank(recipe.lanes, world_size, rank)
+        self.knobs = knobs or Knobs()
+        self.plan = plan if plan is not None else Plan.build(recipe)
+        self._own_pool = pool is None
+        self._pool = pool or ThreadPoolExecutor(self.knobs.workers,
+                                                thread_name_prefix="datalane-map")
+        self._stages = [MapStage(sp.spec.text_field, sp.filters, self.plan.tokenizer)
+                        for sp in self.plan.sources]
+        self._streams: list[LaneStream] | None = None
+        self._restore: Checkpoint | None = None
+        self._step = 0
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The next step this loader will produce."""
+        return self._step
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpoint of this rank's lanes at the current step boundary (JSON-serializable)."""
+        if self._streams is not None:
+            lanes = {s.lane: s.state() for s in self._streams}
+        elif self._restore is not None:
+            lanes = {k: self._restore.lanes[k] for k in self.lanes}
+        else:
+            n = len(self.recipe.sources)
+            lanes = {k: LaneState.initial(k, n) for k in self.lanes}
+        return Checkpoint(self._step, self.plan.fingerprint, self.plan.fingerprint_doc, lanes,
+                          self.recipe.lanes).to_json()
+
+    def load_state_dict(self, state: dict[str, Any] | Checkpoint) -> None:
+        """Resume from a checkpoint holding (at least) this rank's lanes."""
+        ckpt = state if isinstance(state, Checkpoint) else Checkpoint.from_json(state)
+        check_fingerprint(ckpt.fingerprint, ckpt.fingerprint_doc, self.plan.fingerprint,
+                          self.plan.fingerprint_doc, "the checkpoint")
+        if ckpt.lanes_total != self.recipe.lanes:
+            raise MismatchError(f"the checkpoint has {ckpt.lanes_total} lanes; the recipe has "
+                                f"{self.recipe.lanes}")
+        missing = [lane for lane in self.lanes if lane not in ckpt.lanes]
+        if missing:
+            have = ", ".join(str(k) for k in sorted(ckpt.lanes)) or "none"
+            raise MismatchError(
+                f"rank {self.rank} of {self.world_size} needs lanes {self.lanes.start}-"
+                f"{self.lanes.stop - 1}, but the checkpoint of step {ckpt.step} holds lanes "
+                f"{have} (missing {missing[:8]}); merge every rank's checkpoint of that step")
+        for lane in self.lanes:
+            seqs = ckpt.lanes[lane].sequences
+            if seqs != ckpt.step * self.recipe.lane_batch:
+                raise MismatchError(f"lane {lane} of the checkpoint is {seqs} sequences in, but "
+                                    f"step {ckpt.step} is {ckpt.step * self.recipe.lane_batch}")
+        self.close_streams()
+        self._restore = ckpt
+        self._step = ckpt.step
+
+    # -- iteration ---------------------------------------------------------------------------
+    def _open(self) -> list[LaneStream]:
+        if self._streams is None:
+            states = self._restore.lanes if self._restore is not None else {}
+            self._streams = [LaneStream(self.plan, lane, self._stages, self._pool, self.knobs,
+                                        states.get(lane)) for lane in self.lanes]
+            self._restore = None
+        return self._streams
+
+    def next_step(self) -> Step:
+        windows = [s.next_window() for s in self._open()]
+        step = Step(
+            step=self._step,
+            input_ids=np.concatenate([w.input_ids for w in windows]),
+            positions=np.concatenate([w.positions for w in windows]),
+            lane_digests={w.lane: w.digest for w in windows},
+            ended=all(w.ended for w in windows),
+        )
+        self._step += 1
+        return step
+
+    def __iter__(self) -> Iterator[Step]:
+        """Steps forever; after the data ends, steps are padding with ``ended`` set."""
+        while True:
+            yield self.next_step()
+
+    def microbatches(self, size: int) -> Iterator[Microbatch]:
+        """Microbatches of ``size`` sequences, step after step."""
+        local = self.recipe.global_batch_size // self.world_size
+        if size < 1 or local % size:
+            options = [d for d in range(1, local + 1) if local % d == 0]
+            raise ConfigError(f"microbatch size {size} does not divide the local batch of "
+                              f"{local} sequences (B={self.recipe.global_batch_size}, "
+                              f"W={self.world_size}); use one of {options}")
+        for step in self:
+            for i in range(local // size):
+                sl = slice(i * size, (i + 1) * size)
+                yield Microbatch(step.step, i, step.input_ids[sl], step.positions[sl])
+
+    def counters(self) -> Counters:
+        total = Counters()
+        for s in self._streams or []:
+            total.add(s.counters)
+        return total
+
+    def close_streams(self) -> None:
+        for s in self._streams or []:
+            s.close()
+        self._streams = None
+
+    def close(self) -> None:
+        self.close_streams()
+        if self._own_pool:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

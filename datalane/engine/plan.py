@@ -1,0 +1,100 @@
+"""The plan: which chunks each lane reads, in which order (DESIGN section 3.1).
+
+Per source, every file is listed and cut into chunks; per ``(source, epoch)`` the chunks are
+permuted by a key of ``(seed, source, epoch)`` and dealt round-robin to lanes, so lane ``l``
+reads chunks ``perm[l], perm[l+L], ...``. A plan is built once per process and shared by all
+lanes in it; it also produces the fingerprint document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from datalane.engine.chunks import Chunk, cut_file
+from datalane.engine.files import SourceFile, compression_of, expand, format_of
+from datalane.engine.rng import permutation
+from datalane.engine.tokenize import TokenizerHandle
+from datalane.spec.errors import ConfigError
+from datalane.spec.fingerprint import fingerprint_of
+from datalane.spec.recipe import Filters, Recipe, Source
+
+__all__ = ["Plan", "SourcePlan"]
+
+
+@dataclass
+class SourcePlan:
+    """One source: its files, its chunks and how they are dealt to lanes."""
+
+    index: int
+    spec: Source
+    filters: Filters
+    files: list[SourceFile]
+    chunks: list[Chunk]
+    seed: int
+    lanes: int
+    _perms: dict[int, list[int]] = field(default_factory=dict, repr=False)
+
+    def _perm(self, epoch: int) -> list[int]:
+        perm = self._perms.get(epoch)
+        if perm is None:
+            perm = permutation(len(self.chunks), self.seed, "chunks", self.spec.name, epoch)
+            if len(self._perms) > 4:
+                self._perms.clear()
+            self._perms[epoch] = perm
+        return perm
+
+    def lane_chunks(self, lane: int, epoch: int) -> list[Chunk]:
+        """The chunks lane ``lane`` reads in ``epoch``, in reading order."""
+        perm = self._perm(epoch)
+        return [self.chunks[perm[i]] for i in range(lane, len(perm), self.lanes)]
+
+    def finite(self) -> bool:
+        return self.spec.epochs is not None
+
+
+@dataclass
+class Plan:
+    """Everything a lane needs that is derived from the recipe and the files it names."""
+
+    recipe: Recipe
+    sources: list[SourcePlan]
+    tokenizer: TokenizerHandle
+    fingerprint_doc: dict[str, object]
+    fingerprint: str
+
+    @classmethod
+    def build(cls, recipe: Recipe) -> Plan:
+        tokenizer = TokenizerHandle.load(recipe.tokenizer)
+        sources = [_plan_source(i, s, recipe) for i, s in enumerate(recipe.sources)]
+        doc: dict[str, object] = {
+            "recipe": recipe.to_dict(),
+            "files": {sp.spec.name: [[f.uri, f.size, f.ident] for f in sp.files]
+                      for sp in sources},
+            "tokenizer_sha256": tokenizer.sha256,
+        }
+        return cls(recipe, sources, tokenizer, doc, fingerprint_of(doc))
+
+
+def _plan_source(index: int, spec: Source, recipe: Recipe) -> SourcePlan:
+    where = f"sources[{index}]"
+    files: list[SourceFile] = []
+    seen: set[str] = set()
+    for j, uri in enumerate(spec.uris):
+        for path, size, ident in expand(uri, f"{where}.uris[{j}]"):
+            if path in seen:
+                continue
+            seen.add(path)
+            fmt = format_of(path, spec.format, where)
+            files.append(SourceFile(path, size, ident, fmt, compression_of(path)))
+    chunks: list[Chunk] = []
+    for i, sf in enumerate(files):
+        chunks.extend(cut_file(i, sf, spec.chunk_bytes, spec.chunk_rows))
+    if len(chunks) < recipe.lanes:
+        knob = "chunk_rows" if all(f.format == "parquet" for f in files) else "chunk_bytes"
+        raise ConfigError(
+            f"{where} {spec.name!r} has {len(chunks)} chunk(s) in {len(files)} file(s), but "
+            f"{recipe.lanes} lanes each need at least one per epoch; set a smaller "
+            f"{where}.{knob}, add files, or use fewer lanes")
+    return SourcePlan(index, spec, recipe.filters_for(spec), files, chunks, recipe.seed,
+                      recipe.lanes)
+

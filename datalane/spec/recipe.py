@@ -1,0 +1,227 @@
+"""The recipe: everything that decides *what* the model eats (DESIGN section 1).
+
+A :class:`Recipe` is a frozen, strictly validated value. Load it with :func:`load_recipe`
+(YAML or JSON file, or a mapping). Its JSON Schema (:func:`recipe_schema`) is the single source
+of the ``spec.recipe`` schema in the ``DataPipeline`` CRD. Performance knobs (workers,
+prefetch, world size) are deliberately *not* here: they live in :mod:`datalane.spec.knobs`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from datalane.spec import model
+from datalane.spec.errors import ConfigError
+from datalane.spec.lanes import nearest_multiples
+from datalane.spec.model import doc
+
+__all__ = [
+    "Filters",
+    "Packing",
+    "Recipe",
+    "Shuffle",
+    "Source",
+    "TokenizerSpec",
+    "load_recipe",
+    "recipe_schema",
+]
+
+RECIPE_VERSION = 1
+_NAME = r"[a-z0-9]([a-z0-9_-]{0,62})?"
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """The tokenizer and the special tokens each document is wrapped in."""
+
+    uri: str = doc("Path or fsspec URI of a Hugging Face `tokenizer.json`.")
+    sha256: str | None = doc(
+        "Expected SHA-256 of the tokenizer file; loading fails if the content differs.",
+        default=None, pattern=r"[0-9a-f]{64}")
+    add_bos: bool = doc("Prepend the BOS token to every document.", default=False)
+    add_eos: bool = doc("Append the EOS token to every document.", default=True)
+    bos_token: str = doc("Name of the BOS token in the vocabulary.", default="<|bos|>")
+    eos_token: str = doc("Name of the EOS token in the vocabulary.", default="<|eos|>")
+    pad_token: str | None = doc(
+        "Name of the token used for padding; null means the EOS token. Padding is also "
+        "marked by position -1, so trainers never need the id.", default=None)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Document filters, applied before packing. Filtered documents are counted, never lost."""
+
+    min_chars: int = doc("Drop documents shorter than this many characters.", default=0, ge=0)
+    max_chars: int | None = doc("Drop documents longer than this many characters.",
+                                default=None, ge=1)
+    min_tokens: int = doc("Drop documents with fewer tokens (before BOS/EOS).", default=0, ge=0)
+    max_tokens: int | None = doc("Drop documents with more tokens (before BOS/EOS).",
+                                 default=None, ge=1)
+    predicate: str | None = doc(
+        "Import path `package.module:function` of a function `(text: str) -> bool`; "
+        "documents for which it returns false are dropped.",
+        default=None, pattern=r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+    def validate(self, where: str) -> None:
+        for lo, hi in (("min_chars", "max_chars"), ("min_tokens", "max_tokens")):
+            top = getattr(self, hi)
+            if top is not None and getattr(self, lo) > top:
+                raise ConfigError(
+                    f"{_at(where, lo)} {getattr(self, lo)} is greater than {_at(where, hi)} "
+                    f"{top}; no document could pass")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One data source: a set of files read as documents."""
+
+    name: str = doc("Unique name of the source (lowercase letters, digits, '-', '_').",
+                    pattern=_NAME)
+    uris: list[str] = doc(
+        "Paths, globs or fsspec URIs of the source files (`s3://bucket/web/*.parquet`). "
+        "Matches are sorted; a pattern matching nothing is an error.", min_items=1)
+    format: Literal["parquet", "jsonl"] | None = doc(
+        "File format; null infers it from the extension (.parquet, .jsonl/.json/.ndjson, "
+        "optionally .gz or .zst).", default=None)
+    text_field: str = doc("Column (Parquet) or key (JSONL) holding the document text.",
+                          default="text")
+    weight: float = doc("Share of *tokens* this source contributes to each lane's mix.",
+                        default=1.0, gt=0)
+    epochs: int | None = doc("Passes over the source; null repeats it forever.",
+                             default=1, ge=1)
+    chunk_bytes: int = doc(
+        "JSONL chunk size in bytes (chunks align to newlines). Compressed files are one "
+        "chunk each.", default=1 << 20, ge=1)
+    chunk_rows: int | None = doc(
+        "Parquet chunk size in rows; null makes each row group one chunk.", default=None, ge=1)
+    filters: Filters | None = doc(
+        "Filters for this source, replacing the recipe-level `filters`.", default=None)
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How documents become fixed-length sequences of `seq_len + 1` tokens."""
+
+    algorithm: Literal["wrap", "bestfit"] = doc(
+        "`wrap`: concatenate documents and cut; `bestfit`: documents never cross sequences "
+        "(longer ones are split), placed by best fit into a bounded set of open sequences.",
+        default="wrap")
+    bestfit_bins: int = doc("Open sequences `bestfit` chooses among.", default=8, ge=1, le=64)
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    """Document shuffle before packing: each block of documents is permuted."""
+
+    block_size: int = doc(
+        "Documents per shuffle block, per source and lane; 1 disables shuffling.",
+        default=1024, ge=1)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A datalane recipe: sources, tokenizer, filters, mixture, packing, shuffle and lanes."""
+
+    lanes: int = doc("Number of logical lanes L, fixed for the life of a run.", ge=1)
+    global_batch_size: int = doc("Sequences per step B; a multiple of `lanes`.", ge=1)
+    seq_len: int = doc("Sequence length; each sequence carries seq_len + 1 tokens.", ge=1)
+    tokenizer: TokenizerSpec = doc("The tokenizer.")
+    sources: list[Source] = doc("The sources to mix.", min_items=1)
+    seed: int = doc("Seed of every permutation.", default=0, ge=0)
+    filters: Filters = doc("Filters for every source without its own.", factory=Filters)
+    packing: Packing = doc("Packing algorithm.", factory=Packing)
+    shuffle: Shuffle = doc("Document shuffle.", factory=Shuffle)
+    bad_records: Literal["skip", "fail"] = doc(
+        "What to do with a malformed record: `skip` (counted per reason) or `fail`.",
+        default="skip")
+    version: int = doc("Recipe schema version.", default=RECIPE_VERSION, ge=1,
+                       le=RECIPE_VERSION)
+
+    @property
+    def lane_batch(self) -> int:
+        """Sequences each lane contributes per step (B / L)."""
+        return self.global_batch_size // self.lanes
+
+    @property
+    def sequence_tokens(self) -> int:
+        """Tokens per sequence (seq_len + 1)."""
+        return self.seq_len + 1
+
+    def filters_for(self, source: Source) -> Filters:
+        return source.filters if source.filters is not None else self.filters
+
+    def validate(self, where: str) -> None:
+        if self.global_batch_size % self.lanes:
+            options = " or ".join(str(m) for m in
+                                  nearest_multiples(self.global_batch_size, self.lanes))
+            raise ConfigError(
+                f"{_at(where, 'global_batch_size')} {self.global_batch_size} is not a multiple "
+                f"of lanes {self.lanes}; try {options}")
+        seen: set[str] = set()
+        for i, src in enumerate(self.sources):
+            if src.name in seen:
+                raise ConfigError(f"{_at(where, f'sources[{i}].name')} {src.name!r} is used by "
+                                  f"another source; names must be unique")
+            seen.add(src.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Canonical plain form (every field, defaults included)."""
+        out: dict[str, Any] = model.dump(self)
+        return out
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def _at(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def recipe_schema() -> dict[str, Any]:
+    """JSON Schema of a recipe; the CRD's `spec.recipe` is generated from it."""
+    return model.json_schema(Recipe)
+
+
+def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any]) -> Recipe:
+    """Load a recipe from a YAML/JSON file path or a mapping; errors name the bad field."""
+    if isinstance(source, Mapping):
+        return model.load(Recipe, source)
+    path = os.fspath(source)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read recipe {path}: {e.strerror or e}") from e
+    data: Any
+    if path.endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"recipe {path} is not valid JSON: {e}") from e
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"recipe {path} is not valid YAML: {e}") from e
+    recipe = model.load(Recipe, data)
+    return _resolve_relative(recipe, os.path.dirname(os.path.abspath(path)))
+
+
+def _resolve_relative(recipe: Recipe, base: str) -> Recipe:
+    """Relative local paths in a recipe file are relative to the file, not the cwd."""
+    import dataclasses
+
+    def fix(uri: str) -> str:
+        if "://" in uri or os.path.isabs(uri):
+            return uri
+        return os.path.normpath(os.path.join(base, uri))
+
+    sources = [dataclasses.replace(s, uris=[fix(u) for u in s.uris]) for s in recipe.sources]
+    tok = dataclasses.replace(recipe.tokenizer, uri=fix(recipe.tokenizer.uri))
+    return dataclasses.replace(recipe, sources=sources, tokenizer=tok)
