@@ -25,7 +25,8 @@ def _ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers") from None
     if not values:
         raise argparse.ArgumentTypeError("the list is empty")
     return values

@@ -51,9 +51,11 @@ def _parquet_row_groups(sf: SourceFile) -> list[int]:
 def cut_file(index: int, sf: SourceFile, chunk_bytes: int, chunk_rows: int | None) -> list[Chunk]:
     """The chunks of one file, in file order."""
     if sf.format == "parquet":
-        chunks = []
+        chunks: list[Chunk] = []
         row = 0
         for rows in _parquet_row_groups(sf):
+            if rows == 0:  # an empty row group (an empty table is written as one)
+                continue
             step = chunk_rows or rows
             chunks.extend(Chunk(index, s, min(s + step, row + rows))
                           for s in range(row, row + rows, step))
@@ -142,10 +144,14 @@ class RecordReader:
                     first = len(buf) if nl < 0 else nl + 1
                 if first >= len(buf) and base + len(buf) >= chunk.stop:
                     return
-                while not buf.endswith(b"\n"):  # finish the last record past the range end
+                # finish the last record that starts in the range: read on until a newline
+                # at or after the range's last byte (not until a read happens to end on one)
+                scan = max(chunk.stop - base - 1, 0)
+                while buf.find(b"\n", scan) < 0:
                     more = f.read(_READ_MORE)
                     if not more:
                         break
+                    scan = len(buf)
                     buf += more
         except OSError as e:
             raise StorageError(f"cannot read {uri} bytes {chunk.start}-{chunk.stop}: {e}",
@@ -165,7 +171,7 @@ class RecordReader:
         sf = self._files[chunk.file]
         try:
             with open_file(sf.uri, sf.compression) as raw:
-                f = io.BufferedReader(raw) if not hasattr(raw, "peek") else raw
+                f = _buffered(raw)
                 pos = start or 0
                 if pos:
                     _skip(f, pos)
@@ -195,15 +201,21 @@ class RecordReader:
             first, values = self._row_group_of(file, pos)
             return values[pos - first]
         try:
-            with open_file(sf.uri, sf.compression) as f:
+            with open_file(sf.uri, sf.compression) as raw:
+                f = _buffered(raw)  # zstd readers have no readline
                 _skip(f, pos)
                 return f.readline().rstrip(b"\n")
-        except OSError as e:
+        except (OSError, EOFError) as e:
             raise StorageError(f"cannot read {sf.uri} at byte {pos}: {e}", transient=True) from e
 
     def close(self) -> None:
         self._parquet.clear()
         self._group = None
+
+
+def _buffered(raw: Any) -> Any:
+    """A line-iterable reader over ``raw`` (decompressing readers may lack readline)."""
+    return raw if hasattr(raw, "peek") else io.BufferedReader(raw)
 
 
 def _skip(f: Any, pos: int) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.chunks import RecordReader
+from datalane.engine.chunks import Chunk, RecordReader
 from datalane.engine.mapstage import BAD_RECORD_REASONS, MapResult, MapStage, Record
 from datalane.engine.plan import SourcePlan
 from datalane.engine.rng import permutation
@@ -74,6 +74,8 @@ class DocStream:
         self._r_iter: Iterator[tuple[int, Any]] | None = None
         self._r_start: int | None = cur.pos if cur.pos >= 0 else None
         self._r_peek: tuple[int, Record] | None = None
+        self._r_chunks: list[Chunk] = []
+        self._r_chunks_epoch = -1
         self._skip_first = cur.offset  # records of the first block already consumed
         self._block: _Block | None = None
         self._tasks: deque[_Task] = deque()
@@ -93,7 +95,10 @@ class DocStream:
         if self._r_peek is not None:
             rec, self._r_peek = self._r_peek, None
             return rec
-        chunks = self.source.lane_chunks(self.lane, self._r_epoch)
+        if self._r_chunks_epoch != self._r_epoch:
+            self._r_chunks = self.source.lane_chunks(self.lane, self._r_epoch)
+            self._r_chunks_epoch = self._r_epoch
+        chunks = self._r_chunks
         while self._r_chunk < len(chunks):
             if self._r_iter is None:
                 self._r_iter = self._reader.records(chunks[self._r_chunk], self._r_start)
@@ -173,8 +178,9 @@ class DocStream:
                 task = self._tasks.popleft()
                 self._cur, self._cur_task, self._i = task.future.result(), task, 0
                 self._fill()
-            res, task, i = self._cur, self._cur_task, self._i
-            assert task is not None  # set together with self._cur
+            res, cur_task, i = self._cur, self._cur_task, self._i
+            assert cur_task is not None  # set together with self._cur
+            task = cur_task
             if i >= len(res.status):
                 self._cur = None
                 continue
