@@ -116,13 +116,16 @@ class DocStream:
 
     def _read_block(self) -> _Block | None:
         """Read the next block (the reader runs ahead of the consumer), or None at the end."""
+        empty_epochs = 0
         while not self._exhausted_epoch(self._r_epoch):
             first = self._next_record()
             if first is None:  # the epoch ended on a block boundary
-                if self._r_block == 0 and self.source.spec.epochs is None:
+                empty_epochs = empty_epochs + 1 if self._r_block == 0 else 0
+                if empty_epochs > max(16, len(self.source.chunks)):
                     raise DataError(
-                        f"source {self.source.spec.name!r}: lane {self.lane} read no record "
-                        f"in epoch {self._r_epoch}; its chunks hold no documents")
+                        f"source {self.source.spec.name!r}: lane {self.lane} read no record in "
+                        f"{empty_epochs} epochs in a row (up to epoch {self._r_epoch}); its "
+                        f"files hold no documents")
                 self._start_epoch(self._r_epoch + 1)
                 continue
             records = [first[1]]
