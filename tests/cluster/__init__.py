@@ -1,0 +1,1 @@
+"""The real-Kubernetes test tier: build.sh, harness.py, plugin.py (fixtures), smoke tests."""
