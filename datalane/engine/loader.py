@@ -53,6 +53,7 @@ class Microbatch:
     index: int
     input_ids: np.ndarray
     positions: np.ndarray
+    ended: bool  # the step's ``ended``: this rank's lanes have run out of data
 
 
 class Loader:
@@ -155,7 +156,8 @@ class Loader:
         for step in self:
             for i in range(local // size):
                 sl = slice(i * size, (i + 1) * size)
-                yield Microbatch(step.step, i, step.input_ids[sl], step.positions[sl])
+                yield Microbatch(step.step, i, step.input_ids[sl], step.positions[sl],
+                                 step.ended)
 
     def counters(self) -> Counters:
         total = Counters()

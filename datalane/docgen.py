@@ -1,0 +1,103 @@
+"""Generate the field reference of ``docs/recipe.md`` from the recipe model.
+
+``python -m datalane.docgen`` rewrites the part of ``docs/recipe.md`` between the
+``<!-- fields:begin -->`` and ``<!-- fields:end -->`` markers; a test fails when the committed
+file differs from what this produces, so the reference can never drift from the schema.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from datalane.spec.knobs import Knobs
+from datalane.spec.model import json_schema
+from datalane.spec.recipe import recipe_schema
+
+__all__ = ["render_fields", "rewrite"]
+
+BEGIN = "<!-- fields:begin -->"
+END = "<!-- fields:end -->"
+
+
+def _code(text: str) -> str:
+    return "`" + text.replace("|", "\\|") + "`"
+
+
+def _type(schema: dict[str, Any]) -> str:
+    if "enum" in schema:
+        text = " \\| ".join(f"`{v}`" for v in schema["enum"])
+    elif schema.get("type") == "array":
+        text = f"list of {_type(schema['items'])}"
+    else:
+        text = str(schema.get("type"))
+    return text + (" or null" if schema.get("nullable") else "")
+
+
+def _bounds(schema: dict[str, Any]) -> str:
+    parts = []
+    if "minimum" in schema:
+        op = ">" if schema.get("exclusiveMinimum") else ">="
+        parts.append(f"{op} {schema['minimum']}")
+    if "maximum" in schema:
+        parts.append(f"<= {schema['maximum']}")
+    if "minItems" in schema:
+        parts.append(f"at least {schema['minItems']}")
+    return ", ".join(parts)
+
+
+def _table(title: str, schema: dict[str, Any], prefix: str, out: list[str],
+           nested: list[tuple[str, dict[str, Any], str]]) -> None:
+    out += [f"### {title}", "", schema.get("description", ""), "",
+            "| field | type | default | bounds | meaning |", "|---|---|---|---|---|"]
+    required = set(schema.get("required", []))
+    for name, prop in schema["properties"].items():
+        item = prop["items"] if prop.get("type") == "array" else prop
+        if item.get("type") == "object":
+            nested.append((f"{prefix}{name}", item, f"{prefix}{name}."))
+        default = "required" if name in required else (
+            _code(json.dumps(prop["default"])) if "default" in prop else ("`null`" if prop.get("nullable")
+                                                               else "see below"))
+        desc = prop.get("description", "").replace("|", "\\|")
+        out.append(f"| `{name}` | {_type(prop)} | {default} | {_bounds(prop)} | {desc} |")
+    out.append("")
+
+
+def render_fields() -> str:
+    out: list[str] = []
+    pending: list[tuple[str, dict[str, Any], str]] = [("recipe", recipe_schema(), "")]
+    seen: set[str] = set()
+    while pending:
+        title, schema, prefix = pending.pop(0)
+        if title in seen:
+            continue
+        seen.add(title)
+        _table(f"`{title}`" if prefix else "Top level", schema, prefix, out, pending)
+    out.append("### Knobs (not part of the recipe)")
+    out.append("")
+    _knobs = json_schema(Knobs)
+    out += ["| knob | default | meaning |", "|---|---|---|"]
+    for name, prop in _knobs["properties"].items():
+        out.append(f"| `{name}` | {_code(json.dumps(prop.get('default')))} | "
+                   f"{prop.get('description', '')} |")
+    out.append("")
+    return "\n".join(out)
+
+
+def rewrite(path: Path) -> bool:
+    """Rewrite the generated part of ``path``; True if it changed."""
+    text = path.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    new = f"{head}{BEGIN}\n{render_fields()}\n{END}{tail}"
+    if new != text:
+        path.write_text(new)
+        return True
+    return False
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/recipe.md")
+    print(f"{target}: {'rewritten' if rewrite(target) else 'up to date'}")  # noqa: T201
