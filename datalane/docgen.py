@@ -57,9 +57,12 @@ def _table(title: str, schema: dict[str, Any], prefix: str, out: list[str],
         item = prop["items"] if prop.get("type") == "array" else prop
         if item.get("type") == "object":
             nested.append((f"{prefix}{name}", item, f"{prefix}{name}."))
-        default = "required" if name in required else (
-            _code(json.dumps(prop["default"])) if "default" in prop else ("`null`" if prop.get("nullable")
-                                                               else "see below"))
+        if name in required:
+            default = "required"
+        elif "default" in prop:
+            default = _code(json.dumps(prop["default"]))
+        else:
+            default = "`null`" if prop.get("nullable") else "see below"
         desc = prop.get("description", "").replace("|", "\\|")
         out.append(f"| `{name}` | {_type(prop)} | {default} | {_bounds(prop)} | {desc} |")
     out.append("")

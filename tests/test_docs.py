@@ -39,9 +39,9 @@ def test_python_examples_run(name, line, code, tmp_path) -> None:
 
 
 def test_recipe_examples_are_valid_recipes() -> None:
-    recipes = [(n, ln, c) for n, ln, c in _blocks("yaml") if "sources:" in c]
+    recipes = [c for _, _, c in _blocks("yaml") if "sources:" in c]
     assert recipes
-    for name, line, code in recipes:
+    for code in recipes:
         model.load(Recipe, yaml.safe_load(code), "")  # raises with the field on any error
 
 
