@@ -25,7 +25,14 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+PEERS := .venv-peers
+$(PEERS)/.installed:
+	$(PY) -m venv $(PEERS)
+	$(PEERS)/bin/pip install --quiet --upgrade pip
+	$(PEERS)/bin/pip install --quiet zephon==0.2.0 transformers pyarrow tokenizers numpy
+	touch $(PEERS)/.installed
+
+bench: $(STAMP) $(PEERS)/.installed
 	$(BIN)/python bench/run.py
 
 clean:
