@@ -49,13 +49,13 @@ def format_of(uri: str, declared: str | None, where: str) -> str:
     return fmt
 
 
-def _fs(uri: str) -> tuple[Any, str]:
+def _fs(uri: str, where: str) -> tuple[Any, str]:
     import fsspec
 
     try:
         return fsspec.core.url_to_fs(uri)  # type: ignore[no-any-return]
     except (ValueError, ImportError) as e:
-        raise ConfigError(f"cannot open {uri!r}: {e}") from e
+        raise ConfigError(f"{where} {uri!r} cannot be opened: {e}") from e
 
 
 def _ident(info: dict[str, Any]) -> str:
@@ -74,7 +74,7 @@ def _unstrip(fs: Any, path: str) -> str:
 
 def expand(uri: str, where: str) -> list[tuple[str, int, str]]:
     """Sorted ``(uri, size, ident)`` of every file a path, glob or URI names."""
-    fs, path = _fs(uri)
+    fs, path = _fs(uri, where)
     try:
         if any(c in path for c in "*?["):
             paths = sorted(fs.glob(path))
@@ -112,7 +112,7 @@ def open_file(uri: str, compression: str | None = None) -> IO[bytes]:
 
 def read_bytes(uri: str, where: str) -> bytes:
     """Whole content of a small object (tokenizer files)."""
-    fs, path = _fs(uri)
+    fs, path = _fs(uri, where)
     try:
         with fs.open(path, "rb") as f:
             return f.read()  # type: ignore[no-any-return]

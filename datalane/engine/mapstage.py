@@ -83,7 +83,7 @@ class MapStage:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
-            return None, "malformed_json", f"malformed JSON ({e.msg} at column {e.colno})"
+            return None, "malformed_json", f"malformed JSON ({e.msg}: column {e.colno})"
         if not isinstance(obj, dict):
             return None, "malformed_json", f"a JSON {type(obj).__name__}, not an object"
         if self.field not in obj or obj[self.field] is None:

@@ -89,6 +89,10 @@ def _plan_source(index: int, spec: Source, recipe: Recipe) -> SourcePlan:
     chunks: list[Chunk] = []
     for i, sf in enumerate(files):
         chunks.extend(cut_file(i, sf, spec.chunk_bytes, spec.chunk_rows))
+    if not chunks:
+        raise ConfigError(
+            f"{where} {spec.name!r} has no data: its {len(files)} file(s) are empty "
+            f"({', '.join(f.uri for f in files[:3])}{', ...' if len(files) > 3 else ''})")
     if len(chunks) < recipe.lanes:
         knob = "chunk_rows" if all(f.format == "parquet" for f in files) else "chunk_bytes"
         raise ConfigError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -112,6 +113,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where} must be a number, got {value!r}")
+        if not math.isfinite(value):  # NaN passes every bound check and breaks JSON
+            raise ConfigError(f"{where} must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
