@@ -501,3 +501,55 @@ def test_cli_run_bad_records_fail_and_skip(tmp_path: Path, tok: str) -> None:
     assert " documents_read=4 skipped=1 (malformed_json=1) " in summary
     tokens = expected_tokens(tok, GOOD).size
     assert f"tokens={tokens} " in summary
+
+
+# -- added with the engine fixes for repeat-forever sources, predicates and recipe files ------
+
+
+def test_repeated_source_whose_records_are_all_dropped_stops_with_an_error(tmp_path) -> None:
+    from datalane import DataError, Loader, load_recipe
+    from datalane.corpus import tokenizer_path
+
+    data = tmp_path / "bad.jsonl"
+    data.write_text("".join(f'{{"x": {i}}}\n' for i in range(40)))
+    recipe = load_recipe({"lanes": 1, "global_batch_size": 1, "seq_len": 16,
+                          "tokenizer": {"uri": tokenizer_path()},
+                          "sources": [{"name": "s", "uris": [str(data)], "epochs": None}]})
+    with Loader(recipe) as loader, pytest.raises(DataError) as info:
+        loader.next_step()
+    assert "source 's': lane 0 kept no document in 17 epochs in a row" in str(info.value)
+    assert "missing_field=" in str(info.value)
+
+
+def test_a_predicate_that_raises_stops_the_stream_naming_the_record(tmp_path, monkeypatch,
+                                                                    make_recipe) -> None:
+    from datalane import DataError, Loader
+
+    (tmp_path / "boom_filters.py").write_text(
+        "def keep(text):\n    raise ValueError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    recipe = make_recipe(filters={"predicate": "boom_filters:keep"}, bad_records="skip")
+    with Loader(recipe) as loader, pytest.raises(DataError) as info:
+        loader.next_step()
+    text = str(info.value)
+    assert "filters.predicate 'boom_filters:keep' raised ValueError: boom in " in text
+    assert " at row " in text or " at byte " in text
+
+
+def test_a_key_given_twice_in_a_recipe_file_is_an_error(tmp_path) -> None:
+    from datalane import ConfigError, load_recipe
+
+    path = tmp_path / "r.yaml"
+    path.write_text("lanes: 2\nseed: 1\nlanes: 4\n")
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    assert str(info.value) == f"recipe {path} line 3: the key 'lanes' appears twice in one mapping"
+    jpath = tmp_path / "r.json"
+    jpath.write_text('{"lanes": 2, "lanes": 4}')
+    with pytest.raises(ConfigError) as info:
+        load_recipe(jpath)
+    assert "the key 'lanes' appears twice" in str(info.value)
+    empty = tmp_path / "e.yaml"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match=f"recipe {empty} is empty"):
+        load_recipe(empty)

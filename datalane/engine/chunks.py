@@ -16,10 +16,10 @@ import io
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from datalane.engine.files import SourceFile, open_file
-from datalane.spec.errors import StorageError
+from datalane.spec.errors import DataError, StorageError
 
 __all__ = ["MISSING", "Chunk", "RecordReader", "cut_file"]
 
@@ -181,8 +181,8 @@ class RecordReader:
                     if body.strip():
                         yield pos, body
                     pos += length
-        except (OSError, EOFError) as e:
-            raise StorageError(f"cannot read {sf.uri}: {e}", transient=True) from e
+        except Exception as e:
+            _raise_read_error(e, sf.uri)
 
     # -- public ------------------------------------------------------------------------------
     def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
@@ -205,8 +205,8 @@ class RecordReader:
                 f = _buffered(raw)  # zstd readers have no readline
                 _skip(f, pos)
                 return f.readline().rstrip(b"\n")
-        except (OSError, EOFError) as e:
-            raise StorageError(f"cannot read {sf.uri} at byte {pos}: {e}", transient=True) from e
+        except Exception as e:
+            _raise_read_error(e, f"{sf.uri} at byte {pos}")
 
     def close(self) -> None:
         self._parquet.clear()
@@ -216,6 +216,27 @@ class RecordReader:
 def _buffered(raw: Any) -> Any:
     """A line-iterable reader over ``raw`` (decompressing readers may lack readline)."""
     return raw if hasattr(raw, "peek") else io.BufferedReader(raw)
+
+
+def _raise_read_error(e: Exception, what: str) -> NoReturn:
+    """Re-raise a failure while reading a (possibly compressed) stream, classified."""
+    import gzip
+    import zlib
+
+    corrupt: tuple[type[BaseException], ...] = (EOFError, gzip.BadGzipFile, zlib.error)
+    try:
+        import zstandard
+
+        corrupt += (zstandard.ZstdError,)
+    except ImportError:
+        pass
+    if isinstance(e, corrupt):
+        raise DataError(f"{what}: the compressed stream is corrupt or truncated: {e}") from e
+    if isinstance(e, FileNotFoundError):
+        raise StorageError(f"{what}: the file disappeared after planning") from e
+    if isinstance(e, OSError) and not isinstance(e, StorageError):
+        raise StorageError(f"cannot read {what}: {e}", transient=True) from e
+    raise e
 
 
 def _skip(f: Any, pos: int) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from datalane.engine.chunks import Chunk, RecordReader
-from datalane.engine.mapstage import BAD_RECORD_REASONS, MapResult, MapStage, Record
+from datalane.engine.mapstage import ALWAYS_FAIL, BAD_RECORD_REASONS, MapResult, MapStage, Record
 from datalane.engine.plan import SourcePlan
 from datalane.engine.rng import permutation
 from datalane.spec.errors import DataError
@@ -84,6 +84,9 @@ class DocStream:
         self._cur_task: _Task | None = None
         self._i = 0
         self._cursor = cur
+        self._depth = 1  # tasks allowed in flight; grows to knobs.prefetch (slow start)
+        self._kept_this_epoch = False
+        self._dry_epochs = 0
 
     # -- reading -----------------------------------------------------------------------------
     def _exhausted_epoch(self, epoch: int) -> bool:
@@ -151,7 +154,7 @@ class DocStream:
 
     def _fill(self) -> None:
         """Submit map tasks until ``prefetch`` are in flight (the backpressure bound)."""
-        while len(self._tasks) < self._knobs.prefetch:
+        while len(self._tasks) < self._depth:
             block = self._block
             if block is None or block.submitted >= len(block.records):
                 block = self._read_block()
@@ -180,6 +183,9 @@ class DocStream:
                     return None
                 task = self._tasks.popleft()
                 self._cur, self._cur_task, self._i = task.future.result(), task, 0
+                # slow start: a fresh or restored stream asks for one task, then deepens its
+                # prefetch as it is consumed, so the first batch never queues behind read-ahead
+                self._depth = min(self._knobs.prefetch, self._depth + 1)
                 self._fill()
             res, cur_task, i = self._cur, self._cur_task, self._i
             assert cur_task is not None  # set together with self._cur
@@ -192,6 +198,8 @@ class DocStream:
             offset = task.start + i + 1
             if offset >= len(block.records):
                 self._cursor = block.after
+                if block.after.epoch != block.epoch:
+                    self._end_of_epoch()
             else:
                 self._cursor = SourceCursor(block.epoch, block.index, block.chunk, block.pos,
                                             offset)
@@ -199,11 +207,23 @@ class DocStream:
             self._counters.docs += 1
             reason = res.status[i]
             if reason is None:
+                self._kept_this_epoch = True
                 return res.tokens[res.offsets[i]:res.offsets[i + 1]], (file, pos)
-            if reason in BAD_RECORD_REASONS and self._policy == "fail":
+            if reason in ALWAYS_FAIL or (reason in BAD_RECORD_REASONS and self._policy == "fail"):
                 raise DataError(f"source {self.source.spec.name!r}: {res.detail[i]} in "
                                 f"{self._where(file, pos)} (bad_records is 'fail')")
             self._counters.skip(reason)
+
+    def _end_of_epoch(self) -> None:
+        """A repeated source whose records are all dropped would spin forever: stop it."""
+        self._dry_epochs = 0 if self._kept_this_epoch else self._dry_epochs + 1
+        self._kept_this_epoch = False
+        if self.source.spec.epochs is None and self._dry_epochs > max(16, len(
+                self.source.chunks)):
+            skipped = ", ".join(f"{k}={v}" for k, v in sorted(self._counters.skipped.items()))
+            raise DataError(f"source {self.source.spec.name!r}: lane {self.lane} kept no "
+                            f"document in {self._dry_epochs} epochs in a row; every record is "
+                            f"bad or filtered (skipped so far: {skipped or 'none'})")
 
     def _where(self, file: int, pos: int) -> str:
         sf = self.source.files[file]

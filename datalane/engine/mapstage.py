@@ -27,6 +27,9 @@ __all__ = ["BAD_RECORD_REASONS", "MapResult", "MapStage", "Record"]
 BAD_RECORD_REASONS = frozenset(
     {"malformed_json", "non_utf8", "missing_field", "not_text", "empty_text"})
 
+#: Reasons that stop the stream whatever the policy: a bug in user code is not bad data.
+ALWAYS_FAIL = frozenset({"predicate_error"})
+
 Record = tuple[int, int, Any]  # (file index, position, raw value)
 
 
@@ -101,8 +104,13 @@ class MapStage:
             return "min_chars"
         if f.max_chars is not None and len(text) > f.max_chars:
             return "max_chars"
-        if self.predicate is not None and not self.predicate(text):
-            return "predicate"
+        if self.predicate is not None:
+            try:
+                keep = self.predicate(text)
+            except Exception as e:  # user code: reported with the record, never swallowed
+                return f"predicate_error:{type(e).__name__}: {e}"
+            if not keep:
+                return "predicate"
         return None
 
     def run(self, records: list[Record], jsonl: list[bool]) -> MapResult:
@@ -119,6 +127,10 @@ class MapStage:
                 text, reason, why = self.decode(raw)
             if text is not None:
                 reason = self._char_filter(text)
+                if reason is not None and reason.startswith("predicate_error:"):
+                    reason, why = "predicate_error", (
+                        f"filters.predicate {self.filters.predicate!r} raised "
+                        f"{reason.split(':', 1)[1].strip()}")
             if reason is not None or text is None:
                 status[i], detail[i] = reason, why
                 continue

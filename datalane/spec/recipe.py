@@ -199,18 +199,50 @@ def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any]) -> Recipe:
     data: Any
     if path.endswith(".json"):
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_no_duplicates(path))
         except json.JSONDecodeError as e:
             raise ConfigError(f"recipe {path} is not valid JSON: {e}") from e
     else:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"recipe {path} is not valid YAML: {e}") from e
+        data = _load_yaml(text, path)
+    if data is None:
+        raise ConfigError(f"recipe {path} is empty")
     recipe = model.load(Recipe, data)
     return _resolve_relative(recipe, os.path.dirname(os.path.abspath(path)))
+
+
+def _no_duplicates(path: str) -> Any:
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise ConfigError(f"recipe {path}: the key {key!r} appears twice in one mapping")
+            out[key] = value
+        return out
+
+    return hook
+
+
+def _load_yaml(text: str, path: str) -> Any:
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        """Safe YAML that refuses a key given twice (the later one would win silently)."""
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node)
+            if key in seen:
+                raise ConfigError(f"recipe {path} line {key_node.start_mark.line + 1}: the key "
+                                  f"{key!r} appears twice in one mapping")
+            seen[key] = loader.construct_object(value_node)
+        return seen
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: safe
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {path} is not valid YAML: {e}") from e
 
 
 def _resolve_relative(recipe: Recipe, base: str) -> Recipe:

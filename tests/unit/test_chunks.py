@@ -25,7 +25,7 @@ import datalane.engine.chunks as chunks_mod
 import datalane.engine.files as files_mod
 from datalane.engine.chunks import MISSING, Chunk, RecordReader, cut_file
 from datalane.engine.files import SourceFile, compression_of, expand, format_of
-from datalane.spec import StorageError
+from datalane.spec import DataError, StorageError
 
 
 def source_file(path: Path | str, fmt: str | None = None) -> SourceFile:
@@ -228,14 +228,16 @@ def test_compressed_file_of_nothing_yields_no_record(tmp_path: Path, kind: str) 
     assert list(RecordReader([sf], "text").records(chunks[0])) == []
 
 
-def test_truncated_gzip_is_a_storage_error_naming_the_file(tmp_path: Path) -> None:
+def test_truncated_gzip_is_a_data_error_naming_the_file(tmp_path: Path) -> None:
+    """Corruption is not transient: retrying cannot help, so it is a DataError."""
     path = tmp_path / "cut.jsonl.gz"
     path.write_bytes(gzip.compress(_content(200))[:-40])
     sf = source_file(path)
     reader = RecordReader([sf], "text")
-    with pytest.raises(StorageError) as info:
+    with pytest.raises(DataError) as info:
         list(reader.records(Chunk(0, 0, -1)))
-    assert str(info.value).startswith(f"cannot read {sf.uri}: ")
+    assert str(info.value).startswith(
+        f"{sf.uri}: the compressed stream is corrupt or truncated: ")
 
 
 # -- Parquet --------------------------------------------------------------------------------------
