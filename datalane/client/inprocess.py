@@ -1,0 +1,78 @@
+"""In-process mode: the client's interface and stream with no sidecar (DESIGN section 6).
+
+Runs the lane engine in the trainer's process; yields exactly the microbatches a sidecar
+would serve, and its ``state_dict`` is interchangeable with the sidecar client's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from datalane.client.batch import Batch
+from datalane.client.position import Position
+from datalane.spec.errors import MismatchError
+from datalane.spec.knobs import Knobs
+from datalane.spec.recipe import Recipe
+
+__all__ = ["InProcessLoader"]
+
+
+class InProcessLoader:
+    """Microbatches of rank ``rank`` of ``world_size``, computed in this process."""
+
+    def __init__(self, recipe: Recipe, rank: int, world_size: int, microbatch_size: int,
+                 knobs: Knobs | None = None) -> None:
+        from datalane.engine.loader import Loader
+
+        self._loader = Loader(recipe, rank, world_size, knobs)
+        local = recipe.global_batch_size // world_size
+        if microbatch_size < 1 or local % microbatch_size:
+            options = [d for d in range(1, local + 1) if local % d == 0]
+            raise MismatchError(f"microbatch size {microbatch_size} does not divide the local "
+                                f"batch of {local} sequences; use one of {options}")
+        self.microbatch_size = microbatch_size
+        self.per_step = local // microbatch_size
+        self.position = Position(fingerprint=self._loader.plan.fingerprint)
+        self._iterating = False
+
+    def __iter__(self) -> Iterator[Batch]:
+        loader = self._loader
+        pos = self.position
+        if pos.state_json is not None:
+            loader.load_state_dict(json.loads(pos.state_json))
+        skip = pos.consumed
+        m = self.microbatch_size
+        while True:
+            step = loader.next_step()
+            after = json.dumps(loader.state_dict(), separators=(",", ":"))
+            for i in range(self.per_step):
+                if skip:
+                    skip -= 1
+                    continue
+                sl = slice(i * m, (i + 1) * m)
+                batch = Batch(step.step, i, step.input_ids[sl], step.positions[sl], step.ended)
+                pos.advance(step.step, i, self.per_step, after)
+                yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.position.to_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pos = Position.from_state(state)
+        if pos.fingerprint and pos.fingerprint != self._loader.plan.fingerprint:
+            from datalane.spec.state import Checkpoint
+
+            ckpt = Checkpoint.from_json(json.loads(pos.state_json or "{}")) \
+                if pos.state_json else None
+            from datalane.spec.fingerprint import check_fingerprint
+
+            check_fingerprint(pos.fingerprint, ckpt.fingerprint_doc if ckpt else None,
+                              self._loader.plan.fingerprint, self._loader.plan.fingerprint_doc,
+                              "the client state")
+        self.position = pos
+        self.position.fingerprint = self._loader.plan.fingerprint
+
+    def close(self) -> None:
+        self._loader.close()

@@ -1,0 +1,52 @@
+"""Where a trainer stands in the stream, and the client's state_dict format.
+
+A position is ``(step, consumed)``: ``consumed`` microbatches of ``step`` were handed to the
+trainer. With it the client keeps the rank's checkpoint at the boundary before ``step``
+(inline, a few hundred bytes per lane), so it can resume - after a sidecar restart, or from
+a trainer checkpoint - without storage and without losing or repeating a sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from datalane.spec.errors import MismatchError
+
+__all__ = ["CLIENT_STATE_FORMAT", "Position"]
+
+CLIENT_STATE_FORMAT = "datalane.client/v1"
+
+
+@dataclass
+class Position:
+    step: int = 0
+    consumed: int = 0
+    state_json: str | None = None  # checkpoint at the boundary before `step`; None = start
+    fingerprint: str = ""
+
+    def advance(self, step: int, index: int, per_step: int, after_json: str | None) -> None:
+        """Record that microbatch ``index`` of ``step`` was handed out."""
+        if index + 1 >= per_step:
+            self.step, self.consumed = step + 1, 0
+            if after_json:
+                self.state_json = after_json
+        else:
+            self.step, self.consumed = step, index + 1
+
+    def to_state(self) -> dict[str, Any]:
+        return {"format": CLIENT_STATE_FORMAT, "step": self.step, "consumed": self.consumed,
+                "fingerprint": self.fingerprint,
+                "state": json.loads(self.state_json) if self.state_json else None}
+
+    @classmethod
+    def from_state(cls, data: Any) -> Position:
+        if not isinstance(data, dict) or data.get("format") != CLIENT_STATE_FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise MismatchError(f"not a datalane client state (format {got!r}, expected "
+                                f"{CLIENT_STATE_FORMAT!r})")
+        state = data.get("state")
+        return cls(int(data["step"]), int(data["consumed"]),
+                   json.dumps(state, separators=(",", ":")) if state is not None else None,
+                   str(data.get("fingerprint", "")))

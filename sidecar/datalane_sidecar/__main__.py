@@ -1,0 +1,5 @@
+import sys
+
+from datalane_sidecar.cli import main
+
+sys.exit(main())

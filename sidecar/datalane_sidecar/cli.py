@@ -1,0 +1,100 @@
+"""``datalane-sidecar``: ``serve`` the lanes of a pod, or ``probe`` a running sidecar.
+
+Every flag has an environment variable, so the operator's injected container needs only env.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from datalane.spec.errors import DatalaneError
+
+__all__ = ["main"]
+
+DEFAULT_SOCKET = "/var/run/datalane/datalane.sock"
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="datalane-sidecar")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the pod's lanes on a Unix socket")
+    serve.add_argument("--socket", default=_env("DATALANE_SOCKET", DEFAULT_SOCKET))
+    serve.add_argument("--recipe", default=_env("DATALANE_RECIPE"),
+                       help="recipe file (env DATALANE_RECIPE)")
+    serve.add_argument("--store", default=_env("DATALANE_STORE"),
+                       help="checkpoint store URI (env DATALANE_STORE)")
+    serve.add_argument("--store-options", default=_env("DATALANE_STORE_OPTIONS", "{}"),
+                       help="fsspec storage options as JSON (env DATALANE_STORE_OPTIONS)")
+    serve.add_argument("--pod", default=_env("DATALANE_POD", _env("POD_NAME",
+                                                                  socket.gethostname())))
+    serve.add_argument("--ranks-per-pod", type=int,
+                       default=int(_env("DATALANE_RANKS_PER_POD", "1") or 1))
+    serve.add_argument("--workers", type=int, default=int(_env("DATALANE_WORKERS", "2") or 2))
+    serve.add_argument("--prefetch", type=int, default=int(_env("DATALANE_PREFETCH", "8") or 8),
+                       help="microbatches ready ahead of each trainer")
+    serve.add_argument("--socket-mode", default=_env("DATALANE_SOCKET_MODE", "0600"),
+                       choices=["0600", "0660"])
+    serve.add_argument("--metrics-port", type=int,
+                       default=int(_env("DATALANE_METRICS_PORT", "0") or 0))
+    serve.add_argument("--metrics-addr", default=_env("DATALANE_METRICS_ADDR", "0.0.0.0"))
+    serve.add_argument("--log-level", default=_env("DATALANE_LOG_LEVEL", "info"))
+    probe = sub.add_parser("probe", help="exit 0 if the sidecar on the socket is serving")
+    probe.add_argument("--socket", default=_env("DATALANE_SOCKET", DEFAULT_SOCKET))
+    probe.add_argument("--timeout", type=float, default=2.0)
+    return p
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from datalane_sidecar.logs import setup_logging
+    from datalane_sidecar.server import SidecarConfig, serve
+
+    setup_logging(args.log_level)
+    if not args.recipe:
+        raise DatalaneError("no recipe: pass --recipe or set DATALANE_RECIPE")
+    try:
+        options = json.loads(args.store_options)
+    except json.JSONDecodeError as e:
+        raise DatalaneError(f"--store-options is not JSON: {e}") from e
+    cfg = SidecarConfig(args.socket, args.recipe, args.store, options, args.pod,
+                        args.ranks_per_pod, args.workers, args.prefetch,
+                        int(args.socket_mode, 8), args.metrics_port, args.metrics_addr)
+    return serve(cfg)
+
+
+def _probe(args: argparse.Namespace) -> int:
+    import grpc
+
+    from datalane.wire import datalane_pb2 as pb
+    from datalane.wire import datalane_pb2_grpc as pbg
+
+    try:
+        with grpc.insecure_channel(f"unix://{os.path.abspath(args.socket)}") as channel:
+            reply = pbg.DataLaneStub(channel).Health(pb.HealthRequest(), timeout=args.timeout)
+    except grpc.RpcError as e:
+        print(f"not serving: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 1
+    print(f"serving={reply.serving} protocol={reply.protocol_version} "
+          f"fingerprint={reply.fingerprint[:16]}")
+    return 0 if reply.serving else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _serve(args) if args.command == "serve" else _probe(args)
+    except DatalaneError as e:
+        print(f"datalane-sidecar {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Start the sidecar: plan the recipe, bind the Unix socket, serve until SIGTERM.
+
+The socket file is created with mode 0600 (0660 with ``--socket-mode 0660`` for a shared
+group); there is no TCP data listener. Metrics go to an optional HTTP port. On SIGTERM the
+sidecar stops accepting, writes each rank's resume point next to the socket
+(``resume-rank-<r>.json``) and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from datalane.engine.plan import Plan
+from datalane.spec.errors import ConfigError
+from datalane.spec.knobs import Knobs
+from datalane.spec.recipe import load_recipe
+from datalane.wire import datalane_pb2_grpc as pbg
+from datalane_sidecar.metrics import Metrics
+from datalane_sidecar.service import DataLaneService
+
+__all__ = ["SidecarConfig", "serve"]
+
+log = logging.getLogger("datalane.sidecar")
+_MAX_MESSAGE = 256 << 20
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    socket: str
+    recipe: str
+    store: str | None
+    store_options: dict[str, Any]
+    pod: str
+    ranks_per_pod: int
+    workers: int
+    prefetch: int
+    socket_mode: int
+    metrics_port: int
+    metrics_addr: str
+
+
+def _check_socket_path(path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(folder):
+        raise ConfigError(f"socket path {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"socket path {path}: the folder {folder} is not writable")
+    if os.path.exists(path):
+        os.unlink(path)  # a stale socket of a previous run
+
+
+def _bind(server: grpc.Server, path: str, mode: int) -> None:
+    old = os.umask(0o777 & ~mode)
+    try:
+        port = server.add_insecure_port(f"unix://{os.path.abspath(path)}")
+    except RuntimeError as e:
+        raise ConfigError(f"cannot listen on unix socket {path}: {e}") from e
+    finally:
+        os.umask(old)
+    if port == 0:
+        raise ConfigError(f"cannot listen on unix socket {path}")
+
+
+def serve(cfg: SidecarConfig, ready: threading.Event | None = None,
+          stop: threading.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop``); returns the exit code."""
+    if cfg.socket_mode not in (0o600, 0o660):
+        raise ConfigError(f"socket mode {cfg.socket_mode:o} is not 600 or 660")
+    _check_socket_path(cfg.socket)
+    recipe = load_recipe(cfg.recipe)
+    plan = Plan.build(recipe)
+    store = None
+    if cfg.store:
+        from datalane.store import CheckpointStore
+
+        store = CheckpointStore(cfg.store, cfg.store_options or None)
+    metrics = Metrics()
+    service = DataLaneService(plan, Knobs(workers=cfg.workers), cfg.prefetch, store, cfg.pod,
+                              cfg.ranks_per_pod, os.path.dirname(os.path.abspath(cfg.socket)),
+                              metrics)
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=64),
+        options=[("grpc.max_send_message_length", _MAX_MESSAGE),
+                 ("grpc.max_receive_message_length", _MAX_MESSAGE)])
+    pbg.add_DataLaneServicer_to_server(service, server)
+    _bind(server, cfg.socket, cfg.socket_mode)
+    os.chmod(cfg.socket, cfg.socket_mode)
+    if cfg.metrics_port:
+        metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+    server.start()
+    stop = stop or threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(sig, lambda *_: stop.set())
+    log.info("serving", extra={"socket": cfg.socket, "fingerprint": plan.fingerprint,
+                               "lanes": recipe.lanes, "store": cfg.store or ""})
+    if ready is not None:
+        ready.set()
+    stop.wait()
+    log.info("stopping: persisting resume points")
+    points = service.drain()
+    folder = os.path.dirname(os.path.abspath(cfg.socket))
+    for rank, point in points.items():
+        path = os.path.join(folder, f"resume-rank-{rank}.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(point, f, separators=(",", ":"))
+        os.replace(tmp, path)
+        log.info("resume point saved", extra={"rank": rank, "path": path})
+    server.stop(grace=2).wait()
+    try:
+        os.unlink(cfg.socket)
+    except FileNotFoundError:
+        pass
+    return 0

@@ -1,0 +1,268 @@
+"""The gRPC servicer: sessions per rank, microbatch streams, checkpoints, health and stats.
+
+Thin over :class:`~datalane_sidecar.session.Session` and
+:class:`~datalane_sidecar.checkpoints.PodCheckpoints`; errors become gRPC status codes with
+the library's message (INVALID_ARGUMENT for bad requests, FAILED_PRECONDITION for protocol or
+fingerprint mismatches, NOT_FOUND for a missing checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from datalane.engine.plan import Plan
+from datalane.spec.errors import ConfigError, DatalaneError, MismatchError, StorageError
+from datalane.spec.fingerprint import check_fingerprint
+from datalane.spec.knobs import Knobs
+from datalane.spec.lanes import check_world_size
+from datalane.spec.state import Checkpoint
+from datalane.wire import PROTOCOL_VERSION
+from datalane.wire import datalane_pb2 as pb
+from datalane.wire import datalane_pb2_grpc as pbg
+from datalane.wire.shm import ShmWriter
+from datalane_sidecar.checkpoints import PodCheckpoints
+from datalane_sidecar.metrics import Metrics
+from datalane_sidecar.session import Session
+
+__all__ = ["DataLaneService"]
+
+log = logging.getLogger("datalane.sidecar")
+_SHM_SLOTS = 8
+
+
+def _abort(context: grpc.ServicerContext, error: BaseException) -> None:
+    code = grpc.StatusCode.INTERNAL
+    if isinstance(error, MismatchError):
+        code = grpc.StatusCode.FAILED_PRECONDITION
+    elif isinstance(error, ConfigError):
+        code = grpc.StatusCode.INVALID_ARGUMENT
+    elif isinstance(error, StorageError):
+        code = grpc.StatusCode.UNAVAILABLE if error.transient else grpc.StatusCode.NOT_FOUND
+    elif isinstance(error, DatalaneError):
+        code = grpc.StatusCode.FAILED_PRECONDITION
+    context.abort(code, str(error))
+
+
+class DataLaneService(pbg.DataLaneServicer):
+    def __init__(self, plan: Plan, knobs: Knobs, prefetch: int, store: Any | None, pod: str,
+                 ranks_per_pod: int, shm_dir: str, metrics: Metrics) -> None:
+        self.plan = plan
+        self.knobs = knobs
+        self.prefetch = prefetch
+        self.store = store
+        self.shm_dir = shm_dir
+        self.metrics = metrics
+        self.pool = ThreadPoolExecutor(knobs.workers, thread_name_prefix="datalane-map")
+        self.checkpoints = PodCheckpoints(store, pod, ranks_per_pod)
+        self.sessions: dict[str, Session] = {}
+        self.rings: dict[str, ShmWriter] = {}
+        self.last_checkpoint: dict[str, int] = {}
+        self.serving = True
+        self._lock = threading.Lock()
+
+    # -- sessions ----------------------------------------------------------------------------
+    def _resume(self, request: pb.OpenRequest) -> Checkpoint | None:
+        which = request.WhichOneof("resume")
+        if which == "from_step":
+            if self.store is None:
+                raise ConfigError("resume from_step needs a checkpoint store; start the sidecar "
+                                  "with --store")
+            return self.store.load(request.from_step)  # type: ignore[no-any-return]
+        if which == "state_json":
+            try:
+                data = json.loads(request.state_json)
+            except json.JSONDecodeError as e:
+                raise MismatchError(f"state_json is not valid JSON: {e}") from e
+            return Checkpoint.from_json(data, "state_json")
+        return None
+
+    def Open(self, request: pb.OpenRequest, context: grpc.ServicerContext) -> pb.OpenReply:
+        try:
+            if request.protocol_version != PROTOCOL_VERSION:
+                raise MismatchError(f"client speaks protocol {request.protocol_version}, this "
+                                    f"sidecar speaks {PROTOCOL_VERSION}; upgrade the older side")
+            if not self.serving:
+                raise DatalaneError("the sidecar is shutting down")
+            recipe = self.plan.recipe
+            check_world_size(recipe.lanes, request.world_size)
+            if request.fingerprint and request.fingerprint != self.plan.fingerprint:
+                raise MismatchError(f"the trainer expects recipe fingerprint "
+                                    f"{request.fingerprint[:16]}..., this sidecar serves "
+                                    f"{self.plan.fingerprint[:16]}...")
+            start = self._resume(request)
+            if start is not None:
+                check_fingerprint(start.fingerprint, start.fingerprint_doc,
+                                  self.plan.fingerprint, self.plan.fingerprint_doc,
+                                  "the resume state")
+            sid = uuid.uuid4().hex[:16]
+            self._drop_rank(request.rank)
+            t0 = time.perf_counter()
+            session = Session(sid, self.plan, self.pool, self.knobs, request.rank,
+                              request.world_size, request.microbatch_size, start,
+                              request.skip_microbatches, self.prefetch)
+            reply = pb.OpenReply(
+                session_id=sid, protocol_version=PROTOCOL_VERSION, step=session.first_step,
+                lane_start=session.lanes.start, lane_stop=session.lanes.stop,
+                seq_tokens=recipe.sequence_tokens, microbatches_per_step=session.per_step,
+                fingerprint=self.plan.fingerprint)
+            if request.transport == pb.TRANSPORT_SHM:
+                slot = 2 * 4 * request.microbatch_size * recipe.sequence_tokens
+                ring = ShmWriter(os.path.join(self.shm_dir, f"datalane-{sid}.shm"),
+                                 _SHM_SLOTS, slot)
+                self.rings[sid] = ring
+                reply.shm_path, reply.shm_bytes = ring.path, ring.size
+            with self._lock:
+                self.sessions[sid] = session
+            if start is not None:
+                self.metrics.replay_seconds.observe(time.perf_counter() - t0)
+            log.info("session opened", extra={"session": sid, "rank": request.rank,
+                                              "world_size": request.world_size,
+                                              "step": session.first_step})
+            return reply
+        except DatalaneError as e:
+            _abort(context, e)
+            raise  # unreachable: abort raises
+
+    def _drop_rank(self, rank: int) -> None:
+        with self._lock:
+            old = [sid for sid, s in self.sessions.items() if s.rank == rank]
+        for sid in old:
+            self._close(sid)
+
+    def _close(self, sid: str) -> None:
+        with self._lock:
+            session = self.sessions.pop(sid, None)
+            ring = self.rings.pop(sid, None)
+        if session is not None:
+            session.close()
+        if ring is not None:
+            ring.close()
+
+    def _session(self, sid: str, context: grpc.ServicerContext) -> Session:
+        with self._lock:
+            session = self.sessions.get(sid)
+        if session is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no session {sid!r}; open one first "
+                          f"(the sidecar may have restarted)")
+        assert session is not None
+        return session
+
+    # -- streaming ---------------------------------------------------------------------------
+    def Stream(self, request_iterator: Iterator[pb.Ack],
+               context: grpc.ServicerContext) -> Iterator[pb.Microbatch]:
+        first = next(request_iterator, None)
+        if first is None:
+            return
+        session = self._session(first.session_id, context)
+        ring = self.rings.get(first.session_id)
+
+        def acks() -> None:
+            try:
+                for ack in request_iterator:
+                    if ring is not None and ack.release:
+                        ring.release(list(ack.release))
+            except grpc.RpcError:
+                pass
+
+        threading.Thread(target=acks, daemon=True).start()
+        seq_tokens = self.plan.recipe.sequence_tokens
+        while context.is_active() and self.serving:
+            try:
+                item = session.next(timeout=0.2)
+            except DatalaneError as e:
+                _abort(context, e)
+                return
+            if item is None:
+                if session.id not in self.sessions:
+                    return
+                continue
+            msg = pb.Microbatch(step=item.step, index=item.index,
+                                sequences=len(item.input_ids), ended=item.ended,
+                                state_json=item.state_json)
+            for lane, digest in item.lane_digests.items():
+                msg.lane_digests[lane] = digest
+            if ring is not None:
+                slot = None
+                while slot is None and context.is_active():
+                    slot = ring.acquire(timeout=0.2)
+                if slot is None:
+                    return
+                msg.slot = slot
+                msg.offset = ring.write(slot, item.input_ids, item.positions)
+            else:
+                msg.input_ids = item.input_ids.astype("<i4", copy=False).tobytes()
+                msg.positions = item.positions.astype("<i4", copy=False).tobytes()
+            session.sent = (item.step, item.index)
+            self.metrics.delivered(len(item.input_ids) * seq_tokens,
+                                   int((item.positions >= 0).sum()), session.queue_depth())
+            yield msg
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def Checkpoint(self, request: pb.CheckpointRequest,
+                   context: grpc.ServicerContext) -> pb.CheckpointReply:
+        session = self._session(request.session_id, context)
+        try:
+            state = session.state_at(request.step)
+            since = self.last_checkpoint.get(session.id, session.first_step)
+            digests = session.digests_between(since, request.step)
+            saved = self.checkpoints.save(request.step, session.id, state, digests,
+                                          len(self.sessions))
+        except DatalaneError as e:
+            _abort(context, e)
+            raise
+        if saved.error is not None:
+            context.abort(grpc.StatusCode.UNAVAILABLE,
+                          f"checkpoint of step {request.step} failed: {saved.error}")
+        self.last_checkpoint[session.id] = request.step
+        return pb.CheckpointReply(step=request.step, object=saved.object,
+                                  committed=saved.committed, state_json=state)
+
+    def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext) -> pb.CloseReply:
+        self._close(request.session_id)
+        return pb.CloseReply()
+
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
+        return pb.HealthReply(serving=self.serving, protocol_version=PROTOCOL_VERSION,
+                              fingerprint=self.plan.fingerprint)
+
+    def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsReply:
+        with self._lock:
+            sessions = {sid: {"rank": s.rank, "world_size": s.world_size,
+                              "lanes": [s.lanes.start, s.lanes.stop],
+                              "next_step": s.loader.step, "queue_depth": s.queue_depth(),
+                              "waited_seconds": round(s.waited_seconds, 4),
+                              "counters": s.loader.counters().encode()}
+                        for sid, s in self.sessions.items()}
+        return pb.StatsReply(json=json.dumps({"fingerprint": self.plan.fingerprint,
+                                              "sessions": sessions}))
+
+    # -- shutdown ----------------------------------------------------------------------------
+    def drain(self) -> dict[int, dict[str, Any]]:
+        """Stop serving; return, per rank, where its trainer stands: the checkpoint of the step
+        being consumed and how many of its microbatches were sent."""
+        self.serving = False
+        out: dict[int, dict[str, Any]] = {}
+        with self._lock:
+            sessions = list(self.sessions.items())
+        for _, session in sessions:
+            step, index = session.sent if session.sent else (session.first_step, -1)
+            try:
+                out[session.rank] = {"state": json.loads(session.state_at(step, timeout=1.0)),
+                                     "skip_microbatches": index + 1,
+                                     "world_size": session.world_size}
+            except DatalaneError as e:
+                log.warning("cannot persist the resume point of rank %d: %s", session.rank, e)
+        for sid, _ in sessions:
+            self._close(sid)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        return out
