@@ -95,15 +95,15 @@ class DataLaneService(pbg.DataLaneServicer):
                 raise DatalaneError("the sidecar is shutting down")
             recipe = self.plan.recipe
             check_world_size(recipe.lanes, request.world_size)
-            if request.fingerprint and request.fingerprint != self.plan.fingerprint:
-                raise MismatchError(f"the trainer expects recipe fingerprint "
-                                    f"{request.fingerprint[:16]}..., this sidecar serves "
-                                    f"{self.plan.fingerprint[:16]}...")
             start = self._resume(request)
             if start is not None:
                 check_fingerprint(start.fingerprint, start.fingerprint_doc,
                                   self.plan.fingerprint, self.plan.fingerprint_doc,
                                   "the resume state")
+            if request.fingerprint and request.fingerprint != self.plan.fingerprint:
+                raise MismatchError(f"the trainer expects recipe fingerprint "
+                                    f"{request.fingerprint[:16]}..., this sidecar serves "
+                                    f"{self.plan.fingerprint[:16]}...")
             sid = uuid.uuid4().hex[:16]
             self._drop_rank(request.rank)
             t0 = time.perf_counter()

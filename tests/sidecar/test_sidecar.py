@@ -1,0 +1,207 @@
+"""The sidecar tier: real sidecar processes, real Unix sockets, real trainers' clients.
+
+Every stream is compared with the in-process mode, which must yield the identical bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket as socketlib
+import stat
+import subprocess
+import sys
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+
+from datalane import ConfigError, MismatchError, StorageError, load_recipe
+from datalane.client import InProcessLoader, SidecarLoader
+
+
+def _take(loader, n: int) -> list:
+    out = []
+    for batch in loader:
+        out.append(batch)
+        if len(out) == n:
+            break
+    return out
+
+
+def _same(a: list, b: list) -> None:
+    assert [(x.step, x.index) for x in a] == [(y.step, y.index) for y in b]
+    for x, y in zip(a, b, strict=True):
+        assert np.array_equal(x.input_ids, y.input_ids)
+        assert np.array_equal(x.positions, y.positions)
+
+
+@pytest.fixture
+def repeat_recipe(write_recipe, corpus) -> str:
+    return write_recipe(sources=[
+        {"name": "web", "uris": [corpus.web], "epochs": None, "chunk_rows": 50, "weight": 0.7},
+        {"name": "code", "uris": [corpus.code], "epochs": None, "chunk_bytes": 8192,
+         "weight": 0.3}])
+
+
+@pytest.mark.parametrize("transport,copy", [("shm", True), ("shm", False), ("inline", True)])
+def test_concurrent_ranks_get_the_in_process_stream(sidecar, repeat_recipe, transport,
+                                                   copy) -> None:
+    sc = sidecar(repeat_recipe)
+    recipe = load_recipe(repeat_recipe)
+    results: dict[int, list] = {}
+
+    def rank(r: int) -> None:
+        with SidecarLoader(sc.socket, rank=r, world_size=2, microbatch_size=2,
+                           transport=transport, copy=copy) as loader:
+            got = []
+            for b in loader:  # copy the views: with copy=False they live until the next one
+                got.append(type(b)(b.step, b.index, b.input_ids.copy(), b.positions.copy()))
+                if len(got) == 24:
+                    break
+            results[r] = got
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for r in (0, 1):
+        _same(results[r], _take(InProcessLoader(recipe, r, 2, 2), 24))
+
+
+def test_a_session_reopens_with_another_rank_and_world(sidecar, repeat_recipe) -> None:
+    sc = sidecar(repeat_recipe)
+    recipe = load_recipe(repeat_recipe)
+    with SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=4) as a:
+        first = _take(a, 12)  # steps 0..2 of the whole batch
+        state = a.state_dict()
+    assert (state["step"], state["consumed"]) == (3, 0)
+    # the elastic restart: 4 ranks now, from the same position, same sidecar process
+    for r in range(4):
+        with SidecarLoader(sc.socket, rank=r, world_size=4, microbatch_size=2) as b:
+            b.load_state_dict(state)
+            got = _take(b, 4)
+        ref = InProcessLoader(recipe, r, 4, 2)
+        ref.load_state_dict(state)
+        _same(got, _take(ref, 4))
+        assert got[0].step == 3
+    _same(first, _take(InProcessLoader(recipe, 0, 1, 4), 12))
+
+
+def test_kill9_mid_stream_then_restart_the_stream_is_identical(sidecar, repeat_recipe) -> None:
+    sc = sidecar(repeat_recipe)
+    recipe = load_recipe(repeat_recipe)
+    loader = SidecarLoader(sc.socket, rank=1, world_size=2, microbatch_size=2,
+                           reconnect_timeout=60)
+    got = []
+    restarted = False
+    for batch in loader:
+        got.append(batch)
+        if len(got) == 7 and not restarted:  # in the middle of a step (4 microbatches each)
+            sc.kill9()
+            threading.Timer(1.0, sc.start).start()
+            restarted = True
+        if len(got) == 20:
+            break
+    loader.close()
+    assert loader.reconnects >= 1
+    _same(got, _take(InProcessLoader(recipe, 1, 2, 2), 20))
+
+
+def test_sigterm_persists_resume_points_and_exits_zero(sidecar, repeat_recipe) -> None:
+    sc = sidecar(repeat_recipe)
+    loader = SidecarLoader(sc.socket, rank=0, world_size=2, microbatch_size=2)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    assert sc.terminate() == 0
+    with open(os.path.join(os.path.dirname(sc.socket), "resume-rank-0.json")) as f:
+        point = json.load(f)
+    assert point["world_size"] == 2
+    assert point["state"]["step"] == 1 and point["skip_microbatches"] >= 1
+    assert not os.path.exists(sc.socket)
+    logs = [json.loads(line) for line in sc.log.read_text().splitlines() if line.startswith("{")]
+    assert any(rec["msg"] == "resume point saved" for rec in logs)
+
+
+def test_socket_file_modes(sidecar, repeat_recipe) -> None:
+    default = sidecar(repeat_recipe)
+    assert stat.S_IMODE(os.stat(default.socket).st_mode) == 0o600
+    shared = sidecar(repeat_recipe, "--socket-mode", "0660")
+    assert stat.S_IMODE(os.stat(shared.socket).st_mode) == 0o660
+
+
+def test_unwritable_socket_path_is_a_clear_error(repeat_recipe, tmp_path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "datalane_sidecar", "serve", "--socket",
+                           str(tmp_path / "missing" / "x.sock"), "--recipe", repeat_recipe],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 2
+    assert f"the folder {tmp_path / 'missing'} does not exist" in proc.stderr
+    # a folder nobody may create sockets in (even root): /proc
+    proc = subprocess.run([sys.executable, "-m", "datalane_sidecar", "serve", "--socket",
+                           "/proc/datalane-test.sock", "--recipe", repeat_recipe],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 2
+    assert ("cannot listen on unix socket /proc/datalane-test.sock" in proc.stderr
+            or "the folder /proc is not writable" in proc.stderr), proc.stderr
+
+
+def test_probe_fails_without_a_sidecar(tmp_path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "datalane_sidecar", "probe", "--socket",
+                           str(tmp_path / "none.sock"), "--timeout", "0.5"],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode == 1
+    assert "not serving" in proc.stderr
+
+
+def test_bad_requests_get_clear_errors(sidecar, repeat_recipe, write_recipe) -> None:
+    sc = sidecar(repeat_recipe)
+    with pytest.raises(ConfigError, match=r"8 lanes cannot be split over 3 ranks; "
+                                          r"use 1, 2, 4 or 8"):
+        next(iter(SidecarLoader(sc.socket, rank=0, world_size=3, microbatch_size=1)))
+    with pytest.raises(ConfigError, match=r"microbatch size 3 does not divide the local batch "
+                                          r"of 8 sequences; use one of \[1, 2, 4, 8\]"):
+        next(iter(SidecarLoader(sc.socket, rank=0, world_size=2, microbatch_size=3)))
+    with pytest.raises(ConfigError, match="resume from_step needs a checkpoint store"):
+        next(iter(SidecarLoader(sc.socket, rank=0, world_size=2, microbatch_size=2,
+                                resume_step=40)))
+    other = InProcessLoader(load_recipe(write_recipe(seed=99)), 0, 2, 2)
+    _take(other, 4)
+    foreign = SidecarLoader(sc.socket, rank=0, world_size=2, microbatch_size=2)
+    foreign.load_state_dict(other.state_dict())
+    with pytest.raises(MismatchError, match=r"recipe\.seed: saved 99, now 5"):
+        next(iter(foreign))
+
+
+def test_protocol_versions_must_match(sidecar, repeat_recipe, monkeypatch) -> None:
+    sc = sidecar(repeat_recipe)
+    import datalane.client.sidecar as client_mod
+
+    monkeypatch.setattr(client_mod, "PROTOCOL_VERSION", 99)
+    with pytest.raises(MismatchError, match="client speaks protocol 99, this sidecar speaks 1"):
+        next(iter(SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=1)))
+
+
+def test_prometheus_metrics(sidecar, repeat_recipe) -> None:
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sc = sidecar(repeat_recipe, "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
+    with SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=4) as loader:
+        _take(loader, 8)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert "datalane_tokens_total" in text
+    assert "datalane_microbatches_total 8.0" in text or "datalane_microbatches_total" in text
+    assert "datalane_queue_depth" in text
+    assert "datalane_trainer_wait_seconds" in text
+
+
+def test_client_needs_a_socket(monkeypatch) -> None:
+    monkeypatch.delenv("DATALANE_SOCKET", raising=False)
+    with pytest.raises(ConfigError, match=r"no sidecar socket"):
+        SidecarLoader(rank=0, world_size=1)
+    with pytest.raises(StorageError, match="did not answer"):
+        next(iter(SidecarLoader("/nonexistent/dl.sock", rank=0, world_size=1,
+                                open_timeout=1)))
