@@ -375,6 +375,10 @@ class Cluster:
             "datalane-test-admin", organizations=["system:masters"], server=False, client=True
         ).write(pki / "admin.crt", pki / "admin.key")
         service_account_key().write(pki / "sa.pub", pki / "sa.key")
+        # front proxy (aggregation layer), as kubeadm sets it up
+        self.ca.issue("front-proxy-client", server=False, client=True).write(
+            pki / "front-proxy-client.crt", pki / "front-proxy-client.key"
+        )
 
     def ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
@@ -457,6 +461,8 @@ class Cluster:
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
+            # 1.37 refuses a loopback address in the kubernetes Service's endpoints.
+            "--endpoint-reconciler-type=none",
             f"--secure-port={self.apiserver_port}",
             f"--cert-dir={self.wd / 'apiserver-certs'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -468,6 +474,13 @@ class Cluster:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--authorization-mode=RBAC",
             "--allow-privileged=true",
+            f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
             "--profiling=false",
             f"--v={self.options.verbosity}",
         ]
@@ -658,9 +671,7 @@ class Cluster:
             raise ClusterError(f"PyTorchJob CRD missing: {crd} (rerun {BUILD_SH})")
         # The CRD is ~600 KB: too large for client-side apply's annotation.
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        self.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s", "crd/pytorchjobs.kubeflow.org"
-        )
+        self.wait_crd_established("pytorchjobs.kubeflow.org")
         ns = TRAINING_OPERATOR_NAMESPACE
         self.kubectl_apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         self.kubectl_apply(
@@ -779,6 +790,20 @@ class Cluster:
     def kubectl_apply(self, *objs: dict[str, Any]) -> None:
         docs = yaml.safe_dump_all(list(objs), sort_keys=False)
         self.kubectl("apply", "-f", "-", input=docs)
+
+    def wait_crd_established(self, name: str, timeout: float = 60) -> None:
+        # (kubectl wait fails outright while .status.conditions is still empty)
+        def established() -> bool:
+            out = self.kubectl(
+                "get",
+                f"crd/{name}",
+                "-o",
+                'jsonpath={.status.conditions[?(@.type=="Established")].status}',
+                check=False,
+            )
+            return out.returncode == 0 and out.stdout.strip() == "True"
+
+        self.wait_for(f"CRD {name} Established", established, timeout=timeout)
 
     def api_client(self) -> Any:
         """A `kubernetes.client.ApiClient` for this cluster (admin, via the kubeconfig)."""

@@ -67,9 +67,7 @@ def widget_crd(k8s_cluster: Cluster, k8s_api: client.ApiClient) -> str:
     except ApiException as e:
         if e.status != 409:
             raise
-    k8s_cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", f"crd/widgets.{GROUP}"
-    )
+    k8s_cluster.wait_crd_established(f"widgets.{GROUP}")
     return f"widgets.{GROUP}"
 
 

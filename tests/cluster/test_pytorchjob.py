@@ -103,7 +103,8 @@ def test_pytorchjob_pods_follow_worker_scale(
         assert env["WORLD_SIZE"] == "3"
         assert env["MASTER_ADDR"] == f"{name}-master-0"
         assert env["MASTER_PORT"] == "23456"
-        assert env["PET_RDZV_ENDPOINT"] == f"{name}-master-0:23456"
+        # elastic mode: rendezvous on worker-0
+        assert env["PET_RDZV_ENDPOINT"] == f"{name}-worker-0:23456"
         assert env["PET_NNODES"] == "1:4"
         # env goes to spec.containers only, never to init containers
         for ic in pod.spec.init_containers or []:
