@@ -16,6 +16,8 @@ import pytest
 from datalane.corpus import DemoCorpus, make_corpus
 from datalane.spec.recipe import Recipe, load_recipe
 
+pytest_plugins = ["tests.s3server"]
+
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> DemoCorpus:

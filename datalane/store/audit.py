@@ -1,0 +1,202 @@
+"""Audit of a checkpoint store: verified manifests, hash chain and ledger continuity.
+
+Every manifest links to the previous committed one by the SHA-256 of its bytes, and records
+the global batch hash of every step served since it. :func:`audit_records` takes the
+manifests of a store in step order (as read and verified by
+:meth:`datalane.store.CheckpointStore.audit`) and checks:
+
+* each manifest verifies against its objects (the store reports the failures it found);
+* **hash chain**: ``previous`` names a manifest that is present with exactly those bytes, or
+  one older than the oldest present (garbage-collected); a link to a missing step in the
+  middle, or to bytes that changed since, breaks the chain;
+* **ledger**: entries of one manifest lie in ``[previous.step, step)``; two manifests that
+  list the same step agree on its hash; the union of the ledgers covers every step from the
+  first entry up to the newest checkpoint, with no gap.
+
+Steps committed out of order (a manifest linking past a step that was committed later) are
+reported as notes, not failures. :class:`AuditReport` has a JSON form and the text that
+``datalane audit STORE`` prints, ledger included. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from datalane.store.manifest import Manifest
+
+__all__ = ["AuditEntry", "AuditReport", "ManifestRecord", "audit_records"]
+
+
+@dataclass(frozen=True)
+class ManifestRecord:
+    """One manifest as the store found it (the input of the audit)."""
+
+    step: int
+    uri: str
+    sha256: str
+    """SHA-256 of the manifest's bytes as stored."""
+    manifest: Manifest | None
+    """The decoded manifest; None if it cannot even be parsed."""
+    problem: str | None
+    """Why the manifest does not verify against its objects; None if it does."""
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """The verdict on one committed checkpoint."""
+
+    step: int
+    uri: str
+    sha256: str
+    previous_step: int | None
+    ledger: tuple[tuple[int, str], ...]
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "uri": self.uri, "sha256": self.sha256,
+                "previous_step": self.previous_step, "ok": self.ok,
+                "ledger": [[s, h] for s, h in self.ledger], "problems": list(self.problems),
+                "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """The audit of a whole store."""
+
+    uri: str
+    entries: tuple[AuditEntry, ...]
+    ledger: tuple[tuple[int, str], ...]
+    """The union of every manifest's ledger: ``(step, global hash)`` in step order."""
+    problems: tuple[str, ...]
+    """Store-wide problems: ledger gaps and conflicts."""
+    uncommitted: tuple[int, ...]
+    """Steps with pod objects but no manifest (in progress or abandoned)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(e.ok for e in self.entries)
+
+    def all_problems(self) -> list[str]:
+        return [f"step {e.step}: {p}" for e in self.entries for p in e.problems] + list(
+            self.problems)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uri": self.uri, "ok": self.ok, "entries": [e.to_json() for e in self.entries],
+                "ledger": [[s, h] for s, h in self.ledger], "problems": list(self.problems),
+                "uncommitted": list(self.uncommitted)}
+
+    def text(self, ledger: bool = True) -> str:
+        """Human report: one line per checkpoint, the ledger, and a verdict."""
+        steps = ", ".join(str(e.step) for e in self.entries) or "none"
+        lines = [f"checkpoint store {self.uri}: {len(self.entries)} committed checkpoints "
+                 f"(steps {steps})"]
+        for e in self.entries:
+            prev = "-" if e.previous_step is None else str(e.previous_step)
+            span = _span([s for s, _ in e.ledger]) or "-"
+            lines.append(f"  step {e.step:>8}  manifest {e.sha256[:12]}  previous {prev:>8}  "
+                         f"ledger {span:<16} {'OK' if e.ok else 'FAILED'}")
+            lines.extend(f"      problem: {p}" for p in e.problems)
+            lines.extend(f"      note: {n}" for n in e.notes)
+        if self.uncommitted:
+            lines.append(f"  uncommitted steps (pod objects, no manifest): "
+                         f"{', '.join(map(str, self.uncommitted))}")
+        if ledger:
+            lines.append("ledger (global batch hash per step):")
+            lines.extend(f"  {s:>8}  {h}" for s, h in self.ledger)
+        lines.extend(f"problem: {p}" for p in self.problems)
+        if self.ok:
+            span = _span([s for s, _ in self.ledger])
+            cover = f", ledger continuous over steps {span}" if span else ", ledger empty"
+            lines.append(f"OK: {len(self.entries)} checkpoints verified, hash chain intact"
+                         f"{cover}")
+        else:
+            lines.append(f"FAILED: {len(self.all_problems())} problems")
+        return "\n".join(lines)
+
+
+def _span(steps: Sequence[int]) -> str:
+    return "" if not steps else f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
+
+
+def _runs(steps: Sequence[int]) -> str:
+    out: list[tuple[int, int]] = []
+    for s in steps:
+        if out and out[-1][1] == s - 1:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def _chain(rec: ManifestRecord, m: Manifest, by_step: dict[int, ManifestRecord],
+           earlier: list[int], oldest: int, problems: list[str], notes: list[str]) -> None:
+    prev = m.previous_step
+    if prev is None:
+        if earlier:
+            notes.append(f"starts a new hash chain although step {earlier[-1]} precedes it "
+                         f"(committed out of order?)")
+        return
+    target = by_step.get(prev)
+    if target is None:
+        if prev < oldest:
+            notes.append(f"links to step {prev}, garbage-collected")
+        else:
+            problems.append(f"broken hash chain: links to step {prev}, whose manifest is "
+                            f"missing from the store")
+        return
+    if target.sha256 != m.previous_sha256:
+        problems.append(
+            f"broken hash chain: links to step {prev} with manifest SHA-256 "
+            f"{(m.previous_sha256 or '')[:16]}..., but {target.uri} hashes to "
+            f"{target.sha256[:16]}... (replaced or altered after step {rec.step} was committed)")
+    elif earlier and prev != earlier[-1]:
+        notes.append(f"links to step {prev}, past step {earlier[-1]} (committed out of order)")
+
+
+def audit_records(uri: str, records: Sequence[ManifestRecord],
+                  uncommitted: Sequence[int] = ()) -> AuditReport:
+    """Audit manifests given in ascending step order."""
+    by_step = {r.step: r for r in records}
+    oldest = records[0].step if records else 0
+    union: dict[int, tuple[str, int]] = {}
+    store_problems: list[str] = []
+    entries = []
+    earlier: list[int] = []
+    for rec in records:
+        problems = [rec.problem] if rec.problem else []
+        notes: list[str] = []
+        m = rec.manifest
+        if m is None:
+            entries.append(AuditEntry(rec.step, rec.uri, rec.sha256, None, (), tuple(problems),
+                                      ()))
+            earlier.append(rec.step)
+            continue
+        _chain(rec, m, by_step, earlier, oldest, problems, notes)
+        steps = [s for s, _ in m.ledger]
+        lo = m.previous_step if m.previous_step is not None else 0
+        if steps != sorted(set(steps)) or any(not lo <= s < m.step for s in steps):
+            problems.append(f"ledger entries {_runs(steps)} are not ascending within "
+                            f"[{lo}, {m.step})")
+        for s, h in m.ledger:
+            seen = union.setdefault(s, (h, rec.step))
+            if seen[0] != h:
+                store_problems.append(
+                    f"ledger conflict at step {s}: checkpoint {seen[1]} records "
+                    f"{seen[0][:16]}..., checkpoint {rec.step} records {h[:16]}...")
+        entries.append(AuditEntry(rec.step, rec.uri, rec.sha256, m.previous_step, m.ledger,
+                                  tuple(problems), tuple(notes)))
+        earlier.append(rec.step)
+    if union:
+        newest = max(r.step for r in records)
+        gaps = [s for s in range(min(union), newest) if s not in union]
+        if gaps:
+            store_problems.append(f"ledger gap: no global batch hash for steps {_runs(gaps)}")
+    ledger = tuple((s, union[s][0]) for s in sorted(union))
+    return AuditReport(uri, tuple(entries), ledger, tuple(store_problems), tuple(uncommitted))

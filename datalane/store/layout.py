@@ -1,0 +1,116 @@
+"""Where every object of a checkpoint store lives (the storage layout).
+
+One base URI (any fsspec URI) holds one training run's checkpoints::
+
+    <base>/steps/<step:012d>/pod-<pod_id>.json   lane states of one pod at one step
+    <base>/steps/<step:012d>/MANIFEST.json       the commit marker of the step
+
+Steps are zero-padded to 12 digits so that a lexicographic listing is also numeric order.
+A step is *committed* iff its ``MANIFEST.json`` exists and verifies; pod objects without a
+manifest are a checkpoint in progress (or an abandoned one) and are never read for a restore.
+
+Temporary objects (local filesystems only) are named ``<name>.tmp-<random>`` next to their
+final name; they never match the patterns below, so a crash mid-write leaves nothing that a
+reader could take for a real object.
+
+Pure functions: no I/O. Callers: :mod:`datalane.store.store` and :mod:`datalane.store.audit`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from datalane.spec.errors import ConfigError
+
+__all__ = [
+    "MANIFEST_NAME",
+    "STEPS_DIR",
+    "manifest_path",
+    "pod_object_name",
+    "pod_path",
+    "step_dir",
+    "step_of_dir",
+    "step_of_manifest",
+]
+
+STEPS_DIR = "steps"
+MANIFEST_NAME = "MANIFEST.json"
+STEP_DIGITS = 12
+
+_POD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_POD_OBJECT = re.compile(r"^pod-([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.json$")
+_STEP_DIR = re.compile(rf"^[0-9]{{{STEP_DIGITS}}}$")
+
+
+def check_step(step: int) -> int:
+    """``step`` if it is a non-negative int that fits the layout; ConfigError otherwise."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 10**STEP_DIGITS:
+        raise ConfigError(f"a checkpoint step must be an integer in [0, 10^{STEP_DIGITS}), "
+                          f"got {step!r}")
+    return step
+
+
+def pod_object_name(pod_id: str | int) -> str:
+    """``pod-<pod_id>.json``; pod ids are pod names or ordinals (letters, digits, ``._-``)."""
+    text = str(pod_id)
+    if isinstance(pod_id, bool) or not _POD_ID.match(text):
+        raise ConfigError(f"pod id {pod_id!r} cannot name an object: use 1-128 letters, digits, "
+                          f"'.', '_' or '-', starting with a letter or digit")
+    return f"pod-{text}.json"
+
+
+def is_pod_object_name(name: str) -> bool:
+    """Whether a file name inside a step directory is a pod object."""
+    return _POD_OBJECT.match(name) is not None
+
+
+def pod_id_of(name: str) -> str:
+    """The pod id encoded in a pod object's name."""
+    m = _POD_OBJECT.match(name)
+    if m is None:
+        raise ConfigError(f"{name!r} is not a pod object name")
+    return m.group(1)
+
+
+def step_dir(base: str, step: int) -> str:
+    """The directory (key prefix) that holds every object of ``step``."""
+    return f"{base}/{STEPS_DIR}/{check_step(step):0{STEP_DIGITS}d}"
+
+
+def steps_root(base: str) -> str:
+    """The directory under which every step directory lives."""
+    return f"{base}/{STEPS_DIR}"
+
+
+def pod_path(base: str, step: int, pod_id: str | int) -> str:
+    """Path of the object holding pod ``pod_id``'s lane states at ``step``."""
+    return f"{step_dir(base, step)}/{pod_object_name(pod_id)}"
+
+
+def manifest_path(base: str, step: int) -> str:
+    """Path of the commit marker of ``step``."""
+    return f"{step_dir(base, step)}/{MANIFEST_NAME}"
+
+
+def basename(path: str) -> str:
+    """Last component of a ``/``-separated path."""
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def step_of_dir(path: str) -> int | None:
+    """The step a step directory stands for, or None for anything else."""
+    name = basename(path)
+    return int(name) if _STEP_DIR.match(name) else None
+
+
+def step_of_manifest(path: str) -> int | None:
+    """The step of a ``.../steps/<step>/MANIFEST.json`` path, or None for anything else."""
+    parent, _, name = path.rstrip("/").rpartition("/")
+    if name != MANIFEST_NAME:
+        return None
+    return step_of_dir(parent)
+
+
+def format_steps(steps: list[int]) -> str:
+    """``10, 20, 30`` (or ``none``), the way error messages list steps."""
+    return ", ".join(str(s) for s in steps) if steps else "none"
