@@ -38,6 +38,12 @@ if [[ "${1:-}" == "--print-bin-dir" ]]; then
 fi
 
 mkdir -p "$BIN" "$SRC" "$LOGS" "$SHARE"
+# One build at a time per version key (a test run may start one while `make cluster` runs).
+exec 9>"$ROOT/.lock"
+if ! flock -n 9; then
+  echo "[cluster-build] another build of $KEY is running; waiting for it" >&2
+  flock 9
+fi
 export CGO_ENABLED=0
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 # The machine's Go unless the caller chose another (e.g. GOTOOLCHAIN=go1.27.3).

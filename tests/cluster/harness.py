@@ -143,6 +143,16 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _with_parent_death_signal(args: list[str]) -> list[str]:
+    """Prefix args so the child gets SIGKILL if the test process dies (even by SIGKILL).
+
+    util-linux's setpriv sets PR_SET_PDEATHSIG and execs; without it the child simply
+    outlives a killed test run (stop() and the atexit hook still end it on a normal exit).
+    """
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *args] if setpriv else args
+
+
 @dataclass
 class Process:
     name: str
@@ -158,7 +168,7 @@ class Process:
         logf.flush()
         try:
             self.popen = subprocess.Popen(
-                self.args,
+                _with_parent_death_signal(self.args),
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
