@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -95,9 +96,30 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.sidecars:
+        from datalane.demo_sidecars import run_sidecar_demo
+
+        return run_sidecar_demo(args.dir, args.steps, args.store, keep=args.keep)
+    if args.store:
+        raise DatalaneError("--store goes with --sidecars")
     from datalane.demo import run_demo
 
     return run_demo(args.dir, args.steps, keep=args.keep)
+
+
+def _cmd_trainer(args: argparse.Namespace) -> int:
+    from datalane.demo_sidecars import trainer_main
+
+    return trainer_main(args)
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from datalane.store import CheckpointStore
+
+    options = json.loads(args.store_options) if args.store_options else None
+    report = CheckpointStore(args.store, options).audit()
+    print(report.text())
+    return 0 if report.ok else 1
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -146,7 +168,29 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", default=None, help="work folder (default: a temporary one)")
     demo.add_argument("--steps", type=int, default=8, help="steps per phase")
     demo.add_argument("--keep", action="store_true", help="keep the work folder")
+    demo.add_argument("--sidecars", action="store_true",
+                      help="through sidecar processes, Unix sockets and a checkpoint store: "
+                           "2 pods x 2 ranks, then 1 pod, then 4 pods")
+    demo.add_argument("--store", default=None,
+                      help="checkpoint store URI for --sidecars (default: a local folder; "
+                           "s3:// works, options from $DATALANE_STORE_OPTIONS)")
     demo.set_defaults(fn=_cmd_demo)
+
+    audit = sub.add_parser("audit", help="print the ledger of a checkpoint store and verify "
+                                         "the hash chain of every committed checkpoint")
+    audit.add_argument("store")
+    audit.add_argument("--store-options", default=os.environ.get("DATALANE_STORE_OPTIONS"),
+                       help="fsspec storage options as JSON")
+    audit.set_defaults(fn=_cmd_audit)
+
+    trainer = sub.add_parser("_trainer", help=argparse.SUPPRESS)  # a demo trainer process
+    trainer.add_argument("--socket", required=True)
+    trainer.add_argument("--rank", type=int, required=True)
+    trainer.add_argument("--world", type=int, required=True)
+    trainer.add_argument("--steps", type=int, required=True)
+    trainer.add_argument("--microbatch", type=int, default=2)
+    trainer.add_argument("--resume-step", type=int, default=None)
+    trainer.set_defaults(fn=_cmd_trainer)
 
     ins = sub.add_parser("inspect", help="print a state file in human form")
     ins.add_argument("state")

@@ -24,7 +24,7 @@ from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
 from datalane.spec.state import Checkpoint, merge_checkpoints
 
-__all__ = ["rank_main", "run_demo"]
+__all__ = ["Progress", "print_comparison", "rank_main", "run_demo"]
 
 _PHASES = (4, 2, 8)
 
@@ -50,7 +50,7 @@ def rank_main(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Progress:
+class Progress:
     def __init__(self, total: int) -> None:
         self.total = total
         self.done = 0
@@ -70,7 +70,7 @@ class _Progress:
 
 
 def _phase(recipe: str, world: int, steps: int, resume: str | None, state_dir: str,
-           progress: _Progress) -> tuple[dict[int, dict[int, bytes]], str]:
+           progress: Progress) -> tuple[dict[int, dict[int, bytes]], str]:
     procs = []
     outputs: list[list[str]] = [[] for _ in range(world)]
     for rank in range(world):
@@ -110,6 +110,20 @@ def _phase(recipe: str, world: int, steps: int, resume: str | None, state_dir: s
     return digests, path
 
 
+def print_comparison(reference: dict[int, str], elastic: dict[int, tuple[int, str]],
+                     total: int) -> int:
+    """Print the per-step hashes side by side; returns how many steps differ."""
+    print(f"\n{'step':>4}  {'uninterrupted (1 rank)':<24}  {'elastic':<24}  ranks")
+    bad = 0
+    for step in range(total):
+        world, h = elastic.get(step, (0, "-"))
+        ok = reference.get(step) == h
+        bad += not ok
+        print(f"{step:>4}  {reference.get(step, '-')[:22]:<24}  {h[:22]:<24}  {world:>5}  "
+              f"{'=' if ok else 'X'}")
+    return bad
+
+
 def run_demo(folder: str | None, steps: int, keep: bool = False) -> int:
     from datalane.corpus import make_corpus
     from datalane.runner import run_world
@@ -126,7 +140,7 @@ def run_demo(folder: str | None, steps: int, keep: bool = False) -> int:
               f"{recipe.sequence_tokens} tokens, {total} steps; corpus in {corpus.root}")
         print("reference: 1 rank holding all lanes, uninterrupted ...", flush=True)
         reference = run_world(recipe, 1, Knobs(workers=2), total).hashes
-        progress = _Progress(sum(w * steps for w in _PHASES))
+        progress = Progress(sum(w * steps for w in _PHASES))
         elastic: dict[int, tuple[int, str]] = {}
         resume = None
         for world in _PHASES:
@@ -139,14 +153,7 @@ def run_demo(folder: str | None, steps: int, keep: bool = False) -> int:
                 if sorted(lanes) != list(range(recipe.lanes)):
                     raise SystemExit(f"step {step}: lanes {sorted(lanes)} reported")
                 elastic[step] = (world, global_hash(lanes[k] for k in range(recipe.lanes)))
-        print(f"\n{'step':>4}  {'uninterrupted (1 rank)':<24}  {'elastic':<24}  ranks")
-        bad = 0
-        for step in range(total):
-            world, h = elastic.get(step, (0, "-"))
-            ok = reference.get(step) == h
-            bad += not ok
-            print(f"{step:>4}  {reference.get(step, '-')[:22]:<24}  {h[:22]:<24}  {world:>5}  "
-                  f"{'=' if ok else 'X'}")
+        bad = print_comparison(reference, elastic, total)
         print("MATCH" if bad == 0 else f"MISMATCH ({bad} of {total} steps differ)")
         return 0 if bad == 0 else 1
     finally:

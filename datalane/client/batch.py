@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -15,6 +15,8 @@ class Batch:
 
     ``positions`` restart at 0 at each document and each sequence and are -1 on padding.
     ``ended`` is set once every lane of the rank has run out of data (finite recipes).
+    The last microbatch of a step carries the window digest of each of the rank's lanes, from
+    which the global step hash is composed (``datalane.spec.hashing.global_hash``).
     """
 
     step: int
@@ -22,3 +24,4 @@ class Batch:
     input_ids: np.ndarray
     positions: np.ndarray
     ended: bool = False
+    lane_digests: dict[int, bytes] = field(default_factory=dict)  # last microbatch of a step

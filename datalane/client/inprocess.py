@@ -52,7 +52,8 @@ class InProcessLoader:
                     skip -= 1
                     continue
                 sl = slice(i * m, (i + 1) * m)
-                batch = Batch(step.step, i, step.input_ids[sl], step.positions[sl], step.ended)
+                batch = Batch(step.step, i, step.input_ids[sl], step.positions[sl], step.ended,
+                              step.lane_digests if i == self.per_step - 1 else {})
                 pos.advance(step.step, i, self.per_step, after)
                 yield batch
 

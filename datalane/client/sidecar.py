@@ -150,6 +150,13 @@ class SidecarLoader:
 
         reader = ShmReader(reply.shm_path, reply.shm_bytes) if reply.shm_path else None
         cols = reply.seq_tokens
+        # Released slots go back in batches: one Ack per quarter of the ring instead of one per
+        # microbatch (each Ack is a message on the request stream and a wakeup on both sides).
+        # The client owns at most `per_ack` slots (pending + the one held with copy=False), fewer
+        # than the ring's, so the sidecar always has a free slot for the next microbatch.
+        slots = reply.shm_bytes // (8 * self.microbatch_size * cols) if reader else 0
+        per_ack = max(1, slots // 4)
+        pending: list[int] = []
         calls = self._stub.Stream(requests())
         held: int | None = None
         try:
@@ -159,17 +166,24 @@ class SidecarLoader:
                     ids, pos = reader.arrays(msg.offset, rows, cols)
                     if self.copy:
                         ids, pos = ids.copy(), pos.copy()
-                        acks.put(pb.Ack(release=[msg.slot]))
+                        pending.append(msg.slot)
                     else:
                         if held is not None:
-                            acks.put(pb.Ack(release=[held]))
+                            pending.append(held)
                         held = msg.slot
+                    if len(pending) >= per_ack:
+                        acks.put(self._ack(pending, msg))
+                        pending = []
                 else:
                     ids = np.frombuffer(msg.input_ids, dtype="<i4").reshape(rows, cols)
                     pos = np.frombuffer(msg.positions, dtype="<i4").reshape(rows, cols)
                     if self.copy:
                         ids, pos = ids.copy(), pos.copy()
-                batch = Batch(int(msg.step), msg.index, ids, pos, msg.ended)
+                if msg.index + 1 == self.per_step:  # the position, at least once per step
+                    acks.put(self._ack(pending, msg))
+                    pending = []
+                batch = Batch(int(msg.step), msg.index, ids, pos, msg.ended,
+                              dict(msg.lane_digests))
                 self.position.advance(int(msg.step), msg.index, self.per_step,
                                       msg.state_json or None)
                 yield batch
@@ -178,6 +192,14 @@ class SidecarLoader:
             calls.cancel()
             if reader is not None:
                 reader.close()
+
+    def _ack(self, release: list[int], msg: pb.Microbatch) -> pb.Ack:
+        """An Ack releasing ``release`` and reporting the position once ``msg`` is handed out
+        (so it never claims more than the trainer can have received)."""
+        step, consumed = int(msg.step), msg.index + 1
+        if consumed >= self.per_step:
+            step, consumed = step + 1, 0
+        return pb.Ack(release=release, has_position=True, step=step, consumed=consumed)
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -63,12 +63,18 @@ class OpenReply(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., step: _Optional[int] = ..., lane_start: _Optional[int] = ..., lane_stop: _Optional[int] = ..., seq_tokens: _Optional[int] = ..., microbatches_per_step: _Optional[int] = ..., fingerprint: _Optional[str] = ..., shm_path: _Optional[str] = ..., shm_bytes: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("session_id", "release")
+    __slots__ = ("session_id", "release", "has_position", "step", "consumed")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    HAS_POSITION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     release: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., release: _Optional[_Iterable[int]] = ...) -> None: ...
+    has_position: bool
+    step: int
+    consumed: int
+    def __init__(self, session_id: _Optional[str] = ..., release: _Optional[_Iterable[int]] = ..., has_position: _Optional[bool] = ..., step: _Optional[int] = ..., consumed: _Optional[int] = ...) -> None: ...
 
 class Microbatch(_message.Message):
     __slots__ = ("step", "index", "sequences", "input_ids", "positions", "slot", "offset", "ended", "state_json", "lane_digests")

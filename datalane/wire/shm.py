@@ -39,6 +39,10 @@ class ShmWriter:
     def size(self) -> int:
         return self.slots * self.slot_bytes
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def acquire(self, timeout: float | None = None) -> int | None:
         """A free slot, waiting for the client to release one; None on timeout or close."""
         with self._cond:

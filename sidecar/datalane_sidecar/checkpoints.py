@@ -33,6 +33,8 @@ class _Pending:
     digests: dict[int, dict[int, bytes]] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
     result: Saved | None = None
+    written: int = 0  # sessions in the pod object written so far
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class PodCheckpoints:
@@ -47,19 +49,22 @@ class PodCheckpoints:
         self.last_step: int | None = None
 
     def save(self, step: int, session_id: str, state_json: str,
-             digests: dict[int, dict[int, bytes]], open_sessions: int,
-             timeout: float = 120.0) -> Saved:
+             digests: dict[int, dict[int, bytes]], timeout: float = 120.0) -> Saved:
         """Record one session's states for ``step``; blocks until the pod object is written."""
         if self.store is None:
             return Saved(step)
         with self._lock:
             pending = self._pending.setdefault(step, _Pending())
             pending.states[session_id] = Checkpoint.from_json(json.loads(state_json))
-            pending.digests.update(digests)
-            expected = min(self.ranks_per_pod, max(open_sessions, 1))
-            ready = len(pending.states) >= expected and pending.result is None
-        if ready:
-            self._write(step, pending)
+            for s, row in digests.items():  # merge: each session holds its own lanes
+                pending.digests.setdefault(s, {}).update(row)
+            count = len(pending.states)
+        # the pod object is written once every rank of the pod asked; a rank beyond
+        # ranks_per_pod (a misconfigured pod) rewrites it with the union, never loses lanes
+        if count >= self.ranks_per_pod:
+            with pending.write_lock:
+                if count > pending.written:
+                    self._write(step, pending)
         if not pending.done.wait(timeout):
             return Saved(step, error=TimeoutError(
                 f"step {step}: {len(pending.states)} of {self.ranks_per_pod} ranks of pod "
@@ -71,12 +76,16 @@ class PodCheckpoints:
         store = self.store
         assert store is not None  # save() returns early without a store
         try:
+            with self._lock:
+                states = list(pending.states.values())
+                digests = {s: dict(row) for s, row in pending.digests.items()}
             lanes = {}
-            head = next(iter(pending.states.values()))
-            for ckpt in pending.states.values():
+            for ckpt in states:
                 lanes.update(ckpt.lanes)
-            obj = store.write_pod(step, self.pod, lanes, pending.digests,
-                                       head.fingerprint, head.fingerprint_doc, head.lanes_total)
+            head = states[0]
+            obj = store.write_pod(step, self.pod, lanes, digests, head.fingerprint,
+                                  head.fingerprint_doc, head.lanes_total)
+            pending.written = len(states)
             manifest = store.commit(step)
             pending.result = Saved(step, str(obj), manifest is not None)
             self.last_step = step

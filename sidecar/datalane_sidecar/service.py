@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+import numpy as np
 
 from datalane.engine.plan import Plan
 from datalane.spec.errors import ConfigError, DatalaneError, MismatchError, StorageError
@@ -37,7 +38,15 @@ from datalane_sidecar.session import Session
 __all__ = ["DataLaneService"]
 
 log = logging.getLogger("datalane.sidecar")
-_SHM_SLOTS = 8
+_SHM_SLOTS = 8  # at least this many slots per session's ring ...
+_SHM_RING_BYTES = 4 << 20  # ... and more for small microbatches, up to this size (and 64)
+_SHM_MAX_SLOTS = 64
+
+
+def _ring_slots(slot_bytes: int) -> int:
+    """Slots of a session's ring: small microbatches get more, so the client can release
+    them in batches (one Ack per quarter of the ring) with the sidecar still well ahead."""
+    return max(_SHM_SLOTS, min(_SHM_MAX_SLOTS, _SHM_RING_BYTES // max(1, slot_bytes)))
 
 
 def _abort(context: grpc.ServicerContext, error: BaseException) -> None:
@@ -118,7 +127,7 @@ class DataLaneService(pbg.DataLaneServicer):
             if request.transport == pb.TRANSPORT_SHM:
                 slot = 2 * 4 * request.microbatch_size * recipe.sequence_tokens
                 ring = ShmWriter(os.path.join(self.shm_dir, f"datalane-{sid}.shm"),
-                                 _SHM_SLOTS, slot)
+                                 _ring_slots(slot), slot)
                 self.rings[sid] = ring
                 reply.shm_path, reply.shm_bytes = ring.path, ring.size
             with self._lock:
@@ -171,6 +180,8 @@ class DataLaneService(pbg.DataLaneServicer):
                 for ack in request_iterator:
                     if ring is not None and ack.release:
                         ring.release(list(ack.release))
+                    if ack.has_position:
+                        session.acked = (int(ack.step), ack.consumed)
             except grpc.RpcError:
                 pass
 
@@ -193,7 +204,7 @@ class DataLaneService(pbg.DataLaneServicer):
                 msg.lane_digests[lane] = digest
             if ring is not None:
                 slot = None
-                while slot is None and context.is_active():
+                while slot is None and context.is_active() and not ring.closed:
                     slot = ring.acquire(timeout=0.2)
                 if slot is None:
                     return
@@ -204,7 +215,8 @@ class DataLaneService(pbg.DataLaneServicer):
                 msg.positions = item.positions.astype("<i4", copy=False).tobytes()
             session.sent = (item.step, item.index)
             self.metrics.delivered(len(item.input_ids) * seq_tokens,
-                                   int((item.positions >= 0).sum()), session.queue_depth())
+                                   int(np.count_nonzero(item.positions >= 0)),
+                                   session.queue_depth())
             yield msg
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -215,15 +227,17 @@ class DataLaneService(pbg.DataLaneServicer):
             state = session.state_at(request.step)
             since = self.last_checkpoint.get(session.id, session.first_step)
             digests = session.digests_between(since, request.step)
-            saved = self.checkpoints.save(request.step, session.id, state, digests,
-                                          len(self.sessions))
+            saved = self.checkpoints.save(request.step, session.id, state, digests)
         except DatalaneError as e:
             _abort(context, e)
             raise
         if saved.error is not None:
             context.abort(grpc.StatusCode.UNAVAILABLE,
                           f"checkpoint of step {request.step} failed: {saved.error}")
-        self.last_checkpoint[session.id] = request.step
+        if saved.committed or self.store is None:
+            # the ledger of the next checkpoint starts here; until a commit, keep everything
+            self.last_checkpoint[session.id] = request.step
+            session.forget_before(request.step)
         return pb.CheckpointReply(step=request.step, object=saved.object,
                                   committed=saved.committed, state_json=state)
 
@@ -248,18 +262,20 @@ class DataLaneService(pbg.DataLaneServicer):
 
     # -- shutdown ----------------------------------------------------------------------------
     def drain(self) -> dict[int, dict[str, Any]]:
-        """Stop serving; return, per rank, where its trainer stands: the checkpoint of the step
-        being consumed and how many of its microbatches were sent."""
+        """Stop serving; return, per rank, where its trainer stands as far as the sidecar
+        knows: the last position the client acknowledged (it may lag the trainer by the
+        acknowledgements in flight; the client's own ``state_dict`` is always exact)."""
         self.serving = False
         out: dict[int, dict[str, Any]] = {}
         with self._lock:
             sessions = list(self.sessions.items())
         for _, session in sessions:
-            step, index = session.sent if session.sent else (session.first_step, -1)
+            step, consumed = session.acked or (session.first_step, session.first_skip)
             try:
                 out[session.rank] = {"state": json.loads(session.state_at(step, timeout=1.0)),
-                                     "skip_microbatches": index + 1,
-                                     "world_size": session.world_size}
+                                     "skip_microbatches": consumed,
+                                     "world_size": session.world_size,
+                                     "delivered_through": list(session.sent or ())}
             except DatalaneError as e:
                 log.warning("cannot persist the resume point of rank %d: %s", session.rank, e)
         for sid, _ in sessions:

@@ -27,7 +27,9 @@ from datalane.spec.state import Checkpoint
 
 __all__ = ["Prepared", "Session"]
 
-_KEEP_BOUNDARIES = 64
+# Boundaries (a few hundred bytes per lane) are kept from the last checkpoint on, up to this
+# many: far more than the producer can run ahead of the trainer (ring + queue + transport).
+_KEEP_BOUNDARIES = 4096
 _KEEP_DIGEST_STEPS = 100_000
 
 
@@ -76,6 +78,8 @@ class Session:
         self._stop = threading.Event()
         self.waited_seconds = 0.0
         self.sent: tuple[int, int] | None = None  # (step, index) of the last microbatch sent
+        self.acked: tuple[int, int] | None = None  # (step, consumed) the client reported
+        self.first_skip = skip_microbatches
         self.produced_tokens = 0
         self._thread = threading.Thread(target=self._produce, name=f"session-{session_id}",
                                         daemon=True)
@@ -159,6 +163,14 @@ class Session:
         first = min(self._boundaries) if self._boundaries else self.first_step
         raise ConfigError(f"step {step} is no longer held by the session (it keeps boundaries "
                           f"from step {first} on); checkpoint at the current step")
+
+    def forget_before(self, step: int) -> None:
+        """Drop boundaries and digests older than ``step`` (after a checkpoint of ``step``)."""
+        with self._lock:
+            for old in [s for s in self._boundaries if s < step]:
+                del self._boundaries[old]
+            for old in [s for s in self.digests if s < step]:
+                del self.digests[old]
 
     def digests_between(self, start: int, stop: int) -> dict[int, dict[int, bytes]]:
         with self._lock:
