@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket as socketlib
 import stat
 import subprocess
@@ -227,3 +228,28 @@ def test_sidecar_demo_with_an_s3_store_matches_and_audits(s3_bucket, tmp_path) -
                            capture_output=True, text=True, check=False, timeout=300, env=env)
     assert audit.returncode == 0, audit.stderr
     assert "hash chain intact" in audit.stdout
+
+
+def test_store_errors_reach_the_trainer_naming_the_step_and_object(sidecar, repeat_recipe,
+                                                                   tmp_path) -> None:
+    store = tmp_path / "store"
+    sc = sidecar(repeat_recipe, "--store", str(store), "--ranks-per-pod", "1")
+    with pytest.raises(ConfigError, match=r"step 40 has no committed checkpoint in .*; "
+                                          r"committed steps: none"):
+        next(iter(SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=4,
+                                resume_step=40)))
+    with SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=4) as loader:
+        _take(loader, 8)  # steps 0 and 1
+        saved = loader.checkpoint()
+    assert saved["committed"] and saved["step"] == 2
+    # a committed step restores; then corrupt its object: the error names it
+    with SidecarLoader(sc.socket, rank=0, world_size=2, microbatch_size=4,
+                       resume_step=2) as loader:
+        assert next(iter(loader)).step == 2
+    obj = next(store.glob("steps/*2/pod-*.json"))
+    data = bytearray(obj.read_bytes())
+    data[len(data) // 2] ^= 1
+    obj.write_bytes(bytes(data))
+    with pytest.raises(StorageError, match=re.escape(obj.name)):
+        next(iter(SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=4,
+                                resume_step=2)))
