@@ -1,0 +1,224 @@
+"""Admission verdicts: what the validating webhooks answer, as pure functions.
+
+* :func:`review_pipeline` - a DataPipeline at CREATE/UPDATE: everything the CRD schema cannot
+  express (the composed recipe loads, relative paths, formats that cannot be inferred, the
+  endpoint fits the URI, one pipeline per workload, fields fixed for the life of a run, an
+  existing workload's world size divides the lanes);
+* :func:`review_workload` - a PyTorchJob at CREATE/UPDATE whose world size must divide the
+  lanes of the pipeline that references it;
+* :func:`review_scale` - the same for ``pytorchjobs/scale`` (``kubectl scale``).
+
+Each returns a :class:`Verdict`; a refusal's message names the field and the value, and the
+sizes that would work. Warnings go back to ``kubectl`` as admission warnings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from datalane.spec.errors import ConfigError
+from datalane_operator.pipeline import Pipeline, load_pipeline
+from datalane_operator.storage import KNOWN_SCHEMES, scheme_of, sidecar_store_options
+from datalane_operator.workload import Topology, check_workers, topology_of
+
+__all__ = ["Verdict", "dropped_nulls", "review_pipeline", "review_scale", "review_workload"]
+
+MAX_NAME = 63  # the name is a label value on every injected pod
+_GLOB = re.compile(r"[*?\[]")
+_COMPRESSIONS = (".gz", ".zst", ".zstd")
+# The engine infers these (datalane.engine.files); the operator may not import the engine.
+_FORMATS = (".parquet", ".pq", ".jsonl", ".json", ".ndjson")
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+IMMUTABLE = (("lanes", "spec.lanes"), ("globalBatchSize", "spec.globalBatchSize"),
+             ("recipe", "spec.recipe"), ("workload", "spec.workload"))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An admission answer: allowed or not, why, and warnings for the user."""
+
+    allowed: bool
+    message: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def deny(cls, message: str, warnings: list[str] | None = None) -> Verdict:
+        return cls(False, message, list(warnings or []))
+
+
+def _check_uri(uri: str, where: str, warnings: list[str]) -> None:
+    if "://" not in uri and not os.path.isabs(uri):
+        raise ConfigError(f"{where} {uri!r} is a relative path; in a cluster use an absolute "
+                          f"path or a URI (s3://, gs://, file:///)")
+    if scheme_of(uri) not in KNOWN_SCHEMES:
+        warnings.append(f"{where} {uri!r} uses the scheme {scheme_of(uri)!r}; the sidecar "
+                        f"image must have an fsspec implementation for it")
+    if scheme_of(uri) == "file":
+        warnings.append(f"{where} {uri!r} is a local path: the sidecar sees it only if a "
+                        f"volume is mounted there")
+
+
+def _check_format(uri: str, where: str) -> None:
+    """Refuse a concrete file whose format could never be inferred (the engine's rule)."""
+    last = uri.rstrip("/").rsplit("/", 1)[-1]
+    if _GLOB.search(last):
+        return
+    stem, ext = os.path.splitext(last.lower())
+    if ext in _COMPRESSIONS:
+        stem, ext = os.path.splitext(stem)
+    if ext and ext not in _FORMATS:
+        raise ConfigError(f"{where} {uri!r}: the format cannot be inferred from {ext!r}; set "
+                          f"the source's format to 'parquet' or 'jsonl'")
+
+
+def dropped_nulls(obj: Mapping[str, Any]) -> list[str]:
+    """Fields the user set to null that the stored object holds with a value.
+
+    Client-side ``kubectl apply`` deletes null fields before it sends an object, and the API
+    server then fills in the schema's default: ``epochs: null`` ("repeat forever") would
+    silently become ``epochs: 1``. The user's manifest survives in the last-applied
+    annotation, so the difference can be found and refused.
+    """
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
+    if not raw:
+        return []
+    try:
+        applied = json.loads(raw)
+    except ValueError:
+        return []
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key, value in a.items():
+                where = f"{path}.{key}"
+                if value is None and b.get(key) is not None:
+                    out.append(where)
+                elif key in b:
+                    walk(value, b[key], where)
+        elif isinstance(a, list) and isinstance(b, list):
+            for i, (x, y) in enumerate(zip(a, b, strict=False)):
+                walk(x, y, f"{path}[{i}]")
+
+    walk(applied.get("spec"), obj.get("spec"), "spec")
+    return out
+
+
+def _semantics(p: Pipeline, warnings: list[str]) -> None:
+    if len(p.name) > MAX_NAME:
+        raise ConfigError(f"metadata.name {p.name!r} has {len(p.name)} characters; at most "
+                          f"{MAX_NAME} (it becomes a label value on every injected pod)")
+    r = p.recipe
+    _check_uri(r.tokenizer.uri, "spec.recipe.tokenizer.uri", warnings)
+    for i, src in enumerate(r.sources):
+        for j, uri in enumerate(src.uris):
+            where = f"spec.recipe.sources[{i}].uris[{j}]"
+            _check_uri(uri, where, warnings)
+            if src.format is None:
+                _check_format(uri, where)
+    predicates = [f.predicate for f in [r.filters, *(s.filters for s in r.sources if s.filters)]
+                  if f is not None and f.predicate]
+    for pred in predicates:
+        warnings.append(f"filter predicate {pred!r} must be importable in the sidecar image")
+    ckpt = p.spec.checkpoint
+    if "://" not in ckpt.uri and not os.path.isabs(ckpt.uri):
+        raise ConfigError(f"spec.checkpoint.uri {ckpt.uri!r} is a relative path; use a URI "
+                          f"such as s3://bucket/run or an absolute path")
+    sidecar_store_options(ckpt)  # the endpoint must fit the scheme
+    if scheme_of(ckpt.uri) == "file":
+        warnings.append(f"spec.checkpoint.uri {ckpt.uri!r} is local to each pod unless a "
+                        f"shared volume is mounted there; pods cannot resume each other's lanes")
+    if scheme_of(ckpt.uri) == "s3" and ckpt.secretRef is None:
+        warnings.append("spec.checkpoint.secretRef is not set: the sidecars and the operator "
+                        "need ambient credentials (workload identity) for the store")
+
+
+def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None, *,
+                    others: Iterable[tuple[str, str]] = (),
+                    workload: Mapping[str, Any] | None = None) -> Verdict:
+    """Verdict on a DataPipeline at CREATE (``old`` None) or UPDATE.
+
+    ``others`` are ``(pipeline name, workload name)`` of the other pipelines in the namespace;
+    ``workload`` is the referenced job if it exists already.
+    """
+    warnings: list[str] = []
+    try:
+        nulls = dropped_nulls(new)
+        if nulls:
+            raise ConfigError(
+                f"{nulls[0]} is null in your manifest, but client-side `kubectl apply` drops "
+                f"null fields, so it would get the default {_value_at(new, nulls[0])!r}; use "
+                f"`kubectl apply --server-side` or `kubectl create` to keep null")
+        p = load_pipeline(new)
+        _semantics(p, warnings)
+        for other, job in others:
+            if other != p.name and job == p.spec.workload.name:
+                raise ConfigError(f"spec.workload.name {job!r} is already the workload of "
+                                  f"DataPipeline {other!r}; one pipeline per job")
+        if old is not None:
+            old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+            for key, where in IMMUTABLE:
+                if old_spec.get(key) != new_spec.get(key):
+                    before, after = _short(old_spec.get(key)), _short(new_spec.get(key))
+                    raise ConfigError(f"{where} is fixed for the life of a run ({before} -> "
+                                      f"{after}); create a new DataPipeline for a new run")
+        if workload is not None:
+            topo = topology_of(workload, p.spec.workload.container)
+            try:
+                check_workers(p.spec.lanes, topo)
+            except ConfigError as e:
+                raise ConfigError(f"spec.lanes {p.spec.lanes} does not fit "
+                                  f"{p.spec.workload.kind} {p.spec.workload.name} as it runs "
+                                  f"now: {e}") from None
+            if topo.nproc is None:
+                warnings.append(f"the ranks per pod of {p.spec.workload.name} cannot be known "
+                                f"from its spec ({topo.nproc_source}); the scale guard is off")
+    except ConfigError as e:
+        return Verdict.deny(str(e), warnings)
+    return Verdict(True, "", warnings)
+
+
+def _value_at(obj: Mapping[str, Any], path: str) -> Any:
+    value: Any = obj
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        value = value[int(part[1:-1])] if part.startswith("[") else value.get(part)
+    return value
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _guard(lanes: int, topo: Topology, pipeline: str) -> Verdict:
+    try:
+        check_workers(lanes, topo)
+    except ConfigError as e:
+        return Verdict.deny(f"{e} (DataPipeline {pipeline})")
+    warnings = []
+    if topo.nproc is None:
+        warnings.append(f"DataPipeline {pipeline}: the ranks per pod cannot be known "
+                        f"({topo.nproc_source}), so the world size is not checked")
+    return Verdict(True, "", warnings)
+
+
+def review_workload(job: Mapping[str, Any], lanes: int, pipeline: str,
+                    container: str = "pytorch") -> Verdict:
+    """Verdict on a PyTorchJob (CREATE/UPDATE) that DataPipeline ``pipeline`` references."""
+    return _guard(lanes, topology_of(job, container), pipeline)
+
+
+def review_scale(scale: Mapping[str, Any], job: Mapping[str, Any], lanes: int, pipeline: str,
+                 container: str = "pytorch") -> Verdict:
+    """Verdict on an update of ``pytorchjobs/scale`` (``spec.replicas`` = Worker replicas)."""
+    replicas = (scale.get("spec") or {}).get("replicas")
+    if replicas is None:
+        return Verdict(True)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        return Verdict.deny(f"spec.replicas {replicas!r} is not a non-negative integer")
+    return _guard(lanes, topology_of(job, container).with_workers(replicas), pipeline)

@@ -1,0 +1,236 @@
+"""Pod mutation: the native data sidecar, its volumes, and the trainer's environment.
+
+:func:`mutate_pod` returns the pod a DataPipeline wants, given the pod the workload's
+controller created:
+
+* a **native sidecar**: an init container ``datalane-sidecar`` with ``restartPolicy: Always``
+  (it starts before the trainer and lives as long as the pod), running
+  ``datalane-sidecar serve`` configured only through environment variables, with a startup
+  probe ``datalane-sidecar probe --socket ...`` so the trainer starts once the socket serves;
+  a read-only root filesystem, no privileges, resources from ``spec.sidecar.resources``;
+* a memory-backed ``emptyDir`` for the Unix socket (and the shared-memory batch rings),
+  mounted in the sidecar and the trainer container;
+* the composed recipe from the ConfigMap ``<pipeline>-recipe``, mounted read-only;
+* credentials only by reference: the Secret ``spec.checkpoint.secretRef`` as ``envFrom``;
+* in the trainer container: ``DATALANE_SOCKET`` and ``DATALANE_PIPELINE``.
+
+The mutation is idempotent (everything it adds is first removed, then added again in the
+same order), so a re-invoked webhook or a pod created from an already injected template
+gives the same pod. :func:`pipeline_for_pod` decides whether a pod is a pipeline's at all;
+a pod that is not is never changed. Pure functions on plain dicts.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from datalane.spec.errors import ConfigError
+from datalane_operator.names import (
+    ANN_INJECTED,
+    JOB_NAME_LABEL,
+    LABEL_PIPELINE,
+    RECIPE_FILE,
+    RECIPE_MOUNT,
+    SIDECAR_CONTAINER,
+    SOCKET_FILE,
+    VOLUME_RECIPE,
+    VOLUME_SOCKET,
+    VOLUME_TMP,
+    recipe_configmap_name,
+)
+from datalane_operator.pipeline import Pipeline
+from datalane_operator.storage import sidecar_store_options
+from datalane_operator.workload import nproc_of_container
+
+__all__ = [
+    "TRAINER_ENV",
+    "is_injected",
+    "mutate_pod",
+    "pipeline_for_pod",
+    "ranks_per_pod",
+    "socket_path",
+]
+
+TRAINER_ENV = ("DATALANE_SOCKET", "DATALANE_PIPELINE")
+_OUR_VOLUMES = (VOLUME_SOCKET, VOLUME_RECIPE, VOLUME_TMP)
+_TMP_SIZE = "64Mi"
+
+
+def socket_path(pipeline: Pipeline) -> str:
+    return f"{pipeline.spec.sidecar.socketDir.rstrip('/')}/{SOCKET_FILE}"
+
+
+def pipeline_for_pod(pod: Mapping[str, Any], pipelines: Iterable[Pipeline],
+                     namespace: str | None = None) -> Pipeline | None:
+    """The pipeline whose workload created ``pod`` (same namespace, job-name label), or None."""
+    meta = pod.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(JOB_NAME_LABEL)
+    if not job:
+        return None
+    ns = namespace or meta.get("namespace") or ""
+    for p in pipelines:
+        if p.spec.workload.name == job and (not ns or not p.namespace or p.namespace == ns):
+            return p
+    return None
+
+
+def is_injected(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod carries the datalane sidecar."""
+    return any(c.get("name") == SIDECAR_CONTAINER
+               for c in (pod.get("spec") or {}).get("initContainers") or [])
+
+
+def _env_value(container: Mapping[str, Any], name: str) -> str | None:
+    for e in container.get("env") or []:
+        if e.get("name") == name and "value" in e:
+            return str(e["value"])
+    return None
+
+
+def ranks_per_pod(trainer: Mapping[str, Any]) -> int | None:
+    """Ranks torchrun starts in this pod: the ``PET_NPROC_PER_NODE`` the training-operator set
+    on the trainer (``auto``/``gpu`` resolved from its GPU limit), or None if unknown."""
+    return nproc_of_container(_env_value(trainer, "PET_NPROC_PER_NODE"), trainer)[0]
+
+
+def _set_env(env: list[dict[str, Any]], name: str, value: str) -> None:
+    env[:] = [e for e in env if e.get("name") != name]
+    env.append({"name": name, "value": value})
+
+
+def _probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
+    return {
+        "exec": {"command": ["datalane-sidecar", "probe", "--socket", path, "--timeout", "2"]},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+    }
+
+
+def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None) -> dict[str, Any]:
+    """The native sidecar container for ``pipeline``."""
+    side = pipeline.spec.sidecar
+    ckpt = pipeline.spec.checkpoint
+    sock = socket_path(pipeline)
+    env: list[dict[str, Any]] = [
+        {"name": "DATALANE_SOCKET", "value": sock},
+        {"name": "DATALANE_RECIPE", "value": f"{RECIPE_MOUNT}/{RECIPE_FILE}"},
+        {"name": "DATALANE_STORE", "value": ckpt.uri},
+        {"name": "DATALANE_STORE_OPTIONS",
+         "value": json.dumps(sidecar_store_options(ckpt), sort_keys=True,
+                             separators=(",", ":"))},
+        {"name": "DATALANE_POD",
+         "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
+        {"name": "DATALANE_RANKS_PER_POD", "value": str(ranks or 1)},
+        {"name": "DATALANE_WORKERS", "value": str(side.workers)},
+        {"name": "DATALANE_PREFETCH", "value": str(side.prefetch)},
+        {"name": "DATALANE_SOCKET_MODE", "value": side.socketMode},
+        {"name": "DATALANE_METRICS_PORT", "value": str(side.metricsPort)},
+        {"name": "DATALANE_PIPELINE", "value": pipeline.name},
+    ]
+    c: dict[str, Any] = {
+        "name": SIDECAR_CONTAINER,
+        "image": image,
+        "restartPolicy": "Always",
+        "command": ["datalane-sidecar", "serve"],
+        "env": env,
+    }
+    if side.imagePullPolicy:
+        c["imagePullPolicy"] = side.imagePullPolicy
+    if ckpt.secretRef is not None:
+        c["envFrom"] = [{"secretRef": {"name": ckpt.secretRef.name}}]
+    if side.metricsPort:
+        c["ports"] = [{"name": "dl-metrics", "containerPort": side.metricsPort,
+                       "protocol": "TCP"}]
+    if pipeline.resources:
+        c["resources"] = copy.deepcopy(pipeline.resources)
+    # Planning a large recipe (listing sources) may take minutes: allow 30 of them to start.
+    c["startupProbe"] = _probe(sock, period=2, failures=900, timeout=5)
+    c["livenessProbe"] = _probe(sock, period=30, failures=4, timeout=10)
+    c["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    c["volumeMounts"] = [
+        {"name": VOLUME_SOCKET, "mountPath": side.socketDir},
+        {"name": VOLUME_RECIPE, "mountPath": RECIPE_MOUNT, "readOnly": True},
+        {"name": VOLUME_TMP, "mountPath": "/tmp"},
+    ]
+    return c
+
+
+def _volumes(pipeline: Pipeline) -> list[dict[str, Any]]:
+    return [
+        {"name": VOLUME_SOCKET,
+         "emptyDir": {"medium": "Memory", "sizeLimit": pipeline.spec.sidecar.socketDirSizeLimit}},
+        {"name": VOLUME_RECIPE,
+         "configMap": {"name": recipe_configmap_name(pipeline.name),
+                       "items": [{"key": RECIPE_FILE, "path": RECIPE_FILE}]}},
+        {"name": VOLUME_TMP, "emptyDir": {"medium": "Memory", "sizeLimit": _TMP_SIZE}},
+    ]
+
+
+def _strip(pod: dict[str, Any], trainer_name: str) -> None:
+    """Remove everything :func:`mutate_pod` adds (what makes the mutation idempotent)."""
+    spec = pod["spec"]
+    if "initContainers" in spec:
+        spec["initContainers"] = [c for c in spec["initContainers"] or []
+                                  if c.get("name") != SIDECAR_CONTAINER]
+    if "volumes" in spec:
+        spec["volumes"] = [v for v in spec["volumes"] or [] if v.get("name") not in _OUR_VOLUMES]
+    for c in spec.get("containers") or []:
+        if c.get("name") != trainer_name:
+            continue
+        if "env" in c:
+            c["env"] = [e for e in c["env"] or [] if e.get("name") not in TRAINER_ENV]
+        if "volumeMounts" in c:
+            c["volumeMounts"] = [m for m in c["volumeMounts"] or []
+                                 if m.get("name") != VOLUME_SOCKET]
+
+
+def mutate_pod(pod: Mapping[str, Any], pipeline: Pipeline, default_image: str) -> dict[str, Any]:
+    """The pod with the pipeline's sidecar injected (a new dict; ``pod`` is not changed).
+
+    Raises :class:`ConfigError` when the pod has no trainer container of the expected name or
+    no image is known for the sidecar.
+    """
+    out: dict[str, Any] = copy.deepcopy(dict(pod))
+    spec = out.setdefault("spec", {})
+    meta = out.setdefault("metadata", {})
+    trainer_name = pipeline.spec.workload.container
+    containers = spec.get("containers") or []
+    trainer = next((c for c in containers if c.get("name") == trainer_name), None)
+    if trainer is None:
+        names = ", ".join(repr(c.get("name")) for c in containers) or "none"
+        raise ConfigError(
+            f"pod {meta.get('name') or meta.get('generateName', '')!s} of "
+            f"{pipeline.spec.workload.kind} {pipeline.spec.workload.name} has no container "
+            f"{trainer_name!r} (spec.workload.container of DataPipeline {pipeline.name}); "
+            f"its containers: {names}")
+    image = pipeline.spec.sidecar.image or default_image
+    if not image:
+        raise ConfigError(f"DataPipeline {pipeline.name} sets no spec.sidecar.image and the "
+                          f"operator has no default sidecar image (Helm value sidecar.image)")
+    _strip(out, trainer_name)
+    ranks = ranks_per_pod(trainer)
+    spec.setdefault("initContainers", [])
+    spec["initContainers"] = [*(spec["initContainers"] or []),
+                              sidecar_container(pipeline, image, ranks)]
+    spec["volumes"] = [*(spec.get("volumes") or []), *_volumes(pipeline)]
+    env = trainer.setdefault("env", []) if trainer.get("env") is not None else []
+    trainer["env"] = env
+    _set_env(env, "DATALANE_SOCKET", socket_path(pipeline))
+    _set_env(env, "DATALANE_PIPELINE", pipeline.name)
+    mounts = list(trainer.get("volumeMounts") or [])
+    mounts.append({"name": VOLUME_SOCKET, "mountPath": pipeline.spec.sidecar.socketDir})
+    trainer["volumeMounts"] = mounts
+    labels = meta.get("labels")
+    meta["labels"] = {**(labels or {}), LABEL_PIPELINE: pipeline.name}
+    meta["annotations"] = {**(meta.get("annotations") or {}), ANN_INJECTED: image}
+    return out

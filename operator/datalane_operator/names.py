@@ -1,0 +1,83 @@
+"""Names the operator shares with the cluster: API group, labels, container and volume names.
+
+Everything that appears in an object the operator writes or recognises is spelled here once,
+so the CRD generator, the pod mutation, the reconciler, the Helm chart test and the
+end-to-end test cannot disagree. Pure constants; no imports beyond the standard library.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ANN_INJECTED",
+    "DEFAULT_SOCKET_DIR",
+    "FIELD_MANAGER",
+    "GROUP",
+    "JOB_NAME_LABEL",
+    "KIND",
+    "LABEL_MANAGED_BY",
+    "LABEL_PIPELINE",
+    "PLURAL",
+    "PYTORCHJOB_GROUP",
+    "PYTORCHJOB_PLURAL",
+    "PYTORCHJOB_VERSION",
+    "RECIPE_FILE",
+    "RECIPE_MOUNT",
+    "REPLICA_INDEX_LABEL",
+    "REPLICA_TYPE_LABEL",
+    "SHORT_NAME",
+    "SIDECAR_CONTAINER",
+    "SINGULAR",
+    "SOCKET_FILE",
+    "VERSION",
+    "VOLUME_RECIPE",
+    "VOLUME_SOCKET",
+    "VOLUME_TMP",
+    "WEBHOOK_INJECT",
+    "WEBHOOK_VALIDATE_PIPELINE",
+    "WEBHOOK_VALIDATE_SCALE",
+    "WEBHOOK_VALIDATE_WORKLOAD",
+    "recipe_configmap_name",
+]
+
+GROUP = "datalane.io"
+VERSION = "v1alpha1"
+KIND = "DataPipeline"
+PLURAL = "datapipelines"
+SINGULAR = "datapipeline"
+SHORT_NAME = "dp"
+
+PYTORCHJOB_GROUP = "kubeflow.org"
+PYTORCHJOB_VERSION = "v1"
+PYTORCHJOB_PLURAL = "pytorchjobs"
+# Labels Kubeflow's training-operator puts on every pod of a job.
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+
+LABEL_PIPELINE = "datalane.io/pipeline"
+"""On an injected pod and on the recipe ConfigMap: the DataPipeline's name."""
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+ANN_INJECTED = "datalane.io/injected"
+"""On an injected pod: the sidecar image that was injected."""
+FIELD_MANAGER = "datalane-operator"
+
+SIDECAR_CONTAINER = "datalane-sidecar"
+VOLUME_SOCKET = "datalane-socket"
+VOLUME_RECIPE = "datalane-recipe"
+VOLUME_TMP = "datalane-tmp"
+DEFAULT_SOCKET_DIR = "/var/run/datalane"
+SOCKET_FILE = "datalane.sock"
+RECIPE_MOUNT = "/etc/datalane/recipe"
+RECIPE_FILE = "recipe.json"
+
+# Admission webhook paths: kopf routes `<server>/<handler id>` to the handler of that id, and
+# the Helm chart's webhook configurations use the same paths.
+WEBHOOK_VALIDATE_PIPELINE = "validate-datapipeline"
+WEBHOOK_INJECT = "inject-sidecar"
+WEBHOOK_VALIDATE_WORKLOAD = "validate-pytorchjob"
+WEBHOOK_VALIDATE_SCALE = "validate-pytorchjob-scale"
+
+
+def recipe_configmap_name(pipeline: str) -> str:
+    """Name of the ConfigMap that holds the composed recipe of DataPipeline ``pipeline``."""
+    return f"{pipeline}-recipe"

@@ -1,0 +1,104 @@
+"""The checkpoint store as the operator sees it: storage options, listing and garbage collection.
+
+:func:`sidecar_store_options` is what the injected sidecar gets in ``DATALANE_STORE_OPTIONS``
+(no credentials: those reach the sidecar as environment variables from the Secret).
+:func:`operator_store_options` adds the credentials the operator read from the same Secret,
+in memory only. :class:`StoreView` lists committed steps and garbage-collects through
+:class:`datalane.store.CheckpointStore` (blocking I/O: the handlers call it in a thread).
+
+Credentials never leave this module in any form but an fsspec options mapping: they are not
+logged, not put in events, not written to the status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from datalane.spec.errors import ConfigError
+from datalane_operator.pipeline import CheckpointSpec
+
+__all__ = [
+    "Listing",
+    "StoreView",
+    "operator_store_options",
+    "scheme_of",
+    "sidecar_store_options",
+]
+
+# Secret keys the operator understands, per URI scheme, and the fsspec option each becomes.
+_S3_KEYS = {"AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret",
+            "AWS_SESSION_TOKEN": "token"}
+KNOWN_SCHEMES = ("s3", "gs", "gcs", "file", "memory")
+
+
+def scheme_of(uri: str) -> str:
+    """The URI's scheme (``file`` for a plain absolute path)."""
+    return uri.split("://", 1)[0].lower() if "://" in uri else "file"
+
+
+def sidecar_store_options(ckpt: CheckpointSpec) -> dict[str, Any]:
+    """fsspec options for the sidecar (endpoint only; credentials come from the environment)."""
+    if ckpt.endpoint is None:
+        return {}
+    scheme = scheme_of(ckpt.uri)
+    if scheme == "s3":
+        return {"client_kwargs": {"endpoint_url": ckpt.endpoint}}
+    if scheme in ("gs", "gcs"):
+        return {"endpoint_url": ckpt.endpoint}
+    raise ConfigError(f"spec.checkpoint.endpoint is set, but spec.checkpoint.uri "
+                      f"{ckpt.uri!r} is not an s3:// or gs:// URI")
+
+
+def operator_store_options(ckpt: CheckpointSpec, secret: Mapping[str, str] | None,
+                           ) -> dict[str, Any]:
+    """fsspec options for the operator's own listing: the sidecar's plus the Secret's
+    credentials (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN`` for S3)."""
+    options = sidecar_store_options(ckpt)
+    if secret and scheme_of(ckpt.uri) == "s3":
+        for env, opt in _S3_KEYS.items():
+            if secret.get(env):
+                options[opt] = secret[env]
+    return options
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What one look at the store found: committed steps (ascending) after any gc."""
+
+    uri: str
+    committed: list[int] = field(default_factory=list)
+    deleted: list[int] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+class StoreView:
+    """List and garbage-collect one pipeline's checkpoint store (blocking; run in a thread)."""
+
+    def __init__(self, uri: str, options: Mapping[str, Any] | None = None,
+                 retries: int = 2) -> None:
+        from datalane.store import CheckpointStore
+
+        self.uri = uri
+        self._store = CheckpointStore(uri, dict(options or {}) or None, retries=retries,
+                                      backoff=0.2)
+
+    def look(self, keep: int, collect: bool = True) -> Listing:
+        """List committed steps; with ``collect``, delete those beyond the newest ``keep``.
+
+        Storage errors are returned in ``Listing.error`` (they become a ``Degraded``
+        condition), with the message of the library, which names the object, never a key.
+        """
+        from datalane.spec.errors import DatalaneError
+
+        try:
+            deleted = self._store.gc(keep) if collect else []
+            committed = self._store.committed_steps()
+        except (DatalaneError, OSError) as e:
+            return Listing(self.uri, error=f"{type(e).__name__}: {e}")
+        return Listing(self.uri, committed, deleted)

@@ -1,0 +1,97 @@
+"""Builders of the objects the operator sees: DataPipelines, PyTorchJobs, pods, Scales."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+RECIPE: dict[str, Any] = {
+    "seq_len": 128,
+    "seed": 5,
+    "tokenizer": {"uri": "s3://data/tokenizer.json"},
+    "sources": [
+        {"name": "web", "uris": ["s3://data/web/*.parquet"], "weight": 0.7},
+        {"name": "code", "uris": ["s3://data/code/part-0.jsonl.zst"], "weight": 0.3},
+    ],
+    "shuffle": {"block_size": 16},
+}
+
+
+def dp(name: str = "pretrain", *, namespace: str = "ml", workload: str = "llama",
+       lanes: int = 8, batch: int = 16, recipe: dict[str, Any] | None = None,
+       **spec: Any) -> dict[str, Any]:
+    """A DataPipeline object as the API server would send it (minus defaults)."""
+    body: dict[str, Any] = {
+        "apiVersion": "datalane.io/v1alpha1",
+        "kind": "DataPipeline",
+        "metadata": {"name": name, "namespace": namespace, "uid": "uid-1", "generation": 1},
+        "spec": {
+            "workload": {"name": workload},
+            "lanes": lanes,
+            "globalBatchSize": batch,
+            "recipe": copy.deepcopy(RECIPE if recipe is None else recipe),
+            "checkpoint": {"uri": "s3://ckpt/run-1", "secretRef": {"name": "s3-creds"},
+                           "endpoint": "http://minio.storage:9000", "keep": 2},
+            "sidecar": {"image": "registry.example/datalane-sidecar:0.1.0",
+                        "resources": {"requests": {"cpu": "2", "memory": "4Gi"},
+                                      "limits": {"memory": "8Gi"}}},
+        },
+    }
+    body["spec"].update(copy.deepcopy(spec))
+    return body
+
+
+def replica(n: int, gpus: int | None = 1, container: str = "pytorch") -> dict[str, Any]:
+    limits = {} if gpus is None else {"nvidia.com/gpu": str(gpus)}
+    return {"replicas": n, "restartPolicy": "OnFailure",
+            "template": {"spec": {"containers": [
+                {"name": container, "image": "trainer:1", "resources": {"limits": limits}}]}}}
+
+
+def job(name: str = "llama", *, workers: int = 4, master: int = 0, nproc: Any = "1",
+        gpus: int | None = 1, namespace: str = "ml") -> dict[str, Any]:
+    specs = {"Worker": replica(workers, gpus)}
+    if master:
+        specs["Master"] = replica(master, gpus)
+    spec: dict[str, Any] = {"pytorchReplicaSpecs": specs}
+    if nproc is not None:
+        spec["nprocPerNode"] = nproc
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def scale(replicas: int, name: str = "llama") -> dict[str, Any]:
+    return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+            "metadata": {"name": name, "namespace": "ml"}, "spec": {"replicas": replicas}}
+
+
+def pod(name: str = "llama-worker-0", *, job_name: str | None = "llama", nproc: str = "1",
+        gpus: int = 1, namespace: str = "ml", phase: str | None = None,
+        init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    labels = {} if job_name is None else {
+        "training.kubeflow.org/job-name": job_name,
+        "training.kubeflow.org/replica-type": "worker",
+        "training.kubeflow.org/replica-index": name.rsplit("-", 1)[-1]}
+    body: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "containers": [
+                {"name": "pytorch", "image": "trainer:1",
+                 "env": [{"name": "PET_NPROC_PER_NODE", "value": nproc},
+                         {"name": "PET_NNODES", "value": "4"}],
+                 "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+                {"name": "metrics-agent", "image": "agent:2"},
+            ],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "restartPolicy": "OnFailure",
+        },
+    }
+    if init is not None:
+        body["spec"]["initContainers"] = init
+    if phase is not None:
+        body["status"] = {"phase": phase,
+                          "conditions": [{"type": "Ready",
+                                          "status": "True" if phase == "Running" else "False"}]}
+    return body

@@ -1,0 +1,146 @@
+"""Admission verdicts for DataPipelines, PyTorchJobs and pytorchjobs/scale."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from datalane_operator.admission import (
+    LAST_APPLIED,
+    dropped_nulls,
+    review_pipeline,
+    review_scale,
+    review_workload,
+)
+
+from .builders import dp, job, scale
+
+ISSUE_MESSAGE = "8 lanes cannot be split over 3 workers; use 1, 2, 4 or 8"
+
+
+def test_a_good_pipeline_is_allowed() -> None:
+    v = review_pipeline(dp())
+    assert v.allowed, v.message
+    assert v.warnings == []
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda s: s.update(globalBatchSize=20),
+     "spec.globalBatchSize 20 is not a multiple of spec.lanes 8; try 16 or 24"),
+    (lambda s: s["recipe"]["sources"][0].update(uris=["data/web.parquet"]),
+     "spec.recipe.sources[0].uris[0] 'data/web.parquet' is a relative path"),
+    (lambda s: s["recipe"]["tokenizer"].update(uri="tok.json"),
+     "spec.recipe.tokenizer.uri 'tok.json' is a relative path"),
+    (lambda s: s["recipe"]["sources"][0].update(uris=["s3://d/web/a.csv"]),
+     "spec.recipe.sources[0].uris[0] 's3://d/web/a.csv': the format cannot be inferred from "
+     "'.csv'"),
+    (lambda s: s["checkpoint"].update(uri="/mnt/ckpt"),
+     "spec.checkpoint.endpoint is set, but spec.checkpoint.uri '/mnt/ckpt' is not an s3://"),
+    (lambda s: s["checkpoint"].update(uri="ckpt/run"),
+     "spec.checkpoint.uri 'ckpt/run' is a relative path"),
+])
+def test_semantic_errors_name_the_field_and_value(change, message) -> None:  # type: ignore[no-untyped-def]
+    body = dp()
+    change(body["spec"])
+    v = review_pipeline(body)
+    assert not v.allowed
+    assert message in v.message, v.message
+
+
+def test_formats_that_can_be_inferred_later_are_not_refused() -> None:
+    body = dp()
+    body["spec"]["recipe"]["sources"][0]["uris"] = ["s3://d/web/*", "s3://d/web/",
+                                                    "s3://d/x.json.gz", "s3://d/y.ndjson"]
+    assert review_pipeline(body).allowed
+    body["spec"]["recipe"]["sources"][0]["format"] = "parquet"
+    body["spec"]["recipe"]["sources"][0]["uris"] = ["s3://d/web/a.bin"]
+    assert review_pipeline(body).allowed
+
+
+def test_warnings_for_local_paths_missing_credentials_and_predicates() -> None:
+    body = dp()
+    body["spec"]["checkpoint"] = {"uri": "s3://ckpt/run"}
+    body["spec"]["recipe"]["sources"][0]["uris"] = ["/data/web/*.parquet"]
+    body["spec"]["recipe"]["filters"] = {"predicate": "mypkg.filters:keep"}
+    v = review_pipeline(body)
+    assert v.allowed
+    text = "\n".join(v.warnings)
+    assert "'/data/web/*.parquet' is a local path" in text
+    assert "secretRef is not set" in text
+    assert "'mypkg.filters:keep' must be importable" in text
+
+
+def test_one_pipeline_per_workload() -> None:
+    v = review_pipeline(dp(), others=[("pretrain", "llama"), ("other", "llama")])
+    assert not v.allowed
+    assert "spec.workload.name 'llama' is already the workload of DataPipeline 'other'" in (
+        v.message)
+    assert review_pipeline(dp(), others=[("pretrain", "llama"), ("x", "other-job")]).allowed
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("lanes", 16), ("globalBatchSize", 32), ("workload", {"name": "other"}),
+    ("recipe", {**copy.deepcopy(dp()["spec"]["recipe"]), "seed": 6}),
+])
+def test_run_defining_fields_are_fixed(field, value) -> None:  # type: ignore[no-untyped-def]
+    old = dp()
+    new = dp()
+    new["spec"][field] = value
+    v = review_pipeline(new, old)
+    assert not v.allowed
+    assert v.message.startswith(f"spec.{field} is fixed for the life of a run (")
+    # knobs may change
+    knob = dp()
+    knob["spec"]["sidecar"]["workers"] = 8
+    knob["spec"]["checkpoint"]["keep"] = 5
+    assert review_pipeline(knob, old).allowed
+
+
+def test_existing_workload_must_fit_the_lanes() -> None:
+    v = review_pipeline(dp(), workload=job(workers=3))
+    assert not v.allowed
+    assert v.message == ("spec.lanes 8 does not fit PyTorchJob llama as it runs now: "
+                         + ISSUE_MESSAGE)
+    assert review_pipeline(dp(), workload=job(workers=4)).allowed
+    unknown = review_pipeline(dp(), workload=job(workers=3, nproc="cpu", gpus=None))
+    assert unknown.allowed and "scale guard is off" in unknown.warnings[0]
+
+
+def test_dropped_nulls_from_client_side_apply_are_refused() -> None:
+    body = dp()
+    manifest = copy.deepcopy(body)
+    manifest["spec"]["recipe"]["sources"][0]["epochs"] = None
+    manifest["spec"]["recipe"]["sources"][0]["format"] = None
+    body["metadata"]["annotations"] = {LAST_APPLIED: json.dumps(manifest)}
+    assert dropped_nulls(body) == []  # nothing defaulted yet
+    body["spec"]["recipe"]["sources"][0]["epochs"] = 1  # the API server's default
+    assert dropped_nulls(body) == ["spec.recipe.sources[0].epochs"]
+    v = review_pipeline(body)
+    assert not v.allowed
+    assert v.message.startswith("spec.recipe.sources[0].epochs is null in your manifest, but "
+                                "client-side `kubectl apply` drops null fields, so it would "
+                                "get the default 1")
+
+
+def test_scale_guard_uses_the_issue_message() -> None:
+    v = review_scale(scale(3), job(workers=4), lanes=8, pipeline="pretrain")
+    assert not v.allowed
+    assert v.message == ISSUE_MESSAGE + " (DataPipeline pretrain)"
+    for ok in (1, 2, 4, 8, 0):
+        assert review_scale(scale(ok), job(workers=4), 8, "pretrain").allowed, ok
+    bad = review_scale({"spec": {"replicas": -1}}, job(), 8, "pretrain")
+    assert not bad.allowed and "spec.replicas -1" in bad.message
+
+
+def test_scale_guard_counts_ranks_per_pod() -> None:
+    v = review_scale(scale(3), job(workers=2, nproc="2"), lanes=8, pipeline="p")
+    assert v.message == ("8 lanes cannot be split over 3 workers (world size 6: 3 pods x 2 "
+                         "ranks); use 1, 2 or 4 workers (DataPipeline p)")
+
+
+def test_workload_updates_are_guarded_too() -> None:
+    assert not review_workload(job(workers=3), 8, "p").allowed
+    assert review_workload(job(workers=2), 8, "p").allowed
+    unknown = review_workload(job(workers=3, nproc="gpu", gpus=None), 8, "p")
+    assert unknown.allowed and "not checked" in unknown.warnings[0]
