@@ -1,0 +1,70 @@
+"""The generated CRD: committed file in sync, structural, one source for the recipe schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from datalane_operator.crd import CRD_FILE, crd_manifest, crd_yaml, structural
+
+from datalane.spec.recipe import recipe_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def walk(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = [(path, schema)]
+    for name, sub in (schema.get("properties") or {}).items():
+        out += walk(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        out += walk(schema["items"], f"{path}[]")
+    return out
+
+
+def openapi() -> dict[str, Any]:
+    schema: dict[str, Any] = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_committed_crd_matches_the_generator() -> None:
+    committed = (ROOT / CRD_FILE).read_text()
+    assert committed == crd_yaml(), (
+        f"{CRD_FILE} is stale: run `python -m datalane_operator crd > {CRD_FILE}`")
+
+
+def test_schema_is_structural() -> None:
+    for path, node in walk(openapi()):
+        if path.endswith(".metadata"):
+            continue
+        assert "type" in node or "anyOf" in node, f"{path} has no type"
+        assert not ("properties" in node and "additionalProperties" in node), path
+        if "pattern" in node:
+            assert node["pattern"].startswith("^") and node["pattern"].endswith("$"), path
+        if node.get("nullable"):
+            assert "enum" not in node, f"{path}: the API server refuses null for an enum"
+
+
+def test_recipe_schema_has_one_source() -> None:
+    recipe = openapi()["properties"]["spec"]["properties"]["recipe"]
+    source = structural(recipe_schema())
+    lifted = {"lanes", "global_batch_size"}
+    assert set(recipe["properties"]) == set(source["properties"]) - lifted
+    for name in recipe["properties"]:
+        assert recipe["properties"][name] == source["properties"][name], name
+    assert not lifted & set(recipe["required"])
+
+
+def test_status_printer_columns_and_short_name() -> None:
+    spec = crd_manifest()["spec"]
+    version = spec["versions"][0]
+    assert spec["names"]["shortNames"] == ["dp"] and spec["scope"] == "Namespaced"
+    assert version["subresources"] == {"status": {}}
+    names = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert names == ["Workload", "Lanes", "World", "Step", "Phase", "Age"]
+    rules = openapi()["properties"]["spec"]["x-kubernetes-validations"]
+    assert rules[0]["rule"] == "self.globalBatchSize % self.lanes == 0"
+
+
+def test_yaml_round_trips() -> None:
+    assert yaml.safe_load(crd_yaml()) == crd_manifest()
