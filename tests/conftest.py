@@ -16,7 +16,7 @@ import pytest
 from datalane.corpus import DemoCorpus, make_corpus
 from datalane.spec.recipe import Recipe, load_recipe
 
-pytest_plugins = ["tests.s3server"]
+pytest_plugins = ["tests.s3server", "tests.cluster.plugin"]
 
 
 @pytest.fixture(scope="session")

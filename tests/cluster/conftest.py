@@ -1,11 +1,2 @@
-"""Registers the control-plane fixtures and hooks (tests/cluster/plugin.py) for this folder."""
-
-from .plugin import (  # noqa: F401 - pytest finds fixtures and hooks by name
-    k8s_api,
-    k8s_cluster,
-    k8s_namespace,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_runtest_makereport,
-    training_operator,
-)
+"""The control-plane fixtures and hooks (tests/cluster/plugin.py) are registered for the whole
+suite by ``pytest_plugins`` in ``tests/conftest.py``, so the operator tests can use them too."""
