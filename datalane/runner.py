@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from datalane.engine.loader import Loader
+from datalane.engine.loader import Loader, Step
 from datalane.engine.plan import Plan
 from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
@@ -81,5 +81,5 @@ def run_world(recipe: Recipe, world_size: int, knobs: Knobs, steps: int | None,
     return out
 
 
-def _all_padding(results: list) -> bool:  # type: ignore[type-arg]
+def _all_padding(results: list[Step]) -> bool:
     return all(bool((r.positions < 0).all()) for r in results)
