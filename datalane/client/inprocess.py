@@ -12,9 +12,11 @@ from typing import Any
 
 from datalane.client.batch import Batch
 from datalane.client.position import Position
-from datalane.spec.errors import MismatchError
+from datalane.spec.errors import ConfigError, MismatchError
+from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe
+from datalane.spec.state import Checkpoint
 
 __all__ = ["InProcessLoader"]
 
@@ -30,7 +32,7 @@ class InProcessLoader:
         local = recipe.global_batch_size // world_size
         if microbatch_size < 1 or local % microbatch_size:
             options = [d for d in range(1, local + 1) if local % d == 0]
-            raise MismatchError(f"microbatch size {microbatch_size} does not divide the local "
+            raise ConfigError(f"microbatch size {microbatch_size} does not divide the local "
                                 f"batch of {local} sequences; use one of {options}")
         self.microbatch_size = microbatch_size
         self.per_step = local // microbatch_size
@@ -62,18 +64,17 @@ class InProcessLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pos = Position.from_state(state)
-        if pos.fingerprint and pos.fingerprint != self._loader.plan.fingerprint:
-            from datalane.spec.state import Checkpoint
-
-            ckpt = Checkpoint.from_json(json.loads(pos.state_json or "{}")) \
-                if pos.state_json else None
-            from datalane.spec.fingerprint import check_fingerprint
-
-            check_fingerprint(pos.fingerprint, ckpt.fingerprint_doc if ckpt else None,
-                              self._loader.plan.fingerprint, self._loader.plan.fingerprint_doc,
-                              "the client state")
+        plan = self._loader.plan
+        if pos.state_json is not None:  # the lane states carry the fingerprint document
+            ckpt = Checkpoint.from_json(json.loads(pos.state_json), "the client state")
+            check_fingerprint(ckpt.fingerprint, ckpt.fingerprint_doc, plan.fingerprint,
+                              plan.fingerprint_doc, "the client state")
+        elif pos.fingerprint and pos.fingerprint != plan.fingerprint:
+            raise MismatchError(f"the client state belongs to recipe fingerprint "
+                                f"{pos.fingerprint[:16]}..., this recipe has "
+                                f"{plan.fingerprint[:16]}...")
+        pos.fingerprint = plan.fingerprint
         self.position = pos
-        self.position.fingerprint = self._loader.plan.fingerprint
 
     def close(self) -> None:
         self._loader.close()

@@ -53,3 +53,17 @@ def test_dcp_round_trip_through_a_sidecar(sidecar, write_recipe, corpus, tmp_pat
     local = InProcessLoader(load_recipe(recipe_path), 1, 2, 4)
     DataLaneDataset(local).load_state_dict(restored.state_dict())
     assert local.state_dict()["step"] == restored.loader.state_dict()["step"]
+
+
+def test_in_process_state_from_another_recipe_names_the_field(make_recipe) -> None:
+    import pytest
+
+    from datalane import MismatchError
+
+    a = InProcessLoader(make_recipe(), 0, 1, 4)
+    it = iter(a)
+    for _ in range(5):
+        next(it)
+    b = InProcessLoader(make_recipe(seed=11), 0, 1, 4)
+    with pytest.raises(MismatchError, match=r"recipe\.seed: saved 5, now 11"):
+        b.load_state_dict(a.state_dict())
