@@ -3,27 +3,114 @@
 Subcommands:
 
 * ``run``   - the kopf operator: reconcile DataPipelines and serve the admission webhooks
-  (in a cluster: TLS files from the mounted Secret; locally: a loopback URL, see
-  docs/operator.md);
+  over TLS (in a cluster: the files of the mounted Secret; locally: any loopback address,
+  see docs/operator.md);
 * ``crd``   - print the generated CustomResourceDefinition (what ``crds/`` holds);
 * ``certs`` - create or renew the webhook CA and serving certificate in a Secret (what the
-  Helm hook Job runs), or write them to files.
+  Helm hook Job runs), or write them to a folder.
+
+Every ``run`` flag has an environment variable (``DATALANE_OPERATOR_<FLAG>``), so the
+Deployment needs only env.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 __all__ = ["main"]
+
+
+def _env(flag: str, default: str | None = None) -> str | None:
+    return os.environ.get("DATALANE_OPERATOR_" + flag.upper().replace("-", "_"), default)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="datalane-operator")
     sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the operator and its admission webhooks")
+    run.add_argument("--namespace", action="append", default=None,
+                     help="watch only this namespace (repeatable); default: all namespaces")
+    run.add_argument("--sidecar-image", default=_env("sidecar-image", ""),
+                     help="sidecar image for pipelines that set no spec.sidecar.image")
+    run.add_argument("--webhook-addr", default=_env("webhook-addr", "0.0.0.0"))
+    run.add_argument("--webhook-port", type=int, default=int(_env("webhook-port", "9443") or 0))
+    run.add_argument("--webhook-host", default=_env("webhook-host"),
+                     help="host name in the webhook URLs kopf reports (logs only)")
+    run.add_argument("--tls-dir", default=_env("tls-dir"),
+                     help="folder with tls.crt, tls.key and ca.crt (the webhook Secret)")
+    run.add_argument("--webhook-configuration", default=_env("webhook-configuration", ""),
+                     help="name of the Mutating- and ValidatingWebhookConfiguration whose "
+                          "caBundle the operator keeps equal to ca.crt")
+    run.add_argument("--storage-interval", type=float,
+                     default=float(_env("storage-interval", "30") or 30),
+                     help="seconds between looks at each checkpoint store")
+    run.add_argument("--liveness", default=_env("liveness", "http://0.0.0.0:8080/healthz"),
+                     help="kopf's liveness endpoint (also reports admission latency)")
+    run.add_argument("--log-format", choices=["plain", "full", "json"],
+                     default=_env("log-format", "full"))
+    run.add_argument("--verbose", action="store_true")
     sub.add_parser("crd", help="print the DataPipeline CRD (YAML)")
+    certs = sub.add_parser("certs", help="create or renew the webhook certificates")
+    certs.add_argument("--service", default=_env("service", "datalane-operator"),
+                       help="Service of the webhook (its DNS names go in the certificate)")
+    certs.add_argument("--namespace", default=_env("namespace", "default"))
+    certs.add_argument("--host", action="append", default=[],
+                       help="another DNS name or IP address (repeatable)")
+    where = certs.add_mutually_exclusive_group(required=True)
+    where.add_argument("--secret", help="keep them in this Secret (kubernetes.io/tls)")
+    where.add_argument("--out", help="write ca.crt, tls.crt and tls.key into this folder")
     return p
+
+
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from datalane_operator import handlers
+
+    if not args.tls_dir:
+        sys.stderr.write("datalane-operator run: --tls-dir is required (tls.crt, tls.key, "
+                         "ca.crt); make them with `datalane-operator certs --out DIR --host "
+                         "127.0.0.1`\n")
+        return 2
+    tls = Path(args.tls_dir)
+    cfg = handlers.RUNTIME.config
+    cfg.sidecar_image = args.sidecar_image
+    cfg.webhook_addr, cfg.webhook_port = args.webhook_addr, args.webhook_port
+    cfg.webhook_host = args.webhook_host
+    cfg.tls_cert, cfg.tls_key = str(tls / "tls.crt"), str(tls / "tls.key")
+    cfg.ca_file = str(tls / "ca.crt")
+    cfg.webhook_configuration = args.webhook_configuration
+    cfg.storage_interval = args.storage_interval
+    fmt = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,
+           "json": kopf.LogFormat.JSON}[args.log_format]
+    kopf.configure(verbose=args.verbose, log_format=fmt)
+    if not args.verbose:  # one line per admission review and per handler call is noise
+        import logging
+
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    kopf.run(standalone=True, clusterwide=not args.namespace,
+             namespaces=args.namespace or (), liveness_endpoint=args.liveness or None)
+    return 0
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from datalane_operator.certs import make_bundle, service_names
+
+    hosts = [*service_names(args.service, args.namespace), *args.host]
+    if args.out:
+        bundle = make_bundle(hosts)
+        paths = bundle.write(Path(args.out))
+        sys.stdout.write("wrote " + ", ".join(str(p) for p in paths) + "\n")
+        return 0
+    from datalane_operator.secrets import ensure_tls_secret
+
+    sys.stdout.write(ensure_tls_secret(args.namespace, args.secret, hosts) + "\n")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,4 +120,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         sys.stdout.write(crd_yaml())
         return 0
-    return 2
+    if args.command == "certs":
+        return _certs(args)
+    return _run(args)

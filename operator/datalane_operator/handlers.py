@@ -1,0 +1,472 @@
+"""kopf handlers: thin adapters from cluster events to the pure functions.
+
+* **Admission** (served by kopf's :class:`kopf.WebhookServer` on the paths of
+  :mod:`datalane_operator.names`): validate DataPipelines, inject the sidecar into pods of a
+  pipeline's workload, guard PyTorchJob updates and ``pytorchjobs/scale``. Lookups come from
+  in-memory kopf indexes of DataPipelines and PyTorchJobs (no API call on the hot path);
+  an index miss for a training pod falls back to one live list, so a pod created in the
+  moment a pipeline appears is not missed.
+* **Reconcile**: DataPipeline create/update/resume (the recipe ConfigMap, then a reconcile),
+  PyTorchJob and pod events (a reconcile of the pipeline that references them), and a
+  periodic look at every checkpoint store (listing, garbage collection). Reconciles of one
+  pipeline are coalesced: at most one runs and one waits, however many events arrive.
+  Status is rebuilt from the world every time (:func:`~datalane_operator.reconcile.decide`),
+  so an operator restart converges (``on.resume``). No finalizer: the recipe ConfigMap is
+  owned by the pipeline and goes with it; checkpoints are the user's data and stay.
+
+The process-wide :data:`RUNTIME` is configured by ``datalane-operator run`` before kopf
+starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import datetime as dt
+import logging
+import statistics
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from datalane.spec.errors import ConfigError
+from datalane_operator.admission import Verdict, review_pipeline, review_scale, review_workload
+from datalane_operator.inject import mutate_pod
+from datalane_operator.kube import Kube, status_patch
+from datalane_operator.names import (
+    GROUP,
+    JOB_NAME_LABEL,
+    PLURAL,
+    PYTORCHJOB_GROUP,
+    PYTORCHJOB_PLURAL,
+    PYTORCHJOB_VERSION,
+    VERSION,
+    WEBHOOK_INJECT,
+    WEBHOOK_VALIDATE_PIPELINE,
+    WEBHOOK_VALIDATE_SCALE,
+    WEBHOOK_VALIDATE_WORKLOAD,
+)
+from datalane_operator.pipeline import Pipeline, load_pipeline
+from datalane_operator.reconcile import decide, decide_invalid
+from datalane_operator.storage import Listing, StoreView, operator_store_options
+from datalane_operator.workload import topology_of
+
+__all__ = ["RUNTIME", "OperatorConfig", "Runtime", "TimedWebhookServer"]
+
+log = logging.getLogger("datalane.operator")
+Key = tuple[str, str]
+
+
+@dataclass
+class OperatorConfig:
+    """What ``datalane-operator run`` was told."""
+
+    sidecar_image: str = ""
+    webhook_addr: str = "0.0.0.0"
+    webhook_port: int = 9443
+    webhook_host: str | None = None
+    tls_cert: str = ""
+    tls_key: str = ""
+    storage_interval: float = 30.0
+    storage_timeout: float = 120.0
+    webhook_configuration: str = ""  # patch the caBundle of these configurations
+    ca_file: str = ""
+    ca_interval: float = 300.0
+
+
+@dataclass
+class Runtime:
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    kube: Kube | None = None
+    listings: dict[Key, Listing] = field(default_factory=dict)
+    running: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
+    again: dict[Key, bool] = field(default_factory=dict)  # key -> look at storage too
+    admission_ms: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=10000))
+    reconcile_ms: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=10000))
+    background: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def k(self) -> Kube:
+        if self.kube is None:
+            self.kube = Kube()
+        return self.kube
+
+    # -- coalesced reconciles ------------------------------------------------------------
+    def kick(self, key: Key, look: bool = False) -> None:
+        """Reconcile ``key`` soon; with ``look``, list its checkpoint store first."""
+        if key in self.running:
+            self.again[key] = self.again.get(key, False) or look
+            return
+        self.again[key] = look
+        self.running[key] = asyncio.get_running_loop().create_task(self._loop(key))
+
+    async def _loop(self, key: Key) -> None:
+        try:
+            while key in self.again:
+                look = self.again.pop(key)
+                t0 = time.perf_counter()
+                try:
+                    await reconcile(self, key, look)
+                except Exception:
+                    log.exception("reconcile of %s/%s failed; the next event or storage look "
+                                  "retries", *key)
+                self.reconcile_ms.append((time.perf_counter() - t0) * 1000)
+        finally:
+            self.running.pop(key, None)
+
+    def forget(self, key: Key) -> None:
+        self.listings.pop(key, None)
+
+
+RUNTIME = Runtime()
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _percentiles(values: collections.deque[float]) -> dict[str, float]:
+    if len(values) < 2:
+        return {"count": len(values)}
+    q = statistics.quantiles(values, n=100, method="inclusive")
+    return {"count": len(values), "p50_ms": round(q[49], 2), "p99_ms": round(q[98], 2),
+            "max_ms": round(max(values), 2)}
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+class TimedWebhookServer(kopf.WebhookServer):
+    """kopf's webhook server, timing every admission review and filling in the namespace.
+
+    The API server puts the request's namespace in ``request.namespace``; an object created
+    without one in its manifest arrives without ``metadata.namespace``, and kopf hands the
+    handlers only the object.
+    """
+
+    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
+        async def timed(request: Any, *, webhook: str | None = None,
+                        headers: dict[str, str] | None = None,
+                        sslpeer: dict[str, Any] | None = None) -> Any:
+            t0 = time.perf_counter()
+            try:
+                payload = request.get("request") or {}
+                ns = payload.get("namespace")
+                for key in ("object", "oldObject"):
+                    obj = payload.get(key)
+                    if ns and isinstance(obj, dict):
+                        meta = obj.setdefault("metadata", {})
+                        if not meta.get("namespace"):
+                            meta["namespace"] = ns
+                return await fn(request, webhook=webhook, headers=headers, sslpeer=sslpeer)
+            finally:
+                RUNTIME.admission_ms.append((time.perf_counter() - t0) * 1000)
+
+        async for client_config in super().__call__(timed):
+            yield client_config
+
+
+# ----------------------------------------------------------------------------- indexes
+
+
+@kopf.index(GROUP, VERSION, PLURAL, id="pipelines")
+def index_pipelines(body: kopf.Body, namespace: str | None, spec: kopf.Spec,
+                    **_: Any) -> dict[Key, dict[str, Any]]:
+    """DataPipelines by (namespace, workload name)."""
+    workload = (spec.get("workload") or {}).get("name", "")
+    return {(namespace or "", workload): {"apiVersion": body.get("apiVersion"),
+                                    "kind": body.get("kind"),
+                                    "metadata": dict(body.get("metadata") or {}),
+                                    "spec": dict(spec)}}
+
+
+@kopf.index(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL, id="jobs")
+def index_jobs(name: str, namespace: str | None, spec: kopf.Spec,
+               **_: Any) -> dict[Key, Any]:
+    """PyTorchJob specs by (namespace, name)."""
+    return {(namespace or "", name): {"metadata": {"name": name, "namespace": namespace},
+                                "spec": dict(spec)}}
+
+
+def _first(index: kopf.Index[Key, Any], key: Key) -> Any:
+    try:
+        return next(iter(index[key]), None)
+    except KeyError:
+        return None
+
+
+def _deny(verdict: Verdict, warnings: list[str]) -> None:
+    warnings.extend(verdict.warnings)
+    if not verdict.allowed:
+        raise kopf.AdmissionError(verdict.message, code=422)
+
+
+async def _pipeline_for(namespace: str, job: str, pipelines: kopf.Index[Key, Any],
+                        ) -> dict[str, Any] | None:
+    """The DataPipeline referencing ``job``: from the index, else from one live list."""
+    found: dict[str, Any] | None = _first(pipelines, (namespace, job))
+    if found is not None:
+        return found
+    for item in await RUNTIME.k().list_pipelines(namespace):
+        if ((item.get("spec") or {}).get("workload") or {}).get("name") == job:
+            return item
+    return None
+
+
+# ----------------------------------------------------------------------------- admission
+
+
+@kopf.on.validate(GROUP, VERSION, PLURAL, id=WEBHOOK_VALIDATE_PIPELINE,
+                  operations=["CREATE", "UPDATE"])
+async def validate_pipeline(body: kopf.Body, warnings: list[str], **kw: Any) -> None:
+    pipelines: kopf.Index[Key, Any] = kw["pipelines"]
+    jobs: kopf.Index[Key, Any] = kw["jobs"]
+    old = kw.get("old")
+    namespace = body.metadata.namespace or ""
+    new = dict(body)
+    workload = ((new.get("spec") or {}).get("workload") or {}).get("name", "")
+    others = [(str(v["metadata"].get("name")), workload)
+              for v in pipelines.get((namespace, workload), [])]
+    job = _first(jobs, (namespace, workload))
+    _deny(review_pipeline(new, dict(old) if old else None, others=others, workload=job),
+          warnings)
+
+
+@kopf.on.mutate("", "v1", "pods", id=WEBHOOK_INJECT, operations=["CREATE"])
+async def inject_sidecar(body: kopf.Body, patch: kopf.Patch, warnings: list[str],
+                         **kw: Any) -> None:
+    pipelines: kopf.Index[Key, Any] = kw["pipelines"]
+    labels = body.metadata.labels
+    job = labels.get(JOB_NAME_LABEL)
+    if not job:
+        return  # not a training pod: untouched
+    namespace = body.metadata.namespace or ""
+    found = await _pipeline_for(namespace, job, pipelines)
+    if found is None:
+        return
+    try:
+        pipeline = load_pipeline(found)
+    except ConfigError as e:
+        warnings.append(f"DataPipeline {found['metadata'].get('name')} is invalid, no sidecar "
+                        f"injected: {e}")
+        return
+    try:
+        wanted = mutate_pod(dict(body), pipeline, RUNTIME.config.sidecar_image)
+    except ConfigError as e:
+        raise kopf.AdmissionError(str(e), code=422) from None
+    patch.fns.append(_become(wanted))
+
+
+def _become(wanted: Mapping[str, Any]) -> Callable[[Any], None]:
+    def apply(body: Any) -> None:
+        for key in ("metadata", "spec"):
+            body[key] = wanted[key]
+    return apply
+
+
+@kopf.on.validate(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL,
+                  id=WEBHOOK_VALIDATE_WORKLOAD, operations=["CREATE", "UPDATE"])
+async def validate_workload(body: kopf.Body, warnings: list[str], **kw: Any) -> None:
+    pipelines: kopf.Index[Key, Any] = kw["pipelines"]
+    old = kw.get("old")
+    namespace, name = body.metadata.namespace or "", body.metadata.name or ""
+    found = await _pipeline_for(namespace, name, pipelines)
+    if found is None:
+        return
+    spec = found.get("spec") or {}
+    container = (spec.get("workload") or {}).get("container", "pytorch")
+    if old is not None:
+        before = topology_of(dict(old), container).world_size
+        if before == topology_of(dict(body), container).world_size:
+            return  # the world size did not change: never wedge a job's other updates
+    _deny(review_workload(dict(body), int(spec.get("lanes", 0)), found["metadata"]["name"],
+                          container), warnings)
+
+
+@kopf.on.validate(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL,
+                  subresource="scale", id=WEBHOOK_VALIDATE_SCALE, operations=["UPDATE"])
+async def validate_scale(body: kopf.Body, warnings: list[str], **kw: Any) -> None:
+    pipelines: kopf.Index[Key, Any] = kw["pipelines"]
+    jobs: kopf.Index[Key, Any] = kw["jobs"]
+    namespace, name = body.metadata.namespace or "", body.metadata.name or ""
+    found = await _pipeline_for(namespace, name, pipelines)
+    if found is None:
+        return
+    job = _first(jobs, (namespace, name)) or await RUNTIME.k().get_job(namespace, name)
+    if job is None:
+        return
+    spec = found.get("spec") or {}
+    container = (spec.get("workload") or {}).get("container", "pytorch")
+    _deny(review_scale(dict(body), job, int(spec.get("lanes", 0)), found["metadata"]["name"],
+                       container), warnings)
+
+
+# ----------------------------------------------------------------------------- reconcile
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, id="resume")
+@kopf.on.create(GROUP, VERSION, PLURAL, id="create")
+@kopf.on.update(GROUP, VERSION, PLURAL, id="update", field="spec")
+async def pipeline_changed(body: kopf.Body, name: str, namespace: str | None,
+                           **_: Any) -> None:
+    namespace = namespace or ""
+    try:
+        pipeline = load_pipeline(dict(body))
+    except ConfigError:
+        RUNTIME.kick((namespace, name))  # records InvalidSpec in the status
+        return
+    await RUNTIME.k().ensure_recipe_configmap(pipeline)  # errors: kopf retries with backoff
+    RUNTIME.kick((namespace, name), look=True)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, id="pipeline-event")
+async def pipeline_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
+    if type == "DELETED":
+        RUNTIME.forget((namespace or "", name))
+
+
+@kopf.on.event(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL, id="job-event")
+async def job_event(name: str, namespace: str | None, **kw: Any) -> None:
+    pipelines: kopf.Index[Key, Any] = kw["pipelines"]
+    ns = namespace or ""
+    for found in pipelines.get((ns, name), []):
+        RUNTIME.kick((ns, found["metadata"]["name"]))
+
+
+@kopf.on.event("", "v1", "pods", id="pod-event", labels={JOB_NAME_LABEL: kopf.PRESENT})
+async def pod_event(labels: Mapping[str, str], namespace: str | None, **kw: Any) -> None:
+    pipelines: kopf.Index[Key, Any] = kw["pipelines"]
+    ns, job = namespace or "", labels.get(JOB_NAME_LABEL, "")
+    for found in pipelines.get((ns, job), []):
+        RUNTIME.kick((ns, found["metadata"]["name"]))
+
+
+async def look_at_store(rt: Runtime, pipeline: Pipeline) -> Listing:
+    ckpt = pipeline.spec.checkpoint
+    secret = None
+    if ckpt.secretRef is not None:
+        secret = await rt.k().read_secret(pipeline.namespace, ckpt.secretRef.name)
+        if secret is None:
+            return Listing(ckpt.uri, error=f"Secret {ckpt.secretRef.name} "
+                                           f"(spec.checkpoint.secretRef) does not exist")
+    options = operator_store_options(ckpt, secret)
+
+    def look() -> Listing:
+        return StoreView(ckpt.uri, options).look(ckpt.keep)
+
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(look), rt.config.storage_timeout)
+    except TimeoutError:
+        return Listing(ckpt.uri, error=f"no answer within {rt.config.storage_timeout:.0f} s")
+
+
+async def reconcile(rt: Runtime, key: Key, look: bool) -> None:
+    namespace, name = key
+    kube = rt.k()
+    body = await kube.get_pipeline(namespace, name)
+    if body is None:
+        rt.forget(key)
+        return
+    previous = body.get("status") or {}
+    generation = int((body.get("metadata") or {}).get("generation") or 0)
+    try:
+        pipeline = load_pipeline(body)
+    except ConfigError as e:
+        decision = decide_invalid(name, generation, str(e), previous, _now())
+    else:
+        listing = None
+        if look or key not in rt.listings:
+            listing = await look_at_store(rt, pipeline)
+            if listing.ok:  # later reconciles reuse it, without re-reporting the gc
+                rt.listings[key] = Listing(listing.uri, listing.committed)
+        job = await kube.get_job(namespace, pipeline.spec.workload.name)
+        pods = await kube.list_job_pods(namespace, pipeline.spec.workload.name) if job else []
+        decision = decide(pipeline, job, pods, listing or rt.listings.get(key), previous,
+                          _now())
+    if decision.changed(previous):
+        await kube.patch_status(namespace, name, status_patch(previous, decision.status))
+    for event in decision.events:
+        try:
+            await kube.post_event(body, event)
+        except Exception as e:  # an event is not worth a failed reconcile
+            log.warning("cannot post event %s on %s/%s: %s", event.reason, namespace, name, e)
+
+
+# ----------------------------------------------------------------------------- lifecycle
+
+
+async def _storage_loop(rt: Runtime, pipelines: kopf.Index[Key, Any]) -> None:
+    while True:
+        await asyncio.sleep(rt.config.storage_interval)
+        for (namespace, _job), store in list(pipelines.items()):
+            for found in store:
+                rt.kick((namespace, found["metadata"]["name"]), look=True)
+
+
+async def _ca_loop(rt: Runtime) -> None:
+    while True:
+        try:
+            pem = Path(rt.config.ca_file).read_bytes()
+            done = await rt.k().patch_ca_bundle(rt.config.webhook_configuration, pem)
+            if done:
+                log.info("caBundle set in %s", ", ".join(done))
+        except Exception as e:
+            log.warning("cannot set the caBundle of %s: %s", rt.config.webhook_configuration, e)
+        await asyncio.sleep(rt.config.ca_interval)
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{GROUP}/finalizer"  # never added: no handler needs it
+    settings.posting.level = logging.WARNING  # our own events say what happened
+    # Watches end server-side after a bounded time and are re-established; a stream that
+    # goes silent (no event, no bookmark) is dropped after inactivity_timeout.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.watching.inactivity_timeout = 70
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 10
+    settings.admission.managed = None  # the Helm chart owns the webhook configurations
+    cfg = RUNTIME.config
+    settings.admission.server = TimedWebhookServer(
+        addr=cfg.webhook_addr, port=cfg.webhook_port, host=cfg.webhook_host,
+        certfile=cfg.tls_cert, pkeyfile=cfg.tls_key, cafile=cfg.ca_file or None)
+    if RUNTIME.config.webhook_configuration and RUNTIME.config.ca_file:
+        RUNTIME.background.append(asyncio.get_running_loop().create_task(_ca_loop(RUNTIME)))
+
+
+@kopf.on.startup(id="storage-loop")
+async def start_storage_loop(**kw: Any) -> None:
+    RUNTIME.background.append(
+        asyncio.get_running_loop().create_task(_storage_loop(RUNTIME, kw["pipelines"])))
+
+
+@kopf.on.cleanup()
+async def stop_background(**_: Any) -> None:
+    for task in RUNTIME.background:
+        task.cancel()
+
+
+@kopf.on.probe(id="admission")
+def probe_admission(**_: Any) -> dict[str, float]:
+    return _percentiles(RUNTIME.admission_ms)
+
+
+@kopf.on.probe(id="reconcile")
+def probe_reconcile(**_: Any) -> dict[str, float]:
+    return _percentiles(RUNTIME.reconcile_ms)
+
+
+def ca_bundle(path: str) -> str:
+    """base64 of a PEM file, as a webhook configuration's ``caBundle`` wants it."""
+    return base64.b64encode(Path(path).read_bytes()).decode()

@@ -1,0 +1,194 @@
+"""The few Kubernetes API calls the operator makes, as plain dicts, off the event loop.
+
+Every call here is one the Helm chart's RBAC grants (and nothing more is granted):
+
+=========================================  =====================================
+resource                                   verbs
+=========================================  =====================================
+datapipelines (+ watch by kopf)            get, list, watch, patch
+datapipelines/status                       patch
+pytorchjobs (+ watch by kopf)              get, list, watch
+pods (watch by kopf)                       list, watch
+configmaps (the recipe)                    create, patch
+secrets (spec.checkpoint.secretRef)        get
+events                                     create
+mutating/validatingwebhookconfigurations   get, patch (the chart's own, by name)
+=========================================  =====================================
+
+The synchronous ``kubernetes`` client runs in worker threads (:func:`asyncio.to_thread`);
+responses are decoded straight from JSON (``_preload_content=False``), which is much faster
+than the client's model objects for a job of a thousand pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client  # type: ignore[import-untyped]
+from kubernetes.client.rest import ApiException  # type: ignore[import-untyped]
+
+from datalane_operator.names import (
+    FIELD_MANAGER,
+    GROUP,
+    JOB_NAME_LABEL,
+    KIND,
+    LABEL_MANAGED_BY,
+    LABEL_PIPELINE,
+    PLURAL,
+    PYTORCHJOB_GROUP,
+    PYTORCHJOB_PLURAL,
+    PYTORCHJOB_VERSION,
+    RECIPE_FILE,
+    VERSION,
+    recipe_configmap_name,
+)
+from datalane_operator.pipeline import Pipeline
+from datalane_operator.reconcile import Event
+
+__all__ = ["Kube", "status_patch"]
+
+log = logging.getLogger("datalane.operator")
+_TIMEOUT = 30
+
+
+def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch turning status ``old`` into ``new`` (removed keys become null)."""
+    patch: dict[str, Any] = {k: None for k in (old or {}) if k not in new}
+    patch.update(new)
+    return patch
+
+
+class Kube:
+    """Thin async wrappers over the ``kubernetes`` client (configured like kopf's login)."""
+
+    def __init__(self, api_client: Any = None) -> None:
+        self.api = api_client or client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.admission = client.AdmissionregistrationV1Api(self.api)
+
+    # -- helpers -------------------------------------------------------------------------
+    @staticmethod
+    def _json(resp: Any) -> Any:
+        return json.loads(resp.data)
+
+    async def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        kw.setdefault("_request_timeout", _TIMEOUT)
+        return await asyncio.to_thread(fn, *args, **kw)
+
+    async def _get(self, fn: Any, *args: Any) -> Any:
+        try:
+            return self._json(await self._call(fn, *args, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    # -- reads ---------------------------------------------------------------------------
+    async def get_pipeline(self, namespace: str, name: str) -> dict[str, Any] | None:
+        out: dict[str, Any] | None = await self._get(
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+        return out
+
+    async def list_pipelines(self, namespace: str) -> list[dict[str, Any]]:
+        out = await self._get(self.custom.list_namespaced_custom_object, GROUP, VERSION,
+                              namespace, PLURAL)
+        return list((out or {}).get("items") or [])
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        out: dict[str, Any] | None = await self._get(
+            self.custom.get_namespaced_custom_object, PYTORCHJOB_GROUP, PYTORCHJOB_VERSION,
+            namespace, PYTORCHJOB_PLURAL, name)
+        return out
+
+    async def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        resp = await self._call(self.core.list_namespaced_pod, namespace,
+                                label_selector=f"{JOB_NAME_LABEL}={job}",
+                                _preload_content=False)
+        return list(self._json(resp).get("items") or [])
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The Secret's data, decoded; None if it does not exist. Never logged."""
+        out = await self._get(self.core.read_namespaced_secret, name, namespace)
+        if out is None:
+            return None
+        return {k: base64.b64decode(v).decode("utf-8", "replace")
+                for k, v in (out.get("data") or {}).items()}
+
+    # -- writes --------------------------------------------------------------------------
+    async def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        await self._call(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION,
+                         namespace, PLURAL, name, {"status": dict(patch)},
+                         field_manager=FIELD_MANAGER)
+
+    async def ensure_recipe_configmap(self, pipeline: Pipeline) -> None:
+        """Create or update the ConfigMap ``<pipeline>-recipe``, owned by the pipeline (so it
+        goes when the pipeline goes)."""
+        name = recipe_configmap_name(pipeline.name)
+        body = {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {
+                "name": name, "namespace": pipeline.namespace,
+                "labels": {LABEL_PIPELINE: pipeline.name, LABEL_MANAGED_BY: FIELD_MANAGER},
+                "ownerReferences": [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                                     "name": pipeline.name, "uid": pipeline.uid,
+                                     "controller": True, "blockOwnerDeletion": False}],
+            },
+            "data": {RECIPE_FILE: pipeline.recipe_json()},
+        }
+        try:
+            await self._call(self.core.create_namespaced_config_map, pipeline.namespace, body,
+                             field_manager=FIELD_MANAGER)
+            log.info("created ConfigMap %s/%s", pipeline.namespace, name)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            await self._call(self.core.patch_namespaced_config_map, name, pipeline.namespace,
+                             {"metadata": body["metadata"], "data": body["data"]},
+                             field_manager=FIELD_MANAGER)
+
+    async def post_event(self, obj: Mapping[str, Any], event: Event) -> None:
+        meta = obj.get("metadata") or {}
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": meta.get(
+                "namespace")},
+            "involvedObject": {"apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"),
+                               "kind": obj.get("kind", KIND), "name": meta.get("name"),
+                               "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+            "type": event.type, "reason": event.reason, "message": event.message[:1024],
+            "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        await self._call(self.core.create_namespaced_event, meta.get("namespace"), body)
+
+    async def patch_ca_bundle(self, configuration: str, ca_pem: bytes) -> list[str]:
+        """Put ``ca_pem`` in every webhook of the mutating and the validating configuration
+        named ``configuration``; returns what was patched."""
+        bundle = base64.b64encode(ca_pem).decode()
+        done = []
+        for kind, read, patch in (
+                ("MutatingWebhookConfiguration",
+                 self.admission.read_mutating_webhook_configuration,
+                 self.admission.patch_mutating_webhook_configuration),
+                ("ValidatingWebhookConfiguration",
+                 self.admission.read_validating_webhook_configuration,
+                 self.admission.patch_validating_webhook_configuration)):
+            current = await self._get(read, configuration)
+            if current is None:
+                continue
+            hooks = current.get("webhooks") or []
+            if all((h.get("clientConfig") or {}).get("caBundle") == bundle for h in hooks):
+                continue
+            ops = [{"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
+                   for i in range(len(hooks))]
+            await self._call(patch, configuration, ops)
+            done.append(f"{kind}/{configuration}")
+        return done
