@@ -1,0 +1,122 @@
+"""The Helm chart: lint, rendering, least-privilege RBAC, webhooks wired to the handlers."""
+
+from __future__ import annotations
+
+import pytest
+from datalane_operator import names
+
+from .helmchart import CHART, OPERATOR_RULES, ROOT, by_kind, helm, render, rules_of
+
+
+def test_lint_is_clean() -> None:
+    out = helm("lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in out.stdout
+    assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
+
+
+def test_chart_crd_is_the_generated_one() -> None:
+    chart = CHART / "crds" / "datapipelines.datalane.io.yaml"
+    assert chart.read_bytes() == (ROOT / "crds" / "datapipelines.datalane.io.yaml").read_bytes(), (
+        "helm/datalane/crds/ differs from crds/: copy crds/datapipelines.datalane.io.yaml")
+
+
+def test_default_render() -> None:
+    docs = render()
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(["ServiceAccount", "ServiceAccount", "ClusterRole",
+                            "ClusterRoleBinding", "Service", "Deployment",
+                            "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+                            "Role", "RoleBinding", "Job"])
+    (dep,) = by_kind(docs, "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "ghcr.io/datalane/datalane-operator:0.1.0"
+    assert c["args"] == ["run"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["DATALANE_OPERATOR_TLS_DIR"] == "/tls"
+    assert env["DATALANE_OPERATOR_WEBHOOK_CONFIGURATION"] == "dl-datalane"
+    assert env["DATALANE_OPERATOR_SIDECAR_IMAGE"] == "ghcr.io/datalane/datalane-sidecar:0.1.0"
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["tls"]["secret"]["secretName"] == "dl-datalane-webhook-tls"
+    (job,) = by_kind(docs, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][0] == "certs"
+
+
+def test_webhooks_reach_the_kopf_handlers() -> None:
+    docs = render()
+    (mut,) = by_kind(docs, "MutatingWebhookConfiguration")
+    (val,) = by_kind(docs, "ValidatingWebhookConfiguration")
+    (inject,) = mut["webhooks"]
+    assert inject["clientConfig"]["service"] == {
+        "name": "dl-datalane", "namespace": "datalane-system",
+        "path": f"/{names.WEBHOOK_INJECT}", "port": 443}
+    assert "caBundle" not in inject["clientConfig"]  # filled in by the operator
+    assert inject["objectSelector"]["matchExpressions"] == [
+        {"key": names.JOB_NAME_LABEL, "operator": "Exists"}]
+    assert inject["rules"][0]["resources"] == ["pods"]
+    assert inject["rules"][0]["operations"] == ["CREATE"]
+    paths = {w["name"]: (w["clientConfig"]["service"]["path"], w["rules"][0]["resources"])
+             for w in val["webhooks"]}
+    assert paths == {
+        "datapipelines.datalane.io": (f"/{names.WEBHOOK_VALIDATE_PIPELINE}", ["datapipelines"]),
+        "pytorchjobs.datalane.io": (f"/{names.WEBHOOK_VALIDATE_WORKLOAD}", ["pytorchjobs"]),
+        "scale.pytorchjobs.datalane.io": (f"/{names.WEBHOOK_VALIDATE_SCALE}",
+                                          ["pytorchjobs/scale"]),
+    }
+    for w in [inject, *val["webhooks"]]:
+        assert w["failurePolicy"] == "Fail" and w["sideEffects"] == "None"
+
+
+def test_rbac_is_least_privilege() -> None:
+    docs = render()
+    (role,) = by_kind(docs, "ClusterRole")
+    assert rules_of(role, "dl-datalane") == OPERATOR_RULES
+    hook_role = next(r for r in by_kind(docs, "Role"))
+    assert rules_of(hook_role, "dl-datalane-webhook-tls") == {
+        ("", "secrets", ""): {"create"}, ("", "secrets", "{name}"): {"get", "update"}}
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dl-datalane",
+                                    "namespace": "datalane-system"}]
+
+
+def test_operator_outside_the_cluster() -> None:
+    docs = render("operator.enabled=false", "tls.mode=secret", "tls.secretName=mine",
+                  "webhook.url=https://127.0.0.1:9443/", "webhook.caBundle=QUJD")
+    assert not by_kind(docs, "Deployment") and not by_kind(docs, "Job")
+    (mut,) = by_kind(docs, "MutatingWebhookConfiguration")
+    assert mut["webhooks"][0]["clientConfig"] == {
+        "url": f"https://127.0.0.1:9443/{names.WEBHOOK_INJECT}", "caBundle": "QUJD"}
+
+
+def test_cert_manager_mode() -> None:
+    docs = render("tls.mode=certManager")
+    (cert,) = by_kind(docs, "Certificate")
+    assert cert["spec"]["secretName"] == "dl-datalane-webhook-tls"
+    assert cert["spec"]["dnsNames"][0] == "dl-datalane.datalane-system.svc"
+    assert by_kind(docs, "Issuer") and not by_kind(docs, "Job")
+    for conf in by_kind(docs, "MutatingWebhookConfiguration") + by_kind(
+            docs, "ValidatingWebhookConfiguration"):
+        assert conf["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+            "datalane-system/dl-datalane")
+    (dep,) = by_kind(docs, "Deployment")
+    env = {e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "DATALANE_OPERATOR_WEBHOOK_CONFIGURATION" not in env  # cainjector owns the bundle
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("tls.mode=bogus", "/tls/mode"),
+    ("image.tag=latest", "/image/tag"),
+    ("sidecar.image=repo/sidecar:latest", "/sidecar/image"),
+    ("webhook.url=http://insecure", "/webhook/url"),
+    ("operator.replicas=2", "replicas"),
+])
+def test_values_schema_refuses(value: str, message: str) -> None:
+    out = helm("template", "dl", str(CHART), "--set", value, check=False)
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr

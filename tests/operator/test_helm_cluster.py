@@ -1,0 +1,69 @@
+"""The chart on the real control plane: install with hooks, RBAC as `kubectl auth can-i` sees it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.cluster.harness import Cluster
+
+from .helmchart import CHART, OPERATOR_RULES
+
+pytestmark = pytest.mark.cluster
+# granted to every authenticated user by the API server's default roles
+DEFAULTS = {"selfsubjectreviews.authentication.k8s.io",
+            "selfsubjectaccessreviews.authorization.k8s.io",
+            "selfsubjectrulesreviews.authorization.k8s.io",
+            "clustertrustbundles.certificates.k8s.io"}
+
+
+def can_i_list(cluster: Cluster, user: str) -> dict[tuple[str, str, str], set[str]]:
+    out = cluster.kubectl("auth", "can-i", "--list", f"--as={user}").stdout
+    rights: dict[tuple[str, str, str], set[str]] = {}
+    for line in out.splitlines()[1:]:
+        if not line.strip() or line.startswith(" "):
+            continue  # non-resource URLs
+        resource, _urls, names, verbs = re.findall(r"\[[^\]]*\]|\S+", line)
+        if resource in DEFAULTS:
+            continue
+        plural, _, group = resource.partition(".")
+        if "/" in group:  # "datapipelines.datalane.io/status"
+            group, _, sub = group.partition("/")
+            plural = f"{plural}/{sub}"
+        for name in names.strip("[]").split() or [""]:
+            key = (group, plural, name)
+            rights.setdefault(key, set()).update(verbs.strip("[]").split())
+    return rights
+
+
+def test_install_and_least_privilege(k8s_cluster: Cluster, k8s_namespace: str) -> None:
+    release = k8s_namespace[:20].rstrip("-")
+    out = k8s_cluster.helm("install", release, str(CHART), "--namespace", k8s_namespace,
+                           "--wait", "--timeout", "120s")
+    assert "STATUS: deployed" in out.stdout
+    try:
+        fullname = f"{release}-datalane"
+        sa = f"system:serviceaccount:{k8s_namespace}:{fullname}"
+        expected = {(g, r, fullname if n == "{name}" else n): v
+                    for (g, r, n), v in OPERATOR_RULES.items()}
+        assert can_i_list(k8s_cluster, sa) == expected
+        # spot checks of what must stay out of reach
+        for verb, what in (("list", "secrets"), ("delete", "pods"), ("create", "pods"),
+                           ("patch", "mutatingwebhookconfigurations/other"),
+                           ("update", "pytorchjobs.kubeflow.org"),
+                           ("delete", "datapipelines.datalane.io")):
+            res = k8s_cluster.kubectl("auth", "can-i", verb, what, f"--as={sa}", check=False)
+            assert res.stdout.strip() == "no", (verb, what)
+        # the hook Job ran (kwok completes it) and was cleaned up; the Deployment is up
+        deploy = k8s_cluster.kubectl("get", "deploy", fullname, "-n", k8s_namespace, "-o",
+                                     "jsonpath={.status.readyReplicas}").stdout
+        assert deploy == "1"
+        jobs = k8s_cluster.kubectl("get", "jobs", "-n", k8s_namespace, "-o", "name").stdout
+        assert jobs.strip() == ""
+    finally:
+        k8s_cluster.helm("uninstall", release, "--namespace", k8s_namespace, "--wait")
+    left = k8s_cluster.kubectl("get", "clusterrole,clusterrolebinding,"
+                               "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+                               "-o", "name").stdout
+    assert fullname not in left
