@@ -1,0 +1,100 @@
+"""The Dockerfiles, checked statically (no Docker engine here): pinned bases, multi-stage,
+non-root, read-only-rootfs friendly, entry points that exist in the package."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = {"operator": ("datalane-operator", "operator", "run"),
+          "sidecar": ("datalane-sidecar", "sidecar", "serve")}
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    text = re.sub(r"\\\n", " ", path.read_text())
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, rest = line.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def pyproject() -> dict[str, object]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+@pytest.mark.parametrize("image", sorted(IMAGES))
+def test_dockerfile(image: str) -> None:
+    script, extra, subcommand = IMAGES[image]
+    path = ROOT / "images" / image / "Dockerfile"
+    ins = instructions(path)
+    args = {k: v for k, v in (a.split("=", 1) for w, a in ins if w == "ARG" and "=" in a)}
+    froms = [a for w, a in ins if w == "FROM"]
+    assert len(froms) >= 2, "multi-stage: a builder and a runtime stage"
+    for f in froms:
+        ref = f.split()[0]
+        ref = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], ref)
+        assert "latest" not in ref
+        assert re.search(r"@sha256:[0-9a-f]{64}$", ref) or re.search(r":\d+\.\d+\.\d+", ref), (
+            f"{path}: base {ref} is not pinned to a digest or a full version")
+    final = ins[max(i for i, (w, _) in enumerate(ins) if w == "FROM"):]
+    users = [a for w, a in final if w == "USER"]
+    assert users, f"{path}: the runtime stage sets no USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "numeric non-root user (runAsNonRoot can check it)"
+    env = " ".join(a for w, a in final if w == "ENV")
+    assert "PYTHONDONTWRITEBYTECODE=1" in env, "no .pyc writes on a read-only root filesystem"
+    assert "HOME=/tmp" in env
+    assert any(w == "COPY" and a.startswith("--from=builder") for w, a in final)
+    assert not any(w == "ADD" for w, _ in ins), "COPY, not ADD"
+    installs = " ".join(a for w, a in ins if w == "RUN")
+    assert f'".[{extra}]"' in installs
+    assert extra in pyproject()["project"]["optional-dependencies"]  # type: ignore[index]
+    # pip itself is pinned too
+    assert re.search(r"pip==\d+\.\d+", installs)
+    entry = [a for w, a in final if w == "ENTRYPOINT"]
+    assert entry == [f'["{script}"]']
+    cmd = [a for w, a in final if w == "CMD"]
+    assert cmd == [f'["{subcommand}"]']
+    # the entry point exists in the package and accepts the default subcommand
+    target = pyproject()["project"]["scripts"][script]  # type: ignore[index]
+    module, func = target.split(":")
+    main = getattr(importlib.import_module(module), func)
+    assert callable(main)
+    parser = importlib.import_module(module)._parser()
+    assert subcommand in parser._subparsers._group_actions[0].choices
+
+
+@pytest.mark.parametrize("image", sorted(IMAGES))
+def test_build_context_is_trimmed(image: str) -> None:
+    ignore = (ROOT / "images" / image / "Dockerfile.dockerignore").read_text().splitlines()
+    assert ignore[ignore.index("*")] == "*"  # everything is excluded first
+    copied = [a.split()[0] for w, a in instructions(ROOT / "images" / image / "Dockerfile")
+              if w == "COPY" and not a.startswith("--from")]
+    for src in copied:
+        assert f"!{src.rstrip('/')}" in ignore or f"!{src.rstrip('/')}/**" in ignore, src
+
+
+def test_sidecar_image_runs_what_the_operator_injects() -> None:
+    """The injected container runs `datalane-sidecar serve` and probes with
+    `datalane-sidecar probe`: both must be on the image's PATH (the venv's bin)."""
+    from datalane_operator.inject import sidecar_container
+    from datalane_operator.pipeline import load_pipeline
+
+    from .builders import dp
+
+    side = sidecar_container(load_pipeline(dp()), "img:1", 1)
+    assert side["command"][0] == "datalane-sidecar"
+    assert side["startupProbe"]["exec"]["command"][0] == "datalane-sidecar"
+    env = " ".join(a for w, a in instructions(ROOT / "images/sidecar/Dockerfile") if w == "ENV")
+    assert "PATH=/opt/venv/bin:$PATH" in env
+    assert "datalane-sidecar" in pyproject()["project"]["scripts"]  # type: ignore[operator]
