@@ -31,6 +31,8 @@ from datalane.spec.state import Counters, SourceCursor
 
 __all__ = ["DocStream"]
 
+_FIRST_TASK_DOCS = 16
+
 
 @dataclass
 class _Block:
@@ -85,6 +87,7 @@ class DocStream:
         self._i = 0
         self._cursor = cur
         self._depth = 1  # tasks allowed in flight; grows to knobs.prefetch (slow start)
+        self._submitted = 0
         self._kept_this_epoch = False
         self._dry_epochs = 0
 
@@ -167,7 +170,11 @@ class DocStream:
                     self._cursor = block.after
                     continue
             start = block.submitted
-            piece = block.records[start:start + self._knobs.task_docs]
+            # tasks start small (the first batch after a start or restore waits only for the
+            # documents it needs) and double up to task_docs (big batches tokenize faster)
+            size = min(self._knobs.task_docs, _FIRST_TASK_DOCS << min(self._submitted, 16))
+            self._submitted += 1
+            piece = block.records[start:start + size]
             block.submitted += len(piece)
             future = self._pool.submit(self._stage.run, piece, self._jsonl)
             self._tasks.append(_Task(block, start, future))

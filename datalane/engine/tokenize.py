@@ -9,6 +9,7 @@ tokenizer file happens to configure its template. Called from map tasks on worke
 from __future__ import annotations
 
 import hashlib
+from itertools import chain
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +71,8 @@ class TokenizerHandle:
         n = len(encs)
         lens = np.fromiter((len(e) for e in encs), dtype=np.int64, count=n)
         total = int(lens.sum())
-        flat = np.fromiter((t for e in encs for t in e.ids), dtype=np.int32, count=total)
+        flat = np.fromiter(chain.from_iterable([e.ids for e in encs]), dtype=np.int32,
+                           count=total)
         extra = (self.bos_id is not None) + (self.eos_id is not None)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lens + extra, out=offsets[1:])

@@ -20,5 +20,6 @@ class Knobs:
                        "every lane in the process.", default=2, ge=1, le=256)
     prefetch: int = doc("Map tasks in flight per lane and source (backpressure bound).",
                         default=8, ge=1, le=1024)
-    task_docs: int = doc("Documents per map task (one batched tokenizer call).",
-                         default=64, ge=1, le=65536)
+    task_docs: int = doc("Documents per map task (one batched tokenizer call); a stream's "
+                         "first tasks are smaller and double up to this.",
+                         default=256, ge=1, le=65536)
