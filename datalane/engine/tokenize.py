@@ -9,8 +9,8 @@ tokenizer file happens to configure its template. Called from map tasks on worke
 from __future__ import annotations
 
 import hashlib
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np

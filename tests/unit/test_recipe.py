@@ -441,7 +441,7 @@ def test_recipe_is_immutable() -> None:
 
 
 def test_knobs_defaults_and_valid_values() -> None:
-    assert model.load(Knobs, {}, "knobs") == Knobs(workers=2, prefetch=8, task_docs=64)
+    assert model.load(Knobs, {}, "knobs") == Knobs(workers=2, prefetch=8, task_docs=256)
     assert model.load(Knobs, {"workers": 256, "prefetch": 1, "task_docs": 65536}) == Knobs(
         workers=256, prefetch=1, task_docs=65536)
 
