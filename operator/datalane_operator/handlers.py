@@ -131,12 +131,19 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _percentiles(values: collections.deque[float]) -> dict[str, float]:
-    if len(values) < 2:
-        return {"count": len(values)}
-    q = statistics.quantiles(values, n=100, method="inclusive")
-    return {"count": len(values), "p50_ms": round(q[49], 2), "p99_ms": round(q[98], 2),
-            "max_ms": round(max(values), 2)}
+def _percentiles(values: collections.deque[float], recent: int = 200) -> dict[str, Any]:
+    """Latency summary of all kept samples and of the ``recent`` newest ones."""
+    def summary(xs: list[float]) -> dict[str, float]:
+        if len(xs) < 2:
+            return {"count": len(xs)}
+        q = statistics.quantiles(xs, n=100, method="inclusive")
+        return {"count": len(xs), "p50_ms": round(q[49], 2), "p99_ms": round(q[98], 2),
+                "max_ms": round(max(xs), 2)}
+
+    out: dict[str, Any] = summary(list(values))
+    out["count"] = len(values)
+    out["recent"] = summary(list(values)[-recent:])
+    return out
 
 
 # ----------------------------------------------------------------------------- the server
@@ -458,12 +465,12 @@ async def stop_background(**_: Any) -> None:
 
 
 @kopf.on.probe(id="admission")
-def probe_admission(**_: Any) -> dict[str, float]:
+def probe_admission(**_: Any) -> dict[str, Any]:
     return _percentiles(RUNTIME.admission_ms)
 
 
 @kopf.on.probe(id="reconcile")
-def probe_reconcile(**_: Any) -> dict[str, float]:
+def probe_reconcile(**_: Any) -> dict[str, Any]:
     return _percentiles(RUNTIME.reconcile_ms)
 
 

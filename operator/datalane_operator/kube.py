@@ -7,6 +7,7 @@ resource                                   verbs
 =========================================  =====================================
 datapipelines (+ watch by kopf)            get, list, watch, patch
 datapipelines/status                       patch
+customresourcedefinitions (kopf)           list, watch
 pytorchjobs (+ watch by kopf)              get, list, watch
 pods (watch by kopf)                       list, watch
 configmaps (the recipe)                    create, patch
@@ -51,7 +52,7 @@ from datalane_operator.names import (
 from datalane_operator.pipeline import Pipeline
 from datalane_operator.reconcile import Event
 
-__all__ = ["Kube", "status_patch"]
+__all__ = ["Kube", "load_configuration", "status_patch"]
 
 log = logging.getLogger("datalane.operator")
 _TIMEOUT = 30
@@ -64,11 +65,27 @@ def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[
     return patch
 
 
+def load_configuration() -> Any:
+    """The client configuration: in-cluster (ServiceAccount), else the kubeconfig.
+
+    Loaded here rather than borrowed from kopf's login, which may not have run yet when a
+    startup task makes its first call.
+    """
+    from kubernetes import config
+
+    cfg = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=cfg)
+    except config.ConfigException:
+        config.load_kube_config(client_configuration=cfg)
+    return cfg
+
+
 class Kube:
     """Thin async wrappers over the ``kubernetes`` client (configured like kopf's login)."""
 
     def __init__(self, api_client: Any = None) -> None:
-        self.api = api_client or client.ApiClient()
+        self.api = api_client or client.ApiClient(load_configuration())
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.admission = client.AdmissionregistrationV1Api(self.api)

@@ -18,6 +18,7 @@ CHART = ROOT / "helm" / "datalane"
 OPERATOR_RULES = {
     ("datalane.io", "datapipelines", ""): {"get", "list", "watch", "patch"},
     ("datalane.io", "datapipelines/status", ""): {"patch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions", ""): {"list", "watch"},
     ("kubeflow.org", "pytorchjobs", ""): {"get", "list", "watch"},
     ("", "pods", ""): {"list", "watch"},
     ("", "configmaps", ""): {"create", "patch"},

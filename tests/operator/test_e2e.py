@@ -1,0 +1,299 @@
+"""End to end on the real control plane: Helm chart, operator, training-operator, kwok, S3.
+
+A DataPipeline (8 lanes, S3 checkpoints on a moto server, credentials by Secret reference)
+and a PyTorchJob with 4 workers; the injected pods are checked as stored; the pod runner
+starts each pod's sidecar and trainer as local processes; trainers run and checkpoint; the
+operator lists and garbage-collects the checkpoints; ``kubectl scale`` to 2 workers updates
+the status, the recreated pods resume from the last committed checkpoint, and the per-step
+global batch hashes equal an uninterrupted 4-rank run; a scale to 3 is refused; deleting the
+DataPipeline leaves nothing behind. A second test times pod admission over 200 creations.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from datalane_operator import names
+from kubernetes import client
+
+from datalane.corpus import DemoCorpus
+from datalane.runner import run_world
+from datalane.spec.hashing import global_hash
+from datalane.spec.knobs import Knobs
+from datalane.spec.recipe import load_recipe
+from datalane.store import CheckpointStore
+from tests.cluster.harness import Cluster
+from tests.cluster.util import eventually
+from tests.conftest import base_recipe_dict
+from tests.s3server import ACCESS_KEY, SECRET_KEY
+
+from .builders import RECIPE
+from .podrunner import PodRunner
+from .stack import Stack, datalane_stack
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+G, V, P = names.GROUP, names.VERSION, names.PLURAL
+TG, TV, TP = names.PYTORCHJOB_GROUP, names.PYTORCHJOB_VERSION, names.PYTORCHJOB_PLURAL
+STEPS = 6  # per phase
+MEASURED: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def stack(training_operator: Cluster, tmp_path_factory: pytest.TempPathFactory,
+          ) -> Iterator[Stack]:
+    with training_operator.namespace("datalane-e2e") as ns, datalane_stack(
+            training_operator, ns, tmp_path_factory.mktemp("stack")) as s:
+        yield s
+    if MEASURED:
+        print(f"\n[operator e2e] measured: {json.dumps(MEASURED)}")
+
+
+@pytest.fixture
+def bucket(s3_server: str) -> str:
+    import s3fs
+
+    name = f"e2e-{uuid.uuid4().hex[:10]}"
+    s3fs.S3FileSystem(key=ACCESS_KEY, secret=SECRET_KEY,
+                      client_kwargs={"endpoint_url": s3_server}).mkdir(name)
+    return f"s3://{name}"
+
+
+def apply(c: Cluster, ns: str, obj: dict[str, Any]) -> None:
+    c.kubectl("apply", "--server-side", "--field-manager=e2e", "-n", ns, "-f", "-",
+              input=yaml.safe_dump(obj))
+
+
+def pipeline(name: str, workload: str, recipe: dict[str, Any], checkpoint: dict[str, Any],
+             ) -> dict[str, Any]:
+    return {"apiVersion": f"{G}/{V}", "kind": "DataPipeline", "metadata": {"name": name},
+            "spec": {"workload": {"kind": "PyTorchJob", "name": workload}, "lanes": 8,
+                     "globalBatchSize": 16, "recipe": recipe, "checkpoint": checkpoint,
+                     "sidecar": {"workers": 1, "prefetch": 4,
+                                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}}}
+
+
+def pytorchjob(name: str, workers: int) -> dict[str, Any]:
+    trainer = {"name": "pytorch", "image": "registry.invalid/trainer:1",
+               "command": ["python", "-m", "tests.operator.e2e_trainer", "--steps", str(STEPS),
+                           "--checkpoint-every", "2"],
+               "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    return {"apiVersion": f"{TG}/{TV}", "kind": "PyTorchJob", "metadata": {"name": name},
+            "spec": {"nprocPerNode": "1", "pytorchReplicaSpecs": {"Worker": {
+                "replicas": workers, "restartPolicy": "OnFailure",
+                "template": {"spec": {"containers": [trainer]}}}}}}
+
+
+def live_pods(core: client.CoreV1Api, ns: str, job: str) -> dict[str, dict[str, Any]]:
+    resp = core.list_namespaced_pod(ns, label_selector=f"{names.JOB_NAME_LABEL}={job}",
+                                    _preload_content=False)
+    return {p["metadata"]["name"]: p for p in json.loads(resp.data)["items"]
+            if not p["metadata"].get("deletionTimestamp")}
+
+
+def dp_status(custom: client.CustomObjectsApi, ns: str, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = custom.get_namespaced_custom_object(G, V, ns, P, name).get(
+        "status") or {}
+    return out
+
+
+def wait_injection_active(core: client.CoreV1Api, ns: str, job: str) -> None:
+    """The API server picks up webhook configurations asynchronously: probe with dry runs."""
+    probe = {"metadata": {"name": "probe", "labels": {names.JOB_NAME_LABEL: job}},
+             "spec": {"containers": [{"name": "pytorch", "image": "x:1"}]}}
+
+    def injected() -> bool:
+        resp = core.create_namespaced_pod(ns, probe, dry_run="All", _preload_content=False)
+        return any(c["name"] == names.SIDECAR_CONTAINER
+                   for c in json.loads(resp.data)["spec"].get("initContainers") or [])
+
+    eventually(injected, timeout=60, what="the sidecar injection webhook to take effect")
+
+
+def check_injected(pod: dict[str, Any], pipeline_name: str) -> None:
+    spec = pod["spec"]
+    (side,) = [c for c in spec["initContainers"] if c["name"] == names.SIDECAR_CONTAINER]
+    assert side["restartPolicy"] == "Always"
+    assert side["image"] == "datalane-sidecar:e2e"  # the chart's sidecar.image
+    assert side["startupProbe"]["exec"]["command"][:2] == ["datalane-sidecar", "probe"]
+    assert side["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    assert side["resources"] == {"requests": {"cpu": "1", "memory": "1Gi"}}
+    assert side["securityContext"]["readOnlyRootFilesystem"] is True
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols[names.VOLUME_SOCKET]["emptyDir"]["medium"] == "Memory"
+    assert vols[names.VOLUME_RECIPE]["configMap"]["name"] == f"{pipeline_name}-recipe"
+    trainer = next(c for c in spec["containers"] if c["name"] == "pytorch")
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert env["DATALANE_SOCKET"] == "/var/run/datalane/datalane.sock"
+    assert env["DATALANE_PIPELINE"] == pipeline_name
+    assert pod["metadata"]["labels"][names.LABEL_PIPELINE] == pipeline_name
+    text = json.dumps(pod)
+    assert SECRET_KEY not in text and ACCESS_KEY not in text
+
+
+def digests_of(runner: PodRunner) -> dict[int, dict[int, bytes]]:
+    out: dict[int, dict[int, bytes]] = {}
+    for pod in runner.pods:
+        for path in pod.outputs:
+            for line in path.read_text().splitlines():
+                if line.startswith("{") and '"lanes"' in line:
+                    rec = json.loads(line)
+                    out.setdefault(rec["step"], {}).update(
+                        {int(k): bytes.fromhex(v) for k, v in rec["lanes"].items()})
+    return out
+
+
+def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpus: DemoCorpus,
+                                  bucket: str, s3_server: str) -> None:
+    c, ns = stack.cluster, stack.namespace
+    core, custom = client.CoreV1Api(k8s_api), client.CustomObjectsApi(k8s_api)
+    core.create_namespaced_secret(ns, {"metadata": {"name": "s3-creds"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}})
+    recipe = base_recipe_dict(corpus)
+    full = copy.deepcopy(recipe)
+    del recipe["lanes"], recipe["global_batch_size"]
+    store_uri = f"{bucket}/run"
+    apply(c, ns, pipeline("pretrain", "llama", recipe,
+                          {"uri": store_uri, "secretRef": {"name": "s3-creds"},
+                           "endpoint": s3_server, "keep": 2}))
+    wait_injection_active(core, ns, "llama")
+    custom.create_namespaced_custom_object(TG, TV, ns, TP, pytorchjob("llama", 4))
+    runner = PodRunner(core, ns)
+    try:
+        # ---- 4 workers: injected pods, status, training with checkpoints -------------------
+        pods = eventually(lambda: (p := live_pods(core, ns, "llama")) and len(p) == 4 and all(
+            x.get("status", {}).get("phase") == "Running" for x in p.values()) and p,
+            timeout=90, what="4 Running pods")
+        for pod in pods.values():
+            check_injected(pod, "pretrain")
+            side = next(x for x in pod["spec"]["initContainers"]
+                        if x["name"] == names.SIDECAR_CONTAINER)
+            assert {"name": "DATALANE_RANKS_PER_POD", "value": "1"} in side["env"]
+        eventually(lambda: dp_status(custom, ns, "pretrain").get("phase") == "Running",
+                   timeout=30, what="phase Running")
+        st = dp_status(custom, ns, "pretrain")
+        assert (st["worldSize"], st["lanesPerRank"], st["ranksPerPod"], st["pods"]) == (
+            4, 2, 1, 4)
+        for pod in pods.values():
+            runner.start(pod)
+        runner.wait_trainers()
+        first = digests_of(runner)
+        assert sorted(first) == list(range(STEPS))
+        runner.stop_pods()
+        # the operator lists the store and keeps the newest 2 of steps 2, 4, 6
+        eventually(lambda: (s := dp_status(custom, ns, "pretrain")).get(
+            "lastCommittedStep") == 6 and s.get("checkpoints") == [4, 6], timeout=30,
+            what="status: last committed step 6, checkpoints [4, 6]")
+        options = {"key": ACCESS_KEY, "secret": SECRET_KEY,
+                   "client_kwargs": {"endpoint_url": s3_server}}
+        assert CheckpointStore(store_uri, options).committed_steps() == [4, 6]
+
+        # ---- scale to 2: status within the target, 3 refused ------------------------------
+        t0 = time.monotonic()
+        c.kubectl("scale", "pytorchjob", "llama", "--replicas=2", "-n", ns)
+        eventually(lambda: dp_status(custom, ns, "pretrain").get("worldSize") == 2,
+                   timeout=30, interval=0.02, what="status worldSize 2")
+        MEASURED["scale_to_status_s"] = round(time.monotonic() - t0, 3)
+        assert dp_status(custom, ns, "pretrain")["lanesPerRank"] == 4
+        refused = c.kubectl("scale", "pytorchjob", "llama", "--replicas=3", "-n", ns,
+                            check=False)
+        assert refused.returncode != 0
+        assert "8 lanes cannot be split over 3 workers; use 1, 2, 4 or 8" in refused.stderr
+        job = custom.get_namespaced_custom_object(TG, TV, ns, TP, "llama")
+        assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+
+        # ---- the job restarts at its new size: recreated pods resume -----------------------
+        eventually(lambda: set(live_pods(core, ns, "llama")) == {"llama-worker-0",
+                                                                 "llama-worker-1"},
+                   timeout=60, what="workers 2 and 3 deleted")
+        old = {p["metadata"]["uid"] for p in live_pods(core, ns, "llama").values()}
+        c.kubectl("delete", "pod", "llama-worker-0", "llama-worker-1", "-n", ns, "--wait=true")
+        pods = eventually(lambda: (p := live_pods(core, ns, "llama")) and len(p) == 2 and all(
+            x["metadata"]["uid"] not in old and x.get("status", {}).get("phase") == "Running"
+            for x in p.values()) and p, timeout=90, what="2 recreated Running pods")
+        for pod in pods.values():
+            check_injected(pod, "pretrain")
+        resume = dp_status(custom, ns, "pretrain")["lastCommittedStep"]
+        assert resume == STEPS
+        for pod in pods.values():
+            runner.start(pod, extra_env={"E2E_RESUME_STEP": str(resume)})
+        runner.wait_trainers()
+        second = digests_of(runner)
+        assert sorted(second) == list(range(STEPS, 2 * STEPS))
+        runner.stop_pods()
+
+        # ---- the data did not change: equal to an uninterrupted 4-rank run ----------------
+        reference = run_world(load_recipe(full), 4, Knobs(workers=1), 2 * STEPS).hashes
+        elastic = {s: global_hash(d[k] for k in sorted(d)) for s, d in {**first,
+                                                                        **second}.items()}
+        for s in range(2 * STEPS):
+            assert len({**first, **second}[s]) == 8, f"step {s} misses lanes"
+        assert elastic == reference
+        eventually(lambda: dp_status(custom, ns, "pretrain").get("checkpoints") == [10, 12],
+                   timeout=30, what="checkpoints [10, 12]")
+        events = core.list_namespaced_event(
+            ns, field_selector="involvedObject.name=pretrain").items
+        reasons = {e.reason for e in events}
+        assert {"WorkloadObserved", "Rescaled", "Checkpointed",
+                "CheckpointsCollected"} <= reasons, reasons
+        for e in events:
+            assert SECRET_KEY not in (e.message or "")
+
+        # ---- deleting the pipeline leaves no orphans --------------------------------------
+        c.kubectl("delete", "dp", "pretrain", "-n", ns, "--wait=true", "--timeout=30s")
+        eventually(lambda: not core.list_namespaced_config_map(
+            ns, label_selector=names.LABEL_PIPELINE).items, timeout=60,
+            what="the recipe ConfigMap garbage-collected")
+        custom.delete_namespaced_custom_object(TG, TV, ns, TP, "llama")
+        eventually(lambda: not core.list_namespaced_pod(
+            ns, label_selector=names.LABEL_PIPELINE).items, timeout=60,
+            what="the job's pods gone")
+        assert custom.list_namespaced_custom_object(G, V, ns, P)["items"] == []
+        stack.check_alive()
+    except BaseException:
+        print(runner.logs())
+        print(stack.log_tail())
+        raise
+    finally:
+        runner.close()
+
+
+def test_pod_admission_latency(stack: Stack, k8s_api: client.ApiClient) -> None:
+    """200 pod creations through the injection webhook (pods held by a scheduling gate)."""
+    c, ns = stack.cluster, stack.namespace
+    core = client.CoreV1Api(k8s_api)
+    recipe = copy.deepcopy(RECIPE)
+    apply(c, ns, pipeline("latency", "bench", recipe, {"uri": "s3://ckpt/bench"}))
+    wait_injection_active(core, ns, "bench")
+    before = stack.probes()["admission"]["count"]
+    times = []
+    for i in range(200):
+        pod = {"metadata": {"name": f"bench-worker-{i}", "labels": {
+                   names.JOB_NAME_LABEL: "bench", names.REPLICA_INDEX_LABEL: str(i)}},
+               "spec": {"schedulingGates": [{"name": "datalane.io/bench"}],
+                        "containers": [{"name": "pytorch", "image": "x:1", "env": [
+                            {"name": "PET_NPROC_PER_NODE", "value": "1"}]}]}}
+        t0 = time.perf_counter()
+        created = core.create_namespaced_pod(ns, pod, _preload_content=False)
+        times.append((time.perf_counter() - t0) * 1000)
+        body = json.loads(created.data)
+        assert body["spec"]["initContainers"][-1]["name"] == names.SIDECAR_CONTAINER
+    # kopf caches probe results for 10 s
+    server = eventually(lambda: (a := stack.probes()["admission"])["count"] - before >= 200
+                        and a["recent"], timeout=30, what="the operator's admission timings")
+    q = statistics.quantiles(times, n=100, method="inclusive")
+    MEASURED["pod_create_ms"] = {"p50": round(q[49], 1), "p99": round(q[98], 1)}
+    MEASURED["webhook_server_ms"] = {"p50": server["p50_ms"], "p99": server["p99_ms"]}
+    c.kubectl("delete", "pods", "-l", f"{names.JOB_NAME_LABEL}=bench", "-n", ns,
+              "--wait=false")
+    # The issue's target is p99 < 20 ms in the webhook; the assertion leaves room for a
+    # loaded 2-core machine, the measured numbers are printed and reported.
+    assert server["p99_ms"] < 50, server
+    assert q[98] < 250, times
