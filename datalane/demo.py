@@ -19,12 +19,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 
 from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
 from datalane.spec.state import Checkpoint, merge_checkpoints
 
-__all__ = ["Progress", "print_comparison", "rank_main", "run_demo"]
+__all__ = ["Progress", "gather", "lane_digests", "print_comparison", "rank_main", "run_demo"]
 
 _PHASES = (4, 2, 8)
 
@@ -72,7 +73,6 @@ class Progress:
 def _phase(recipe: str, world: int, steps: int, resume: str | None, state_dir: str,
            progress: Progress) -> tuple[dict[int, dict[int, bytes]], str]:
     procs = []
-    outputs: list[list[str]] = [[] for _ in range(world)]
     for rank in range(world):
         cmd = [sys.executable, "-m", "datalane.cli", "_rank", "--recipe", recipe,
                "--rank", str(rank), "--world", str(world), "--steps", str(steps),
@@ -81,33 +81,49 @@ def _phase(recipe: str, world: int, steps: int, resume: str | None, state_dir: s
             cmd += ["--resume", resume]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
 
-    def pump(rank: int) -> None:
-        out = procs[rank].stdout
-        assert out is not None
-        for line in out:
-            outputs[rank].append(line)
-            progress.advance(f"phase on {world} ranks")
-
-    threads = [threading.Thread(target=pump, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise SystemExit(f"a rank process of the {world}-rank phase failed (exit codes {codes})")
-    digests: dict[int, dict[int, bytes]] = {}
-    for lines in outputs:
-        for line in lines:
-            rec = json.loads(line)
-            digests.setdefault(rec["step"], {}).update(
-                {int(k): bytes.fromhex(v) for k, v in rec["lanes"].items()})
+    digests = lane_digests(gather(procs, progress, f"phase on {world} ranks"))
     merged = merge_checkpoints(Checkpoint.load(os.path.join(state_dir, f"rank-{r}.json"))
                                for r in range(world))
     path = os.path.join(state_dir, f"step-{merged.step}.json")
     with open(path, "w", encoding="utf-8") as f:
         f.write(merged.dumps())
     return digests, path
+
+
+def gather(procs: list[subprocess.Popen[str]], progress: Progress, label: str,
+           counts: Callable[[str], bool] = lambda line: True) -> list[list[str]]:
+    """Every process's stdout lines (read concurrently); exits if any process failed."""
+    outputs: list[list[str]] = [[] for _ in procs]
+
+    def pump(i: int) -> None:
+        out = procs[i].stdout
+        assert out is not None
+        for line in out:
+            outputs[i].append(line)
+            if counts(line):
+                progress.advance(label)
+
+    threads = [threading.Thread(target=pump, args=(i,)) for i in range(len(procs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"a process of the {label} failed (exit codes {codes})")
+    return outputs
+
+
+def lane_digests(outputs: list[list[str]]) -> dict[int, dict[int, bytes]]:
+    """``step -> lane -> window digest`` from the JSON lines the rank processes print."""
+    digests: dict[int, dict[int, bytes]] = {}
+    for lines in outputs:
+        for line in lines:
+            rec = json.loads(line)
+            if "lanes" in rec:
+                digests.setdefault(rec["step"], {}).update(
+                    {int(k): bytes.fromhex(v) for k, v in rec["lanes"].items()})
+    return digests
 
 
 def print_comparison(reference: dict[int, str], elastic: dict[int, tuple[int, str]],

@@ -18,10 +18,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-from datalane.demo import Progress, print_comparison
+from datalane.demo import Progress, gather, lane_digests, print_comparison
 from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
 
@@ -95,7 +94,6 @@ def _phase(root: str, recipe: str, store: str, pods: int, steps: int, resume: in
     folders = [os.path.join(root, f"w{world}", f"pod-{p}") for p in range(pods)]
     sidecars = [_start_sidecar(f, recipe, store, p) for p, f in enumerate(folders)]
     trainers: list[subprocess.Popen[str]] = []
-    outputs: list[list[str]] = [[] for _ in range(world)]
     try:
         for f, sc in zip(folders, sidecars, strict=True):
             _wait_serving(os.path.join(f, "datalane.sock"), sc)
@@ -108,35 +106,14 @@ def _phase(root: str, recipe: str, store: str, pods: int, steps: int, resume: in
                 cmd += ["--resume-step", str(resume)]
             trainers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
 
-        def pump(rank: int) -> None:
-            out = trainers[rank].stdout
-            assert out is not None
-            for line in out:
-                outputs[rank].append(line)
-                if '"lanes"' in line:
-                    progress.advance(f"{pods} pods x {RANKS_PER_POD} ranks")
-
-        threads = [threading.Thread(target=pump, args=(r,)) for r in range(world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        codes = [t.wait() for t in trainers]
-        if any(codes):
-            raise SystemExit(f"a trainer of the {world}-rank phase failed (exit codes {codes})")
+        outputs = gather(trainers, progress, f"{pods} pods x {RANKS_PER_POD} ranks",
+                         lambda line: '"lanes"' in line)
     finally:
         for sc in sidecars:
             sc.terminate()
         for sc in sidecars:
             sc.wait(timeout=60)
-    digests: dict[int, dict[int, bytes]] = {}
-    for lines in outputs:
-        for line in lines:
-            rec = json.loads(line)
-            if "lanes" in rec:
-                digests.setdefault(rec["step"], {}).update(
-                    {int(k): bytes.fromhex(v) for k, v in rec["lanes"].items()})
-    return digests
+    return lane_digests(outputs)
 
 
 def run_sidecar_demo(folder: str | None, steps: int, store: str | None,
