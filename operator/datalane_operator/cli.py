@@ -6,6 +6,7 @@ Subcommands:
   over TLS (in a cluster: the files of the mounted Secret; locally: any loopback address,
   see docs/operator.md);
 * ``crd``   - print the generated CustomResourceDefinition (what ``crds/`` holds);
+* ``reference`` - print (or ``--write`` into docs/operator.md) the CR field reference;
 * ``certs`` - create or renew the webhook CA and serving certificate in a Secret (what the
   Helm hook Job runs), or write them to a folder.
 
@@ -54,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
                      default=_env("log-format", "full"))
     run.add_argument("--verbose", action="store_true")
     sub.add_parser("crd", help="print the DataPipeline CRD (YAML)")
+    ref = sub.add_parser("reference", help="print the DataPipeline field reference (Markdown)")
+    ref.add_argument("--write", metavar="FILE",
+                     help="rewrite the generated section of FILE (docs/operator.md) instead")
     certs = sub.add_parser("certs", help="create or renew the webhook certificates")
     certs.add_argument("--service", default=_env("service", "datalane-operator"),
                        help="Service of the webhook (its DNS names go in the certificate)")
@@ -122,4 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "certs":
         return _certs(args)
+    if args.command == "reference":
+        from datalane_operator.reference import render_reference, rewrite
+
+        if args.write:
+            changed = rewrite(Path(args.write))
+            sys.stdout.write(f"{args.write}: {'updated' if changed else 'up to date'}\n")
+        else:
+            sys.stdout.write(render_reference())
+        return 0
     return _run(args)
