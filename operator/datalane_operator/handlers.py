@@ -85,7 +85,10 @@ class Runtime:
     kube: Kube | None = None
     listings: dict[Key, Listing] = field(default_factory=dict)
     running: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
-    again: dict[Key, bool] = field(default_factory=dict)  # key -> look at storage too
+    again: set[Key] = field(default_factory=set)
+    looking: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
+    collected: dict[Key, list[int]] = field(default_factory=dict)  # gc not yet reported
+    storage_errors: dict[Key, Listing] = field(default_factory=dict)
     admission_ms: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=10000))
     reconcile_ms: collections.deque[float] = field(
@@ -97,22 +100,22 @@ class Runtime:
             self.kube = Kube()
         return self.kube
 
-    # -- coalesced reconciles ------------------------------------------------------------
-    def kick(self, key: Key, look: bool = False) -> None:
-        """Reconcile ``key`` soon; with ``look``, list its checkpoint store first."""
+    # -- coalesced reconciles, storage looks on the side ---------------------------------
+    def kick(self, key: Key) -> None:
+        """Reconcile ``key`` soon (at most one running and one waiting per pipeline)."""
         if key in self.running:
-            self.again[key] = self.again.get(key, False) or look
+            self.again.add(key)
             return
-        self.again[key] = look
+        self.again.add(key)
         self.running[key] = asyncio.get_running_loop().create_task(self._loop(key))
 
     async def _loop(self, key: Key) -> None:
         try:
             while key in self.again:
-                look = self.again.pop(key)
+                self.again.discard(key)
                 t0 = time.perf_counter()
                 try:
-                    await reconcile(self, key, look)
+                    await reconcile(self, key)
                 except Exception:
                     log.exception("reconcile of %s/%s failed; the next event or storage look "
                                   "retries", *key)
@@ -120,8 +123,39 @@ class Runtime:
         finally:
             self.running.pop(key, None)
 
+    def look(self, key: Key) -> None:
+        """List (and garbage-collect) the checkpoint store of ``key`` in the background, then
+        reconcile. A slow store never delays a reconcile: those use the last look."""
+        if key in self.looking:
+            return
+        self.looking[key] = asyncio.get_running_loop().create_task(self._look(key))
+
+    async def _look(self, key: Key) -> None:
+        try:
+            body = await self.k().get_pipeline(*key)
+            if body is None:
+                self.forget(key)
+                return
+            try:
+                pipeline = load_pipeline(body)
+            except ConfigError:
+                return  # reconcile reports InvalidSpec
+            listing = await look_at_store(self, pipeline)
+            if listing.ok:
+                self.listings[key] = Listing(listing.uri, listing.committed)
+                self.collected.setdefault(key, []).extend(listing.deleted)
+                self.storage_errors.pop(key, None)
+            else:
+                self.storage_errors[key] = listing
+            self.kick(key)
+        except Exception:
+            log.exception("storage look of %s/%s failed", *key)
+        finally:
+            self.looking.pop(key, None)
+
     def forget(self, key: Key) -> None:
-        self.listings.pop(key, None)
+        for table in (self.listings, self.collected, self.storage_errors):
+            table.pop(key, None)
 
 
 RUNTIME = Runtime()
@@ -329,7 +363,8 @@ async def pipeline_changed(body: kopf.Body, name: str, namespace: str | None,
         RUNTIME.kick((namespace, name))  # records InvalidSpec in the status
         return
     await RUNTIME.k().ensure_recipe_configmap(pipeline)  # errors: kopf retries with backoff
-    RUNTIME.kick((namespace, name), look=True)
+    RUNTIME.kick((namespace, name))
+    RUNTIME.look((namespace, name))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id="pipeline-event")
@@ -373,7 +408,7 @@ async def look_at_store(rt: Runtime, pipeline: Pipeline) -> Listing:
         return Listing(ckpt.uri, error=f"no answer within {rt.config.storage_timeout:.0f} s")
 
 
-async def reconcile(rt: Runtime, key: Key, look: bool) -> None:
+async def reconcile(rt: Runtime, key: Key) -> None:
     namespace, name = key
     kube = rt.k()
     body = await kube.get_pipeline(namespace, name)
@@ -382,22 +417,26 @@ async def reconcile(rt: Runtime, key: Key, look: bool) -> None:
         return
     previous = body.get("status") or {}
     generation = int((body.get("metadata") or {}).get("generation") or 0)
+    collected: list[int] = []
     try:
         pipeline = load_pipeline(body)
     except ConfigError as e:
         decision = decide_invalid(name, generation, str(e), previous, _now())
     else:
-        listing = None
-        if look or key not in rt.listings:
-            listing = await look_at_store(rt, pipeline)
-            if listing.ok:  # later reconciles reuse it, without re-reporting the gc
-                rt.listings[key] = Listing(listing.uri, listing.committed)
+        listing = rt.storage_errors.get(key) or rt.listings.get(key)
+        collected = rt.collected.pop(key, [])
+        if listing is not None and collected:
+            listing = Listing(listing.uri, listing.committed, collected)
         job = await kube.get_job(namespace, pipeline.spec.workload.name)
         pods = await kube.list_job_pods(namespace, pipeline.spec.workload.name) if job else []
-        decision = decide(pipeline, job, pods, listing or rt.listings.get(key), previous,
-                          _now())
-    if decision.changed(previous):
-        await kube.patch_status(namespace, name, status_patch(previous, decision.status))
+        decision = decide(pipeline, job, pods, listing, previous, _now())
+    try:
+        if decision.changed(previous):
+            await kube.patch_status(namespace, name, status_patch(previous, decision.status))
+    except Exception:
+        if collected:  # report them with the next reconcile
+            rt.collected.setdefault(key, [])[:0] = collected
+        raise
     for event in decision.events:
         try:
             await kube.post_event(body, event)
@@ -413,7 +452,7 @@ async def _storage_loop(rt: Runtime, pipelines: kopf.Index[Key, Any]) -> None:
         await asyncio.sleep(rt.config.storage_interval)
         for (namespace, _job), store in list(pipelines.items()):
             for found in store:
-                rt.kick((namespace, found["metadata"]["name"]), look=True)
+                rt.look((namespace, found["metadata"]["name"]))
 
 
 async def _ca_loop(rt: Runtime) -> None:

@@ -40,11 +40,30 @@ class Stack:
     webhook_port: int
     liveness: str
     log: Path
-    proc: subprocess.Popen[bytes]
+    argv: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def fullname(self) -> str:
         return f"{self.release}-datalane"
+
+    def start(self) -> None:
+        setpriv = shutil.which("setpriv")
+        with open(self.log, "ab") as f:
+            self.proc = subprocess.Popen(
+                ([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []) + self.argv,
+                env=self.env, stdout=f, stderr=subprocess.STDOUT)
+        _wait_https(self.webhook_port, time.monotonic() + 60, self.proc, self.log)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
     def probes(self) -> dict[str, Any]:
         with urllib.request.urlopen(self.liveness, timeout=5) as r:
@@ -55,9 +74,8 @@ class Stack:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"the operator exited with {self.proc.returncode}:\n"
-                                 f"{self.log_tail()}")
+        if self.proc is None or self.proc.poll() is not None:
+            raise AssertionError(f"the operator is not running:\n{self.log_tail()}")
 
 
 def _sa_kubeconfig(cluster: Cluster, namespace: str, sa: str, path: Path) -> Path:
@@ -115,35 +133,22 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
     cluster.helm("install", release, str(CHART), "--namespace", namespace, "--values",
                  str(workdir / "values.yaml"), "--wait", "--timeout", "120s")
     log = workdir / "operator.log"
-    proc = None
+    kubeconfig = _sa_kubeconfig(cluster, namespace, f"{release}-datalane",
+                                workdir / "operator.kubeconfig")
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+           "HOME": str(workdir), "LANG": "C.UTF-8", "KUBECONFIG": str(kubeconfig)}
+    exe = str(Path(sys.executable).parent / "datalane-operator")
+    argv = [exe, "run", "--tls-dir", str(tls_dir), "--webhook-addr", "127.0.0.1",
+            "--webhook-port", str(webhook_port), "--webhook-configuration",
+            f"{release}-datalane", "--liveness", f"http://127.0.0.1:{liveness_port}/healthz",
+            "--storage-interval", str(storage_interval), "--log-format", "plain",
+            # what the chart's Deployment passes from the value sidecar.image
+            "--sidecar-image", SIDECAR_IMAGE]
+    stack = Stack(cluster, namespace, release, webhook_port,
+                  f"http://127.0.0.1:{liveness_port}/healthz", log, argv, env)
     try:
-        kubeconfig = _sa_kubeconfig(cluster, namespace, f"{release}-datalane",
-                                    workdir / "operator.kubeconfig")
-        env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-               "HOME": str(workdir), "LANG": "C.UTF-8", "KUBECONFIG": str(kubeconfig)}
-        exe = str(Path(sys.executable).parent / "datalane-operator")
-        setpriv = shutil.which("setpriv")
-        argv = [exe, "run", "--tls-dir", str(tls_dir), "--webhook-addr", "127.0.0.1",
-                "--webhook-port", str(webhook_port), "--webhook-configuration",
-                f"{release}-datalane", "--liveness",
-                f"http://127.0.0.1:{liveness_port}/healthz",
-                "--storage-interval", str(storage_interval), "--log-format", "plain",
-                # what the chart's Deployment passes from the value sidecar.image
-                "--sidecar-image", SIDECAR_IMAGE]
-        with open(log, "wb") as f:
-            proc = subprocess.Popen(
-                ([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []) + argv,
-                env=env, stdout=f, stderr=subprocess.STDOUT)
-        _wait_https(webhook_port, time.monotonic() + 60, proc, log)
-        stack = Stack(cluster, namespace, release, webhook_port,
-                      f"http://127.0.0.1:{liveness_port}/healthz", log, proc)
+        stack.start()
         yield stack
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stack.stop()
         cluster.helm("uninstall", release, "--namespace", namespace, "--wait", check=False)

@@ -265,12 +265,41 @@ def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpu
         runner.close()
 
 
+def test_operator_restart_converges(stack: Stack, k8s_api: client.ApiClient) -> None:
+    """Status and the recipe ConfigMap are rebuilt from the world after a restart (on.resume)."""
+    c, ns = stack.cluster, stack.namespace
+    core, custom = client.CoreV1Api(k8s_api), client.CustomObjectsApi(k8s_api)
+    store = f"file://{stack.log.parent}/restart-store"
+    apply(c, ns, pipeline("restart", "rjob", copy.deepcopy(RECIPE), {"uri": store}))
+    wait_injection_active(core, ns, "rjob")
+    custom.create_namespaced_custom_object(TG, TV, ns, TP, pytorchjob("rjob", 2))
+    eventually(lambda: (s := dp_status(custom, ns, "restart")).get("phase") == "Running"
+               and s.get("worldSize") == 2, timeout=60, what="phase Running, world size 2")
+    before = dp_status(custom, ns, "restart")
+    stack.stop()
+    # while the operator is away: its status and its ConfigMap are lost
+    custom.patch_namespaced_custom_object_status(
+        G, V, ns, P, "restart", {"status": {k: None for k in before}})
+    core.delete_namespaced_config_map("restart-recipe", ns)
+    assert dp_status(custom, ns, "restart") == {}
+    stack.start()
+    eventually(lambda: dp_status(custom, ns, "restart").get("phase") == "Running",
+               timeout=60, what="status rebuilt after the restart")
+    after = dp_status(custom, ns, "restart")
+    for key in ("worldSize", "lanesPerRank", "ranksPerPod", "pods", "readyPods", "phase"):
+        assert after[key] == before[key], key
+    assert core.read_namespaced_config_map("restart-recipe", ns).data["recipe.json"]
+    custom.delete_namespaced_custom_object(TG, TV, ns, TP, "rjob")
+    c.kubectl("delete", "dp", "restart", "-n", ns, "--wait=true", "--timeout=30s")
+
+
 def test_pod_admission_latency(stack: Stack, k8s_api: client.ApiClient) -> None:
     """200 pod creations through the injection webhook (pods held by a scheduling gate)."""
     c, ns = stack.cluster, stack.namespace
     core = client.CoreV1Api(k8s_api)
     recipe = copy.deepcopy(RECIPE)
-    apply(c, ns, pipeline("latency", "bench", recipe, {"uri": "s3://ckpt/bench"}))
+    apply(c, ns, pipeline("latency", "bench", recipe,
+                          {"uri": f"file://{stack.log.parent}/bench-store"}))
     wait_injection_active(core, ns, "bench")
     before = stack.probes()["admission"]["count"]
     times = []
