@@ -56,7 +56,7 @@ from datalane_operator.reconcile import decide, decide_invalid
 from datalane_operator.storage import Listing, StoreView, operator_store_options
 from datalane_operator.workload import topology_of
 
-__all__ = ["RUNTIME", "OperatorConfig", "Runtime", "TimedWebhookServer"]
+__all__ = ["RUNTIME", "OperatorConfig", "Runtime", "TimedWebhookServer", "timed"]
 
 log = logging.getLogger("datalane.operator")
 Key = tuple[str, str]
@@ -183,33 +183,38 @@ def _percentiles(values: collections.deque[float], recent: int = 200) -> dict[st
 # ----------------------------------------------------------------------------- the server
 
 
-class TimedWebhookServer(kopf.WebhookServer):
-    """kopf's webhook server, timing every admission review and filling in the namespace.
+def timed(fn: Any) -> Any:
+    """Wrap kopf's webhook function: time every review, fill in the object's namespace.
 
     The API server puts the request's namespace in ``request.namespace``; an object created
     without one in its manifest arrives without ``metadata.namespace``, and kopf hands the
     handlers only the object.
     """
+    async def review(request: Any, *, webhook: str | None = None,
+                     headers: dict[str, str] | None = None,
+                     sslpeer: dict[str, Any] | None = None) -> Any:
+        t0 = time.perf_counter()
+        try:
+            payload = request.get("request") or {}
+            ns = payload.get("namespace")
+            for key in ("object", "oldObject"):
+                obj = payload.get(key)
+                if ns and isinstance(obj, dict):
+                    meta = obj.setdefault("metadata", {})
+                    if not meta.get("namespace"):
+                        meta["namespace"] = ns
+            return await fn(request, webhook=webhook, headers=headers, sslpeer=sslpeer)
+        finally:
+            RUNTIME.admission_ms.append((time.perf_counter() - t0) * 1000)
+
+    return review
+
+
+class TimedWebhookServer(kopf.WebhookServer):
+    """kopf's webhook server with :func:`timed` reviews."""
 
     async def __call__(self, fn: Any) -> AsyncIterator[Any]:
-        async def timed(request: Any, *, webhook: str | None = None,
-                        headers: dict[str, str] | None = None,
-                        sslpeer: dict[str, Any] | None = None) -> Any:
-            t0 = time.perf_counter()
-            try:
-                payload = request.get("request") or {}
-                ns = payload.get("namespace")
-                for key in ("object", "oldObject"):
-                    obj = payload.get(key)
-                    if ns and isinstance(obj, dict):
-                        meta = obj.setdefault("metadata", {})
-                        if not meta.get("namespace"):
-                            meta["namespace"] = ns
-                return await fn(request, webhook=webhook, headers=headers, sslpeer=sslpeer)
-            finally:
-                RUNTIME.admission_ms.append((time.perf_counter() - t0) * 1000)
-
-        async for client_config in super().__call__(timed):
+        async for client_config in super().__call__(timed(fn)):
             yield client_config
 
 

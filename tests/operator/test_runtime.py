@@ -1,0 +1,85 @@
+"""The handlers' runtime: coalesced reconciles, status patches, the namespace fill-in."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from datalane_operator import handlers
+from datalane_operator.kube import status_patch
+
+
+def test_status_patch_nulls_what_went_away() -> None:
+    old = {"phase": "Running", "worldSize": 4, "lanesPerRank": 2}
+    new = {"phase": "Degraded", "worldSize": 3}
+    assert status_patch(old, new) == {"lanesPerRank": None, "phase": "Degraded", "worldSize": 3}
+    assert status_patch(None, new) == new
+
+
+def test_reconciles_of_one_pipeline_are_coalesced(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, str]] = []
+    gate = asyncio.Event()
+
+    async def fake(rt: Any, key: tuple[str, str]) -> None:
+        calls.append(key)
+        await gate.wait()
+
+    monkeypatch.setattr(handlers, "reconcile", fake)
+
+    async def scenario() -> None:
+        rt = handlers.Runtime()
+        a, b = ("ml", "a"), ("ml", "b")
+        for _ in range(100):  # kicks before the reconcile starts: one reconcile
+            rt.kick(a)
+        rt.kick(b)
+        await asyncio.sleep(0.01)
+        assert calls == [a, b]
+        for _ in range(500):  # an event storm while it runs: one more afterwards
+            rt.kick(a)
+        await asyncio.sleep(0.01)
+        assert calls == [a, b]
+        gate.set()
+        while rt.running:
+            await asyncio.sleep(0.01)
+        assert calls == [a, b, a]
+        assert len(rt.reconcile_ms) == 3
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_reconcile_does_not_stop_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    async def boom(rt: Any, key: tuple[str, str]) -> None:
+        calls.append(key)
+        raise RuntimeError("API server unavailable")
+
+    monkeypatch.setattr(handlers, "reconcile", boom)
+
+    async def scenario() -> None:
+        rt = handlers.Runtime()
+        rt.kick(("ml", "a"))
+        await asyncio.sleep(0.01)
+        rt.kick(("ml", "a"))
+        await asyncio.sleep(0.01)
+        assert calls == [("ml", "a")] * 2 and not rt.running
+
+    asyncio.run(scenario())
+
+
+def test_reviews_are_timed_and_get_the_request_namespace() -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def kopf_fn(request: Any, **kw: Any) -> Any:
+        seen.append(request)
+        return {"response": {"allowed": True}}
+
+    review = handlers.timed(kopf_fn)
+    before = len(handlers.RUNTIME.admission_ms)
+    request = {"request": {"namespace": "ml", "object": {"metadata": {"name": "p"}},
+                           "oldObject": {"metadata": {"namespace": "ml", "name": "p"}}}}
+    out = asyncio.run(review(request, webhook="inject-sidecar"))
+    assert out == {"response": {"allowed": True}}
+    assert seen[0]["request"]["object"]["metadata"]["namespace"] == "ml"
+    assert len(handlers.RUNTIME.admission_ms) == before + 1
