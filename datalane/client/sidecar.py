@@ -158,9 +158,9 @@ class SidecarLoader:
         # Released slots go back in batches: one Ack per quarter of the ring instead of one per
         # microbatch (each Ack is a message on the request stream and a wakeup on both sides).
         # The client owns at most `per_ack` slots (pending + the one held with copy=False), fewer
-        # than the ring's, so the sidecar always has a free slot for the next microbatch.
-        slots = reply.shm_bytes // (8 * self.microbatch_size * cols) if reader else 0
-        per_ack = max(1, slots // 4)
+        # than the ring's, so the sidecar always has a free slot for the next microbatch. The
+        # ring's slot count is learnt from the first message naming a slot past 0.
+        per_ack, learn = 1, True
         pending: list[int] = []
         calls = self._stub.Stream(requests())
         held: int | None = None
@@ -168,6 +168,9 @@ class SidecarLoader:
             for msg in calls:
                 rows = msg.sequences
                 if reader is not None:
+                    if learn and msg.slot:
+                        per_ack = max(1, reply.shm_bytes // (msg.offset // msg.slot) // 4)
+                        learn = False
                     ids, pos = reader.arrays(msg.offset, rows, cols)
                     if self.copy:
                         ids, pos = ids.copy(), pos.copy()
