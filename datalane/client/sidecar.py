@@ -14,6 +14,7 @@ import os
 import queue
 import time
 from collections.abc import Iterator
+from itertools import chain
 from typing import Any
 
 import grpc
@@ -165,7 +166,7 @@ class SidecarLoader:
         calls = self._stub.Stream(requests())
         held: int | None = None
         try:
-            for msg in calls:
+            for msg in chain.from_iterable(d.items for d in calls):  # deliveries hold several
                 rows = msg.sequences
                 if reader is not None:
                     if learn and msg.slot:

@@ -107,6 +107,12 @@ class Microbatch(_message.Message):
     lane_digests: _containers.ScalarMap[int, bytes]
     def __init__(self, step: _Optional[int] = ..., index: _Optional[int] = ..., sequences: _Optional[int] = ..., input_ids: _Optional[bytes] = ..., positions: _Optional[bytes] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., ended: _Optional[bool] = ..., state_json: _Optional[str] = ..., lane_digests: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
 
+class Delivery(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[Microbatch]
+    def __init__(self, items: _Optional[_Iterable[_Union[Microbatch, _Mapping]]] = ...) -> None: ...
+
 class CheckpointRequest(_message.Message):
     __slots__ = ("session_id", "step")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -42,7 +42,7 @@ class DataLaneStub:
         self.Stream = channel.stream_stream(
                 '/datalane.v1.DataLane/Stream',
                 request_serializer=datalane_dot_wire_dot_datalane__pb2.Ack.SerializeToString,
-                response_deserializer=datalane_dot_wire_dot_datalane__pb2.Microbatch.FromString,
+                response_deserializer=datalane_dot_wire_dot_datalane__pb2.Delivery.FromString,
                 _registered_method=True)
         self.Checkpoint = channel.unary_unary(
                 '/datalane.v1.DataLane/Checkpoint',
@@ -77,8 +77,9 @@ class DataLaneServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stream(self, request_iterator, context):
-        """Microbatches from the session's position. The client acknowledges shared-memory slots
-        on the request stream so the sidecar may reuse them.
+        """Microbatches from the session's position, several per message when several are ready
+        (the per-message cost dominates small microbatches). The client acknowledges
+        shared-memory slots on the request stream so the sidecar may reuse them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -120,7 +121,7 @@ def add_DataLaneServicer_to_server(servicer, server):
             'Stream': grpc.stream_stream_rpc_method_handler(
                     servicer.Stream,
                     request_deserializer=datalane_dot_wire_dot_datalane__pb2.Ack.FromString,
-                    response_serializer=datalane_dot_wire_dot_datalane__pb2.Microbatch.SerializeToString,
+                    response_serializer=datalane_dot_wire_dot_datalane__pb2.Delivery.SerializeToString,
             ),
             'Checkpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.Checkpoint,
@@ -196,7 +197,7 @@ class DataLane:
             target,
             '/datalane.v1.DataLane/Stream',
             datalane_dot_wire_dot_datalane__pb2.Ack.SerializeToString,
-            datalane_dot_wire_dot_datalane__pb2.Microbatch.FromString,
+            datalane_dot_wire_dot_datalane__pb2.Delivery.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,10 @@ class ShmWriter:
     def size(self) -> int:
         return self.slots * self.slot_bytes
 
+    def free_slots(self) -> int:
+        with self._cond:
+            return len(self._free)
+
     @property
     def closed(self) -> bool:
         return self._closed

@@ -43,6 +43,10 @@ _SHM_RING_BYTES = 4 << 20  # ... and more for small microbatches, up to this siz
 _SHM_MAX_SLOTS = 64
 
 
+_MAX_PER_DELIVERY = 16  # microbatches in one Stream message
+_INLINE_DELIVERY_BYTES = 4 << 20  # inline payload bytes in one Stream message
+
+
 def _ring_slots(slot_bytes: int) -> int:
     """Slots of a session's ring: small microbatches get more, so the client can release
     them in batches (one Ack per quarter of the ring) with the sidecar still well ahead."""
@@ -168,7 +172,7 @@ class DataLaneService(pbg.DataLaneServicer):
 
     # -- streaming ---------------------------------------------------------------------------
     def Stream(self, request_iterator: Iterator[pb.Ack],
-               context: grpc.ServicerContext) -> Iterator[pb.Microbatch]:
+               context: grpc.ServicerContext) -> Iterator[pb.Delivery]:
         first = next(request_iterator, None)
         if first is None:
             return
@@ -197,27 +201,43 @@ class DataLaneService(pbg.DataLaneServicer):
                 if session.id not in self.sessions:
                     return
                 continue
-            msg = pb.Microbatch(step=item.step, index=item.index,
-                                sequences=len(item.input_ids), ended=item.ended,
-                                state_json=item.state_json)
-            for lane, digest in item.lane_digests.items():
-                msg.lane_digests[lane] = digest
-            if ring is not None:
-                slot = None
-                while slot is None and context.is_active() and not ring.closed:
-                    slot = ring.acquire(timeout=0.2)
-                if slot is None:
-                    return
-                msg.slot = slot
-                msg.offset = ring.write(slot, item.input_ids, item.positions)
-            else:
-                msg.input_ids = item.input_ids.astype("<i4", copy=False).tobytes()
-                msg.positions = item.positions.astype("<i4", copy=False).tobytes()
-            session.sent = (item.step, item.index)
-            self.metrics.delivered(len(item.input_ids) * seq_tokens,
-                                   int(np.count_nonzero(item.positions >= 0)),
-                                   session.queue_depth())
-            yield msg
+            # more ready microbatches ride in the same message, as far as free slots (or an
+            # inline size budget) allow: one message per microbatch is what costs the most
+            items = [item]
+            budget = _INLINE_DELIVERY_BYTES - 8 * item.input_ids.size
+            while len(items) < _MAX_PER_DELIVERY and (
+                    ring.free_slots() > len(items) if ring is not None else budget > 0):
+                try:
+                    more = session.next(timeout=0)
+                except DatalaneError:
+                    break  # the error is raised again on the next call
+                if more is None:
+                    break
+                items.append(more)
+                budget -= 8 * more.input_ids.size
+            delivery = pb.Delivery()
+            for it in items:
+                msg = delivery.items.add(step=it.step, index=it.index,
+                                         sequences=len(it.input_ids), ended=it.ended,
+                                         state_json=it.state_json)
+                for lane, digest in it.lane_digests.items():
+                    msg.lane_digests[lane] = digest
+                if ring is not None:
+                    slot = None
+                    while slot is None and context.is_active() and not ring.closed:
+                        slot = ring.acquire(timeout=0.2)
+                    if slot is None:
+                        return
+                    msg.slot = slot
+                    msg.offset = ring.write(slot, it.input_ids, it.positions)
+                else:
+                    msg.input_ids = it.input_ids.astype("<i4", copy=False).tobytes()
+                    msg.positions = it.positions.astype("<i4", copy=False).tobytes()
+                self.metrics.delivered(len(it.input_ids) * seq_tokens,
+                                       int(np.count_nonzero(it.positions >= 0)),
+                                       session.queue_depth())
+            session.sent = (items[-1].step, items[-1].index)
+            yield delivery
 
     # -- checkpoints -------------------------------------------------------------------------
     def Checkpoint(self, request: pb.CheckpointRequest,
