@@ -44,7 +44,7 @@ _SHM_MAX_SLOTS = 64
 
 
 _MAX_PER_DELIVERY = 16  # microbatches in one Stream message
-_INLINE_DELIVERY_BYTES = 4 << 20  # inline payload bytes in one Stream message
+_INLINE_DELIVERY_BYTES = 1 << 20  # inline payload in one Stream message (bigger ones wait)
 
 
 def _ring_slots(slot_bytes: int) -> int:
