@@ -179,6 +179,10 @@ class DocStream:
             future = self._pool.submit(self._stage.run, piece, self._jsonl)
             self._tasks.append(_Task(block, start, future))
 
+    def prime(self) -> None:
+        """Submit the first map task now, so every lane's first task runs in parallel."""
+        self._fill()
+
     # -- consuming ---------------------------------------------------------------------------
     def next_doc(self) -> tuple[np.ndarray, tuple[int, int]] | None:
         """The next kept document's tokens and its ``(file, position)``, or None at the end."""

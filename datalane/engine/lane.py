@@ -89,6 +89,11 @@ class LaneStream:
     def _fetch(self, piece: Piece) -> np.ndarray:
         return self.streams[piece.source].fetch(piece.file, piece.pos)
 
+    def prime(self) -> None:
+        """Start reading and tokenizing every source before the first window is asked for."""
+        for stream in self.streams:
+            stream.prime()
+
     @property
     def step(self) -> int:
         return self.sequences // self.plan.recipe.lane_batch

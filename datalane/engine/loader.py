@@ -126,6 +126,8 @@ class Loader:
             self._streams = [LaneStream(self.plan, lane, self._stages, self._pool, self.knobs,
                                         states.get(lane)) for lane in self.lanes]
             self._restore = None
+            for stream in self._streams:  # the lanes' first tasks start together
+                stream.prime()
         return self._streams
 
     def next_step(self) -> Step:
