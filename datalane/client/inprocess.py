@@ -12,9 +12,10 @@ from typing import Any
 
 from datalane.client.batch import Batch
 from datalane.client.position import Position
-from datalane.spec.errors import ConfigError, MismatchError
+from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.knobs import Knobs
+from datalane.spec.lanes import microbatches_per_step
 from datalane.spec.recipe import Recipe
 from datalane.spec.state import Checkpoint
 
@@ -29,13 +30,9 @@ class InProcessLoader:
         from datalane.engine.loader import Loader
 
         self._loader = Loader(recipe, rank, world_size, knobs)
-        local = recipe.global_batch_size // world_size
-        if microbatch_size < 1 or local % microbatch_size:
-            options = [d for d in range(1, local + 1) if local % d == 0]
-            raise ConfigError(f"microbatch size {microbatch_size} does not divide the local "
-                                f"batch of {local} sequences; use one of {options}")
+        self.per_step = microbatches_per_step(recipe.global_batch_size, world_size,
+                                              microbatch_size)
         self.microbatch_size = microbatch_size
-        self.per_step = local // microbatch_size
         self.position = Position(fingerprint=self._loader.plan.fingerprint)
         self._iterating = False
 

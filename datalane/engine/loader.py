@@ -19,11 +19,11 @@ import numpy as np
 from datalane.engine.lane import LaneStream
 from datalane.engine.mapstage import MapStage
 from datalane.engine.plan import Plan
-from datalane.spec.errors import ConfigError, MismatchError
+from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
-from datalane.spec.lanes import lanes_of_rank
+from datalane.spec.lanes import lanes_of_rank, microbatches_per_step
 from datalane.spec.recipe import Recipe
 from datalane.spec.state import Checkpoint, Counters, LaneState
 
@@ -149,14 +149,9 @@ class Loader:
 
     def microbatches(self, size: int) -> Iterator[Microbatch]:
         """Microbatches of ``size`` sequences, step after step."""
-        local = self.recipe.global_batch_size // self.world_size
-        if size < 1 or local % size:
-            options = [d for d in range(1, local + 1) if local % d == 0]
-            raise ConfigError(f"microbatch size {size} does not divide the local batch of "
-                              f"{local} sequences (B={self.recipe.global_batch_size}, "
-                              f"W={self.world_size}); use one of {options}")
+        per_step = microbatches_per_step(self.recipe.global_batch_size, self.world_size, size)
         for step in self:
-            for i in range(local // size):
+            for i in range(per_step):
                 sl = slice(i * size, (i + 1) * size)
                 yield Microbatch(step.step, i, step.input_ids[sl], step.positions[sl],
                                  step.ended)

@@ -10,6 +10,7 @@ from datalane.spec.errors import ConfigError
 
 __all__ = [
     "check_world_size",
+    "microbatches_per_step",
     "lanes_of_rank",
     "nearest_multiples",
     "rank_of_lane",
@@ -59,3 +60,14 @@ def nearest_multiples(value: int, of: int) -> list[int]:
     below = (value // of) * of
     out = [m for m in (below, below + of) if m > 0 and m != value]
     return out or [of]
+
+
+def microbatches_per_step(global_batch_size: int, world_size: int, microbatch_size: int) -> int:
+    """How many microbatches of ``microbatch_size`` sequences make a rank's local batch."""
+    local = global_batch_size // world_size
+    if microbatch_size < 1 or local % microbatch_size:
+        options = [d for d in range(1, local + 1) if local % d == 0]
+        raise ConfigError(f"microbatch size {microbatch_size} does not divide the local batch "
+                          f"of {local} sequences (B={global_batch_size}, W={world_size}); use "
+                          f"one of {options}")
+    return local // microbatch_size

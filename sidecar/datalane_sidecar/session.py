@@ -23,6 +23,7 @@ from datalane.engine.loader import Loader
 from datalane.engine.plan import Plan
 from datalane.spec.errors import ConfigError
 from datalane.spec.knobs import Knobs
+from datalane.spec.lanes import microbatches_per_step
 from datalane.spec.state import Checkpoint
 
 __all__ = ["Prepared", "Session"]
@@ -52,21 +53,17 @@ class Session:
     def __init__(self, session_id: str, plan: Plan, pool: Executor, knobs: Knobs, rank: int,
                  world_size: int, microbatch_size: int, start: Checkpoint | None,
                  skip_microbatches: int, prefetch: int) -> None:
-        recipe = plan.recipe
-        local = recipe.global_batch_size // world_size
-        if microbatch_size < 1 or local % microbatch_size:
-            options = [d for d in range(1, local + 1) if local % d == 0]
-            raise ConfigError(f"microbatch size {microbatch_size} does not divide the local "
-                              f"batch of {local} sequences; use one of {options}")
+        per_step = microbatches_per_step(plan.recipe.global_batch_size, world_size,
+                                         microbatch_size)
         self.id = session_id
         self.rank = rank
         self.world_size = world_size
         self.microbatch_size = microbatch_size
-        self.per_step = local // microbatch_size
+        self.per_step = per_step
         if skip_microbatches >= self.per_step:
             raise ConfigError(f"skip_microbatches {skip_microbatches} must be below the "
                               f"{self.per_step} microbatches of a step")
-        self.loader = Loader(recipe, rank, world_size, knobs, plan=plan, pool=pool)
+        self.loader = Loader(plan.recipe, rank, world_size, knobs, plan=plan, pool=pool)
         if start is not None:
             self.loader.load_state_dict(start)
         self.first_step = self.loader.step

@@ -167,7 +167,8 @@ def test_bad_requests_get_clear_errors(sidecar, repeat_recipe, write_recipe) -> 
                                           r"use 1, 2, 4 or 8"):
         next(iter(SidecarLoader(sc.socket, rank=0, world_size=3, microbatch_size=1)))
     with pytest.raises(ConfigError, match=r"microbatch size 3 does not divide the local batch "
-                                          r"of 8 sequences; use one of \[1, 2, 4, 8\]"):
+                                          r"of 8 sequences \(B=16, W=2\); use one of "
+                                          r"\[1, 2, 4, 8\]"):
         next(iter(SidecarLoader(sc.socket, rank=0, world_size=2, microbatch_size=3)))
     with pytest.raises(ConfigError, match="resume from_step needs a checkpoint store"):
         next(iter(SidecarLoader(sc.socket, rank=0, world_size=2, microbatch_size=2,
