@@ -7,17 +7,14 @@ goes into the recipe fingerprint. Callers: :mod:`datalane.engine.plan` (listing)
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import IO, Any
 
 from datalane.spec.errors import ConfigError, StorageError
+from datalane.spec.formats import compression_of, infer_format
 
 __all__ = ["SourceFile", "compression_of", "expand", "format_of", "open_file", "read_bytes"]
 
-_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl",
-            ".ndjson": "jsonl"}
 
 
 @dataclass(frozen=True)
@@ -31,18 +28,11 @@ class SourceFile:
     compression: str | None
 
 
-def compression_of(uri: str) -> str | None:
-    return _COMPRESSIONS.get(os.path.splitext(uri)[1].lower())
-
-
 def format_of(uri: str, declared: str | None, where: str) -> str:
     """The file format: declared in the recipe, or inferred from the extension."""
     if declared is not None:
         return declared
-    stem = uri
-    if compression_of(uri):
-        stem = os.path.splitext(uri)[0]
-    fmt = _FORMATS.get(os.path.splitext(stem)[1].lower())
+    fmt = infer_format(uri)
     if fmt is None:
         raise ConfigError(f"{where}: cannot infer the format of {uri!r} from its extension; "
                           f"set {where}.format to 'parquet' or 'jsonl'")

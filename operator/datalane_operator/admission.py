@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from datalane.spec.errors import ConfigError
+from datalane.spec.formats import compression_of, infer_format
 from datalane_operator.pipeline import Pipeline, load_pipeline
 from datalane_operator.storage import KNOWN_SCHEMES, scheme_of, sidecar_store_options
 from datalane_operator.workload import Topology, check_workers, topology_of
@@ -30,9 +31,6 @@ __all__ = ["Verdict", "dropped_nulls", "review_pipeline", "review_scale", "revie
 
 MAX_NAME = 63  # the name is a label value on every injected pod
 _GLOB = re.compile(r"[*?\[]")
-_COMPRESSIONS = (".gz", ".zst", ".zstd")
-# The engine infers these (datalane.engine.files); the operator may not import the engine.
-_FORMATS = (".parquet", ".pq", ".jsonl", ".json", ".ndjson")
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 IMMUTABLE = (("lanes", "spec.lanes"), ("globalBatchSize", "spec.globalBatchSize"),
              ("recipe", "spec.recipe"), ("workload", "spec.workload"))
@@ -68,10 +66,9 @@ def _check_format(uri: str, where: str) -> None:
     last = uri.rstrip("/").rsplit("/", 1)[-1]
     if _GLOB.search(last):
         return
-    stem, ext = os.path.splitext(last.lower())
-    if ext in _COMPRESSIONS:
-        stem, ext = os.path.splitext(stem)
-    if ext and ext not in _FORMATS:
+    stem = os.path.splitext(last)[0] if compression_of(last) else last
+    ext = os.path.splitext(stem)[1].lower()
+    if ext and infer_format(last) is None:
         raise ConfigError(f"{where} {uri!r}: the format cannot be inferred from {ext!r}; set "
                           f"the source's format to 'parquet' or 'jsonl'")
 
