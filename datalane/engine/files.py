@@ -16,7 +16,6 @@ from datalane.spec.formats import compression_of, infer_format
 __all__ = ["SourceFile", "compression_of", "expand", "format_of", "open_file", "read_bytes"]
 
 
-
 @dataclass(frozen=True)
 class SourceFile:
     """One file of a source, as listed when the plan was made."""
