@@ -28,7 +28,6 @@ Pure functions, no I/O. Callers: :mod:`datalane.store.store`, :mod:`datalane.sto
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +36,14 @@ from typing import Any
 from datalane.spec.errors import MismatchError, StorageError
 from datalane.spec.hashing import global_hash
 from datalane.store.layout import is_pod_object_name
-from datalane.store.podstate import PodObject, canonical_json, lane_sha256, sha256_hex
+from datalane.store.podstate import (
+    PodObject,
+    canonical_json,
+    corrupt_error,
+    lane_sha256,
+    parse_document,
+    sha256_hex,
+)
 
 __all__ = ["MANIFEST_FORMAT", "LaneEntry", "Manifest", "PodRead", "build_manifest"]
 
@@ -107,20 +113,9 @@ class Manifest:
     def decode(cls, data: bytes, uri: str) -> Manifest:
         """Parse and check the structure of a manifest; StorageError naming ``uri`` if corrupt."""
         def corrupt(why: str) -> StorageError:
-            return StorageError(f"corrupt manifest {uri}: {why}", transient=False)
+            return corrupt_error("manifest", uri, why)
 
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise corrupt(f"not valid JSON ({len(data)} bytes; truncated?): {e}") from e
-        if not isinstance(doc, dict):
-            raise corrupt(f"expected a JSON object, got {type(doc).__name__}")
-        if doc.get("format") != MANIFEST_FORMAT:
-            raise MismatchError(f"manifest {uri} has format {doc.get('format')!r}; this "
-                                f"datalane reads {MANIFEST_FORMAT!r}")
-        if set(doc) != _KEYS:
-            raise corrupt(f"unknown keys {sorted(set(doc) - _KEYS)}, missing keys "
-                          f"{sorted(_KEYS - set(doc))}")
+        doc = parse_document(data, uri, "manifest", MANIFEST_FORMAT, _KEYS)
         try:
             step, lanes_total = _int(doc["step"]), _int(doc["lanes_total"])
             lanes = {int(k): LaneEntry(_str(v["object"]), _hex(v["sha256"]))

@@ -37,6 +37,31 @@ _KEYS = {"format", "step", "pod", "fingerprint", "fingerprint_doc", "lanes_total
          "digests"}
 
 
+def corrupt_error(kind: str, uri: str, why: str) -> StorageError:
+    """The error for a stored document that cannot be used (never worth a retry)."""
+    return StorageError(f"corrupt {kind} {uri}: {why}", transient=False)
+
+
+def parse_document(data: bytes, uri: str, kind: str, fmt: str,
+                   keys: frozenset[str] | set[str]) -> dict[str, Any]:
+    """A stored JSON object of format ``fmt`` with exactly ``keys``: StorageError naming
+    ``uri`` if corrupt, MismatchError if it is another format (version)."""
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise corrupt_error(kind, uri, f"not valid JSON ({len(data)} bytes; truncated?): "
+                                       f"{e}") from e
+    if not isinstance(doc, dict):
+        raise corrupt_error(kind, uri, f"expected a JSON object, got {type(doc).__name__}")
+    if doc.get("format") != fmt:
+        raise MismatchError(f"{kind} {uri} has format {doc.get('format')!r}; this datalane "
+                            f"reads {fmt!r}")
+    extra, missing = sorted(set(doc) - keys), sorted(keys - set(doc))
+    if extra or missing:
+        raise corrupt_error(kind, uri, f"unknown keys {extra}, missing keys {missing}")
+    return doc
+
+
 def canonical_json(value: Any) -> bytes:
     """Sorted keys, no whitespace: the byte form every hash in the store is taken over."""
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
@@ -135,21 +160,9 @@ class PodObject:
     def decode(cls, data: bytes, uri: str) -> PodObject:
         """Parse and validate an object's bytes; StorageError naming ``uri`` if corrupt."""
         def corrupt(why: str) -> StorageError:
-            return StorageError(f"corrupt pod object {uri}: {why}", transient=False)
+            return corrupt_error("pod object", uri, why)
 
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise corrupt(f"not valid JSON ({len(data)} bytes; truncated?): {e}") from e
-        if not isinstance(doc, dict):
-            raise corrupt(f"expected a JSON object, got {type(doc).__name__}")
-        if doc.get("format") != POD_STATE_FORMAT:
-            raise MismatchError(f"pod object {uri} has format {doc.get('format')!r}; this "
-                                f"datalane reads {POD_STATE_FORMAT!r}")
-        extra = sorted(set(doc) - _KEYS)
-        missing = sorted(_KEYS - set(doc))
-        if extra or missing:
-            raise corrupt(f"unknown keys {extra}, missing keys {missing}")
+        doc = parse_document(data, uri, "pod object", POD_STATE_FORMAT, _KEYS)
         try:
             step, lanes_total = _int(doc["step"]), _int(doc["lanes_total"])
             lane_json = {int(k): v for k, v in dict(doc["lanes"]).items()}
