@@ -8,6 +8,7 @@ sidecar stops accepting, writes each rank's resume point next to the socket
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ __all__ = ["SidecarConfig", "serve"]
 
 log = logging.getLogger("datalane.sidecar")
 _MAX_MESSAGE = 256 << 20
+_SIGNAL_POLL_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -96,16 +98,21 @@ def serve(cfg: SidecarConfig, ready: threading.Event | None = None,
     os.chmod(cfg.socket, cfg.socket_mode)
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port, cfg.metrics_addr)
-    server.start()
     stop = stop or threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks, for a stuck pod
+    server.start()
     log.info("serving", extra={"socket": cfg.socket, "fingerprint": plan.fingerprint,
                                "lanes": recipe.lanes, "store": cfg.store or ""})
     if ready is not None:
         ready.set()
-    stop.wait()
+    # Wait in short slices: Linux may deliver SIGTERM to any of the server's threads, and then
+    # the main thread's Python handler runs only when the main thread next wakes up; an
+    # unbounded Event.wait() would never wake (the sidecar hung on SIGTERM that way).
+    while not stop.wait(_SIGNAL_POLL_SECONDS):
+        pass
     log.info("stopping: persisting resume points")
     points = service.drain()
     folder = os.path.dirname(os.path.abspath(cfg.socket))

@@ -274,6 +274,7 @@ class DataLaneService(pbg.DataLaneServicer):
             sessions = {sid: {"rank": s.rank, "world_size": s.world_size,
                               "lanes": [s.lanes.start, s.lanes.stop],
                               "next_step": s.loader.step, "queue_depth": s.queue_depth(),
+                              "acked": list(s.acked) if s.acked else None,
                               "waited_seconds": round(s.waited_seconds, 4),
                               "counters": s.loader.counters().encode()}
                         for sid, s in self.sessions.items()}

@@ -49,7 +49,13 @@ class SidecarProc:
     def terminate(self) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=60)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired as e:
+            self.proc.send_signal(signal.SIGUSR1)  # the sidecar dumps every thread's stack
+            time.sleep(2)
+            raise AssertionError(
+                f"sidecar did not exit on SIGTERM:\n{self.log.read_text()}") from e
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -29,6 +30,12 @@ def _take(loader, n: int) -> list:
         if len(out) == n:
             break
     return out
+
+
+def _acked(loader: SidecarLoader) -> list[int] | None:
+    """The position the sidecar last heard from ``loader``'s session."""
+    sessions = loader.stats()["sessions"]
+    return next((s["acked"] for s in sessions.values() if s["rank"] == loader.rank), None)
 
 
 def _same(a: list, b: list) -> None:
@@ -117,6 +124,12 @@ def test_sigterm_persists_resume_points_and_exits_zero(sidecar, repeat_recipe) -
     it = iter(loader)
     for _ in range(5):
         next(it)
+    # the client acknowledges its position once per step (after step 0 here); wait until the
+    # sidecar has it, so the resume point below is a fact and not a race with SIGTERM
+    deadline = time.monotonic() + 30
+    while _acked(loader) != [1, 0]:
+        assert time.monotonic() < deadline, f"acked {_acked(loader)}"
+        time.sleep(0.05)
     assert sc.terminate() == 0
     with open(os.path.join(os.path.dirname(sc.socket), "resume-rank-0.json")) as f:
         point = json.load(f)
@@ -124,7 +137,7 @@ def test_sigterm_persists_resume_points_and_exits_zero(sidecar, repeat_recipe) -
     # 5 microbatches handed out (2 steps of 4 and 1): the sidecar knows the client's last
     # acknowledged position, which never runs ahead of the trainer
     acked = point["state"]["step"] * 4 + point["skip_microbatches"]
-    assert 1 <= acked <= 5
+    assert acked == 4
     assert point["delivered_through"][0] * 4 + point["delivered_through"][1] + 1 >= 5
     assert not os.path.exists(sc.socket)
     logs = [json.loads(line) for line in sc.log.read_text().splitlines() if line.startswith("{")]
