@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from datalane.engine.loader import Loader, Step
 from datalane.engine.plan import Plan
+from datalane.engine.pool import TaskPool
 from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe
@@ -41,7 +41,7 @@ def run_world(recipe: Recipe, world_size: int, knobs: Knobs, steps: int | None,
     """Run ``steps`` steps (None: until every lane has ended) on ``world_size`` ranks."""
     plan = plan or Plan.build(recipe)
     out = WorldRun()
-    with ThreadPoolExecutor(knobs.workers, thread_name_prefix="datalane-map") as pool:
+    with TaskPool(knobs.workers) as pool:
         loaders = [Loader(recipe, r, world_size, knobs, plan=plan, pool=pool)
                    for r in range(world_size)]
         try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ from datalane.engine.loader import Loader
 from datalane.engine.mapstage import MapStage
 from datalane.engine.mixture import Mixture
 from datalane.engine.plan import Plan
+from datalane.engine.pool import TaskPool
 from datalane.spec.knobs import Knobs
 from datalane.spec.state import Counters, LaneState, SourceCursor
 
@@ -45,8 +45,8 @@ def assert_resume_anywhere(make: Callable[[Any], Any], advance: Callable[[Any], 
 
 
 @pytest.fixture
-def pool() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(3) as p:
+def pool() -> Iterator[TaskPool]:
+    with TaskPool(3) as p:
         yield p
 
 

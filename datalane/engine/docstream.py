@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ import numpy as np
 from datalane.engine.chunks import Chunk, RecordReader
 from datalane.engine.mapstage import ALWAYS_FAIL, BAD_RECORD_REASONS, MapResult, MapStage, Record
 from datalane.engine.plan import SourcePlan
+from datalane.engine.pool import TaskPool
 from datalane.engine.rng import permutation
 from datalane.spec.errors import DataError
 from datalane.spec.knobs import Knobs
@@ -49,13 +50,14 @@ class _Block:
 class _Task:
     block: _Block
     start: int  # offset of the slice in the shuffled block
+    docs: int
     future: Future[MapResult]
 
 
 class DocStream:
     """Documents of one (lane, source) in final order, with a resumable cursor."""
 
-    def __init__(self, source: SourcePlan, lane: int, stage: MapStage, pool: Executor,
+    def __init__(self, source: SourcePlan, lane: int, stage: MapStage, pool: TaskPool,
                  knobs: Knobs, block_size: int, policy: str, counters: Counters,
                  cursor: SourceCursor | None = None) -> None:
         self.source = source
@@ -87,7 +89,7 @@ class DocStream:
         self._i = 0
         self._cursor = cur
         self._depth = 1  # tasks allowed in flight; grows to knobs.prefetch (slow start)
-        self._submitted = 0
+        self._queued_docs = 0  # documents of the tasks in flight
         self._kept_this_epoch = False
         self._dry_epochs = 0
 
@@ -170,14 +172,19 @@ class DocStream:
                     self._cursor = block.after
                     continue
             start = block.submitted
-            # tasks start small (the first batch after a start or restore waits only for the
-            # documents it needs) and double up to task_docs (big batches tokenize faster)
-            size = min(self._knobs.task_docs, _FIRST_TASK_DOCS << min(self._submitted, 16))
-            self._submitted += 1
+            # A task the consumer will wait for next is small (the first batch after a start,
+            # a restore or a stall waits only for the documents it needs); each task queued
+            # behind others doubles, up to task_docs (big batches tokenize faster). The pool
+            # runs the task with the fewest documents queued ahead of it first, whichever
+            # lane or session it serves.
+            ahead = len(self._tasks)
+            size = min(self._knobs.task_docs, _FIRST_TASK_DOCS << min(ahead, 16))
             piece = block.records[start:start + size]
             block.submitted += len(piece)
-            future = self._pool.submit(self._stage.run, piece, self._jsonl)
-            self._tasks.append(_Task(block, start, future))
+            future = self._pool.submit_ahead(self._queued_docs, self._stage.run, piece,
+                                             self._jsonl)
+            self._queued_docs += len(piece)
+            self._tasks.append(_Task(block, start, len(piece), future))
 
     def prime(self) -> None:
         """Submit the first map task now, so every lane's first task runs in parallel."""
@@ -193,6 +200,7 @@ class DocStream:
                     self._cursor = SourceCursor(self._r_epoch, 0, 0, -1, 0)
                     return None
                 task = self._tasks.popleft()
+                self._queued_docs -= task.docs
                 self._cur, self._cur_task, self._i = task.future.result(), task, 0
                 # slow start: a fresh or restored stream asks for one task, then deepens its
                 # prefetch as it is consumed, so the first batch never queues behind read-ahead
@@ -260,4 +268,5 @@ class DocStream:
         for task in self._tasks:
             task.future.cancel()
         self._tasks.clear()
+        self._queued_docs = 0
         self._reader.close()

@@ -8,8 +8,6 @@ ranks stay in lockstep until every lane has ended.
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
-
 import numpy as np
 
 from datalane.engine.docstream import DocStream
@@ -17,6 +15,7 @@ from datalane.engine.mapstage import MapStage
 from datalane.engine.mixture import Mixture
 from datalane.engine.packing import BestFitPacker, Packer, WrapPacker
 from datalane.engine.plan import Plan
+from datalane.engine.pool import TaskPool
 from datalane.spec.errors import MismatchError
 from datalane.spec.hashing import window_digest
 from datalane.spec.knobs import Knobs
@@ -42,7 +41,7 @@ class Window:
 class LaneStream:
     """The ordered, stateful part of a lane; map work goes to the shared pool."""
 
-    def __init__(self, plan: Plan, lane: int, stages: list[MapStage], pool: Executor,
+    def __init__(self, plan: Plan, lane: int, stages: list[MapStage], pool: TaskPool,
                  knobs: Knobs, state: LaneState | None = None) -> None:
         recipe = plan.recipe
         self.plan = plan

@@ -10,7 +10,7 @@ world size that divides ``L`` (:func:`datalane.spec.state.merge_checkpoints`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ import numpy as np
 from datalane.engine.lane import LaneStream
 from datalane.engine.mapstage import MapStage
 from datalane.engine.plan import Plan
+from datalane.engine.pool import TaskPool
 from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.hashing import global_hash
@@ -28,6 +29,8 @@ from datalane.spec.recipe import Recipe
 from datalane.spec.state import Checkpoint, Counters, LaneState
 
 __all__ = ["Loader", "Microbatch", "Step"]
+
+_OPEN_THREADS = 8  # lanes opened side by side
 
 
 @dataclass
@@ -61,7 +64,7 @@ class Loader:
 
     def __init__(self, recipe: Recipe, rank: int = 0, world_size: int = 1,
                  knobs: Knobs | None = None, *, plan: Plan | None = None,
-                 pool: Executor | None = None) -> None:
+                 pool: TaskPool | None = None) -> None:
         self.recipe = recipe
         self.rank = rank
         self.world_size = world_size
@@ -69,8 +72,7 @@ class Loader:
         self.knobs = knobs or Knobs()
         self.plan = plan if plan is not None else Plan.build(recipe)
         self._own_pool = pool is None
-        self._pool = pool or ThreadPoolExecutor(self.knobs.workers,
-                                                thread_name_prefix="datalane-map")
+        self._pool = pool or TaskPool(self.knobs.workers)
         self._stages = [MapStage(sp.spec.text_field, sp.filters, self.plan.tokenizer)
                         for sp in self.plan.sources]
         self._streams: list[LaneStream] | None = None
@@ -123,11 +125,31 @@ class Loader:
     def _open(self) -> list[LaneStream]:
         if self._streams is None:
             states = self._restore.lanes if self._restore is not None else {}
-            self._streams = [LaneStream(self.plan, lane, self._stages, self._pool, self.knobs,
-                                        states.get(lane)) for lane in self.lanes]
-            self._restore = None
-            for stream in self._streams:  # the lanes' first tasks start together
+
+            def open_lane(lane: int) -> LaneStream:
+                stream = LaneStream(self.plan, lane, self._stages, self._pool, self.knobs,
+                                    states.get(lane))
                 stream.prime()
+                return stream
+
+            if len(self.lanes) == 1:
+                self._streams = [open_lane(self.lanes[0])]
+            else:
+                # Opening a lane reads (re-fetching a restored packer's carried document, then
+                # the current shuffle block) before its first map task can start; the reads
+                # wait on storage and decompression outside the GIL, so the lanes open side by
+                # side and their first tasks start together.
+                with ThreadPoolExecutor(min(len(self.lanes), _OPEN_THREADS),
+                                        thread_name_prefix="datalane-open") as openers:
+                    opening = [openers.submit(open_lane, lane) for lane in self.lanes]
+                failed = [e for e in (f.exception() for f in opening) if e is not None]
+                if failed:  # the first lane's error, and no lane left reading
+                    for f in opening:
+                        if f.exception() is None:
+                            f.result().close()
+                    raise failed[0]
+                self._streams = [f.result() for f in opening]
+            self._restore = None
         return self._streams
 
     def next_step(self) -> Step:

@@ -15,13 +15,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 import numpy as np
 
 from datalane.engine.plan import Plan
+from datalane.engine.pool import TaskPool
 from datalane.spec.errors import ConfigError, DatalaneError, MismatchError, StorageError
 from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.knobs import Knobs
@@ -75,7 +75,7 @@ class DataLaneService(pbg.DataLaneServicer):
         self.store = store
         self.shm_dir = shm_dir
         self.metrics = metrics
-        self.pool = ThreadPoolExecutor(knobs.workers, thread_name_prefix="datalane-map")
+        self.pool = TaskPool(knobs.workers)
         self.checkpoints = PodCheckpoints(store, pod, ranks_per_pod)
         self.sessions: dict[str, Session] = {}
         self.rings: dict[str, ShmWriter] = {}

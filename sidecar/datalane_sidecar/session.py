@@ -14,13 +14,13 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
 
 from datalane.engine.loader import Loader
 from datalane.engine.plan import Plan
+from datalane.engine.pool import TaskPool
 from datalane.spec.errors import ConfigError
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import microbatches_per_step
@@ -50,7 +50,7 @@ class Prepared:
 class Session:
     """Serves rank ``rank`` of ``world_size`` from a resume point."""
 
-    def __init__(self, session_id: str, plan: Plan, pool: Executor, knobs: Knobs, rank: int,
+    def __init__(self, session_id: str, plan: Plan, pool: TaskPool, knobs: Knobs, rank: int,
                  world_size: int, microbatch_size: int, start: Checkpoint | None,
                  skip_microbatches: int, prefetch: int) -> None:
         per_step = microbatches_per_step(plan.recipe.global_batch_size, world_size,
