@@ -472,6 +472,22 @@ async def _ca_loop(rt: Runtime) -> None:
         await asyncio.sleep(rt.config.ca_interval)
 
 
+class RefusalsAreInfo(logging.Filter):
+    """kopf logs every refused admission (``AdmissionError``) at ERROR, as a handler that
+    "failed permanently"; a refusal is the webhook working, so it is logged at INFO."""
+
+    WEBHOOKS = (WEBHOOK_VALIDATE_PIPELINE, WEBHOOK_INJECT, WEBHOOK_VALIDATE_WORKLOAD,
+                WEBHOOK_VALIDATE_SCALE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR:
+            msg = record.getMessage()
+            if any(msg.startswith(f"Webhook {w!r} failed permanently: ") for w in self.WEBHOOKS):
+                record.msg, record.args = f"refused: {msg.split(': ', 1)[1]}", ()
+                record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -479,6 +495,9 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{GROUP}/finalizer"  # never added: no handler needs it
     settings.posting.level = logging.WARNING  # our own events say what happened
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, RefusalsAreInfo) for f in objects.filters):
+        objects.addFilter(RefusalsAreInfo())
     # Watches end server-side after a bounded time and are re-established; a stream that
     # goes silent (no event, no bookmark) is dropped after inactivity_timeout.
     settings.watching.server_timeout = 300

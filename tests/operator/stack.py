@@ -141,7 +141,7 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
     argv = [exe, "run", "--tls-dir", str(tls_dir), "--webhook-addr", "127.0.0.1",
             "--webhook-port", str(webhook_port), "--webhook-configuration",
             f"{release}-datalane", "--liveness", f"http://127.0.0.1:{liveness_port}/healthz",
-            "--storage-interval", str(storage_interval), "--log-format", "plain",
+            "--storage-interval", str(storage_interval), "--log-format", "full",
             # what the chart's Deployment passes from the value sidecar.image
             "--sidecar-image", SIDECAR_IMAGE]
     stack = Stack(cluster, namespace, release, webhook_port,
