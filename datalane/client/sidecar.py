@@ -14,6 +14,7 @@ import os
 import queue
 import time
 from collections.abc import Iterator
+from itertools import chain
 from typing import Any
 
 import grpc
@@ -164,54 +165,47 @@ class SidecarLoader:
         pending: list[int] = []
         calls = self._stub.Stream(requests())
         held: int | None = None
-        per_step = self.per_step
         try:
-            for delivery in calls:
-                # A delivery holds several microbatches: decode them all in one pass (protobuf
-                # fields, views or copies of the ring), then hand them out from a list. A
-                # trainer that computes between asks runs this code cold each time it comes
-                # back; once per delivery costs it far less than once per microbatch.
-                ready: list[tuple[Batch, int, str]] = []
-                for msg in delivery.items:
-                    rows = msg.sequences
-                    if reader is not None:
-                        slot = msg.slot
-                        if learn and slot:
-                            per_ack = max(1, reply.shm_bytes // (msg.offset // slot) // 4)
-                            learn = False
-                        ids, pos = reader.arrays(msg.offset, rows, cols)
-                    else:
-                        slot = -1
-                        ids = np.frombuffer(msg.input_ids, dtype="<i4").reshape(rows, cols)
-                        pos = np.frombuffer(msg.positions, dtype="<i4").reshape(rows, cols)
+            for msg in chain.from_iterable(d.items for d in calls):  # deliveries hold several
+                rows = msg.sequences
+                if reader is not None:
+                    if learn and msg.slot:
+                        per_ack = max(1, reply.shm_bytes // (msg.offset // msg.slot) // 4)
+                        learn = False
+                    ids, pos = reader.arrays(msg.offset, rows, cols)
                     if self.copy:
                         ids, pos = ids.copy(), pos.copy()
-                    digests = dict(msg.lane_digests) if msg.index + 1 == per_step else {}
-                    ready.append((Batch(int(msg.step), msg.index, ids, pos, msg.ended, digests),
-                                  slot, msg.state_json))
-                if reader is not None and self.copy:  # copied: the slots are free already
-                    pending.extend(slot for _, slot, _ in ready)
-                for batch, slot, state_json in ready:
-                    if reader is not None and not self.copy:
+                        pending.append(msg.slot)
+                    else:
                         if held is not None:
                             pending.append(held)
-                        held = slot
-                    last = batch.index + 1 == per_step
-                    if len(pending) >= per_ack or last:  # the position, at least once per step
-                        acks.put(self._ack(pending, batch.step, batch.index))
+                        held = msg.slot
+                    if len(pending) >= per_ack:
+                        acks.put(self._ack(pending, msg))
                         pending = []
-                    self.position.advance(batch.step, batch.index, per_step, state_json or None)
-                    yield batch
+                else:
+                    ids = np.frombuffer(msg.input_ids, dtype="<i4").reshape(rows, cols)
+                    pos = np.frombuffer(msg.positions, dtype="<i4").reshape(rows, cols)
+                    if self.copy:
+                        ids, pos = ids.copy(), pos.copy()
+                if msg.index + 1 == self.per_step:  # the position, at least once per step
+                    acks.put(self._ack(pending, msg))
+                    pending = []
+                batch = Batch(int(msg.step), msg.index, ids, pos, msg.ended,
+                              dict(msg.lane_digests))
+                self.position.advance(int(msg.step), msg.index, self.per_step,
+                                      msg.state_json or None)
+                yield batch
         finally:
             acks.put(None)
             calls.cancel()
             if reader is not None:
                 reader.close()
 
-    def _ack(self, release: list[int], step: int, index: int) -> pb.Ack:
-        """An Ack releasing ``release`` and reporting the position once microbatch ``index`` of
-        ``step`` is handed out (so it never claims more than the trainer can have received)."""
-        consumed = index + 1
+    def _ack(self, release: list[int], msg: pb.Microbatch) -> pb.Ack:
+        """An Ack releasing ``release`` and reporting the position once ``msg`` is handed out
+        (so it never claims more than the trainer can have received)."""
+        step, consumed = int(msg.step), msg.index + 1
         if consumed >= self.per_step:
             step, consumed = step + 1, 0
         return pb.Ack(release=release, has_position=True, step=step, consumed=consumed)
