@@ -14,9 +14,11 @@ order (DESIGN section 3).
 
 from __future__ import annotations
 
+import atexit
 import heapq
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
@@ -24,6 +26,20 @@ from typing import Any, TypeVar
 __all__ = ["TaskPool"]
 
 T = TypeVar("T")
+
+_EXIT_JOIN_SECONDS = 30.0
+_live: weakref.WeakSet[TaskPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_at_exit() -> None:
+    """Workers are daemon threads (a pool nobody closed never holds the process up), so at
+    exit every pool is closed here and its running tasks finish before the interpreter goes
+    away: a thread must not be inside the tokenizer's native code when it does."""
+    for pool in list(_live):
+        pool.shutdown(wait=False, cancel_futures=True)
+    for pool in list(_live):
+        pool.join(_EXIT_JOIN_SECONDS)
 
 
 class TaskPool(Executor):
@@ -41,6 +57,7 @@ class TaskPool(Executor):
         self._threads: list[threading.Thread] = []
         self._idle = 0
         self._closed = False
+        _live.add(self)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         return self.submit_ahead(0, fn, *args, **kwargs)
@@ -96,6 +113,10 @@ class TaskPool(Executor):
                 self._heap.clear()
             self._cv.notify_all()
         if wait:
-            for t in self._threads:
-                if t is not threading.current_thread():
-                    t.join()
+            self.join()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the workers of a pool that was shut down to finish their tasks."""
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)

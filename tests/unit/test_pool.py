@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -72,3 +74,25 @@ def test_a_cancelled_task_is_skipped() -> None:
 def test_workers_must_be_positive() -> None:
     with pytest.raises(ValueError, match="workers must be at least 1, not 0"):
         TaskPool(0)
+
+
+def test_a_pool_nobody_closed_finishes_its_running_task_at_exit(tmp_path) -> None:
+    """Workers are daemon threads; at exit the pool is closed and its running task completes
+    (never cut off inside native code), and queued tasks are cancelled."""
+    done = tmp_path / "done"
+    code = f"""
+import time
+from datalane.engine.pool import TaskPool
+pool = TaskPool(1)
+def slow():
+    time.sleep(0.5)
+    open({str(done)!r}, "w").write("finished")
+pool.submit(slow)
+pool.submit_ahead(9, lambda: open({str(done)!r} + ".queued", "w").write("ran"))
+time.sleep(0.1)  # the first task is running; exit without shutting the pool down
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert done.read_text() == "finished"
+    assert not (tmp_path / "done.queued").exists()
