@@ -33,7 +33,9 @@ class InProcessLoader:
         self.per_step = microbatches_per_step(recipe.global_batch_size, world_size,
                                               microbatch_size)
         self.microbatch_size = microbatch_size
-        self.position = Position(fingerprint=self._loader.plan.fingerprint)
+        self.world_size = world_size
+        self.position = Position(fingerprint=self._loader.plan.fingerprint,
+                                 world_size=world_size, microbatch_size=microbatch_size)
         self._iterating = False
 
     def __iter__(self) -> Iterator[Batch]:
@@ -70,7 +72,9 @@ class InProcessLoader:
             raise MismatchError(f"the client state belongs to recipe fingerprint "
                                 f"{pos.fingerprint[:16]}..., this recipe has "
                                 f"{plan.fingerprint[:16]}...")
+        pos.check_layout(self.world_size, self.microbatch_size)
         pos.fingerprint = plan.fingerprint
+        pos.world_size, pos.microbatch_size = self.world_size, self.microbatch_size
         self.position = pos
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from datalane.spec.errors import MismatchError
+from datalane.spec.errors import ConfigError, MismatchError
 
 __all__ = ["CLIENT_STATE_FORMAT", "Position"]
 
@@ -25,6 +25,10 @@ class Position:
     consumed: int = 0
     state_json: str | None = None  # checkpoint at the boundary before `step`; None = start
     fingerprint: str = ""
+    # what `consumed` counts in: microbatches of `microbatch_size` of a rank of `world_size`
+    # (0 = unknown, a state of an older client)
+    world_size: int = 0
+    microbatch_size: int = 0
 
     def advance(self, step: int, index: int, per_step: int, after_json: str | None) -> None:
         """Record that microbatch ``index`` of ``step`` was handed out."""
@@ -35,10 +39,25 @@ class Position:
         else:
             self.step, self.consumed = step, index + 1
 
+    def check_layout(self, world_size: int, microbatch_size: int) -> None:
+        """Refuse a position inside a step taken with another world size or microbatch size:
+        its ``consumed`` microbatches would name other sequences (some lost, some repeated).
+        At a step boundary any layout fits."""
+        if not self.consumed or not self.world_size:
+            return
+        if (self.world_size, self.microbatch_size) != (world_size, microbatch_size):
+            raise ConfigError(
+                f"the client state is inside step {self.step} ({self.consumed} microbatches "
+                f"of {self.microbatch_size} sequences consumed at world size "
+                f"{self.world_size}); it resumes only with world size {self.world_size} and "
+                f"microbatch size {self.microbatch_size}, not world size {world_size} and "
+                f"microbatch size {microbatch_size}. Resize from a state at a step boundary")
+
     def to_state(self) -> dict[str, Any]:
         return {"format": CLIENT_STATE_FORMAT, "step": self.step, "consumed": self.consumed,
                 "fingerprint": self.fingerprint,
-                "state": json.loads(self.state_json) if self.state_json else None}
+                "state": json.loads(self.state_json) if self.state_json else None,
+                "world_size": self.world_size, "microbatch_size": self.microbatch_size}
 
     @classmethod
     def from_state(cls, data: Any) -> Position:
@@ -49,4 +68,5 @@ class Position:
         state = data.get("state")
         return cls(int(data["step"]), int(data["consumed"]),
                    json.dumps(state, separators=(",", ":")) if state is not None else None,
-                   str(data.get("fingerprint", "")))
+                   str(data.get("fingerprint", "")), int(data.get("world_size") or 0),
+                   int(data.get("microbatch_size") or 0))

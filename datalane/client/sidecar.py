@@ -67,12 +67,20 @@ class SidecarLoader:
             raise ConfigError(f"transport {transport!r} is not 'shm' or 'inline'")
         self.rank = _env_int("RANK", rank)
         self.world_size = _env_int("WORLD_SIZE", world_size)
+        if self.world_size < 1:
+            raise ConfigError(f"world size must be a positive integer, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank {self.rank} is outside 0..{self.world_size - 1} for world "
+                              f"size {self.world_size}")
+        if microbatch_size < 1:
+            raise ConfigError(f"microbatch size must be a positive integer, got "
+                              f"{microbatch_size}")
         self.microbatch_size = microbatch_size
         self.transport = transport
         self.copy = copy
         self.reconnect_timeout = reconnect_timeout
         self.open_timeout = open_timeout
-        self.position = Position()
+        self.position = Position(world_size=self.world_size, microbatch_size=microbatch_size)
         self._resume_step = resume_step
         self._channel: grpc.Channel | None = None
         self._stub: pbg.DataLaneStub | None = None
@@ -134,8 +142,10 @@ class SidecarLoader:
             self._connect(deadline)
             try:
                 reply = self._open()
+                # the stream is endless; if it finishes without an error anyway (a sidecar
+                # of an older version that stops serving), re-open at the position rather
+                # than end the trainer's data as if it had run out
                 yield from self._stream(reply)
-                return
             except grpc.RpcError as e:
                 if e.code() not in _RECONNECT:
                     raise _error(e) from None
@@ -217,7 +227,10 @@ class SidecarLoader:
         return self.position.to_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.position = Position.from_state(state)
+        pos = Position.from_state(state)
+        pos.check_layout(self.world_size, self.microbatch_size)
+        pos.world_size, pos.microbatch_size = self.world_size, self.microbatch_size
+        self.position = pos
 
     def checkpoint(self, step: int | None = None, timeout: float = 300.0) -> dict[str, Any]:
         """Ask the sidecar to persist this rank's lanes at a step boundary (default: the
@@ -231,11 +244,28 @@ class SidecarLoader:
         if self._stub is None:
             raise ConfigError("not connected: iterate the loader first")
         try:
-            reply = self._stub.Checkpoint(pb.CheckpointRequest(session_id=self._session,
-                                                               step=step), timeout=timeout)
+            reply = self._checkpoint(step, timeout)
         except grpc.RpcError as e:
-            raise _error(e) from None
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise _error(e) from None
+            # the session is gone: the sidecar restarted since the last microbatch. Open a
+            # session at the position (the stream re-opens on the next microbatch) and ask
+            # once more.
+            self._connect(time.monotonic() + self.reconnect_timeout)
+            self._open()
+            try:
+                reply = self._checkpoint(step, timeout)
+            except grpc.RpcError as e2:
+                raise _error(e2) from None
         return {"step": int(reply.step), "object": reply.object, "committed": reply.committed}
+
+    def _checkpoint(self, step: int, timeout: float) -> pb.CheckpointReply:
+        assert self._stub is not None
+        # wait_for_ready: a sidecar that is restarting gets until `timeout` to serve again
+        reply: pb.CheckpointReply = self._stub.Checkpoint(
+            pb.CheckpointRequest(session_id=self._session, step=step), timeout=timeout,
+            wait_for_ready=True)
+        return reply
 
     def stats(self) -> dict[str, Any]:
         if self._stub is None:

@@ -368,8 +368,9 @@ class CheckpointStore:
     # ----------------------------------------------------------------------- housekeeping
 
     def gc(self, keep: int) -> list[int]:
-        """Keep the newest ``keep`` committed steps; delete older committed steps and every
-        uncommitted step older than the newest committed one. Returns the deleted steps.
+        """Keep the newest ``keep`` committed steps, and the newest one that verifies if those
+        do not; delete older committed steps and every uncommitted step older than the newest
+        committed one. Returns the deleted steps.
 
         A committed step loses its manifest first, so readers never see it half deleted.
         """
@@ -381,6 +382,12 @@ class CheckpointStore:
         if not committed:
             return []
         kept = set(committed[-keep:])
+        # never delete the newest checkpoint that verifies: if the newest ones are corrupt it
+        # is the one a restore falls back to (reads the objects of the newest step, usually)
+        for step in reversed(committed):
+            if self._verifies(step):
+                kept.add(step)
+                break
         doomed = sorted(s for s in scan if s not in kept and s < committed[-1])
         for step in doomed:
             if scan[step].has_manifest:

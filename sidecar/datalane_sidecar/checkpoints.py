@@ -91,6 +91,7 @@ class PodCheckpoints:
             self.last_step = step
         except BaseException as e:  # reported to every waiting rank
             pending.result = Saved(step, error=e)
+            pending.written = 0  # a rank that asks again writes and commits again
         finally:
             pending.done.set()
             with self._lock:

@@ -8,10 +8,12 @@ sidecar stops accepting, writes each rank's resume point next to the socket
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import logging
 import os
+import re
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +35,7 @@ __all__ = ["SidecarConfig", "serve"]
 log = logging.getLogger("datalane.sidecar")
 _MAX_MESSAGE = 256 << 20
 _SIGNAL_POLL_SECONDS = 0.2
+_STALE_RING = re.compile(r"^datalane-[0-9a-f]{16}\.shm$")  # ShmWriter files (service.py)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,12 @@ def _check_socket_path(path: str) -> None:
         raise ConfigError(f"socket path {path}: the folder {folder} is not writable")
     if os.path.exists(path):
         os.unlink(path)  # a stale socket of a previous run
+    # the shared-memory rings of a previous run that was killed (kill -9, OOM): each holds
+    # memory of the emptyDir (a tmpfs) until it is removed, and nothing else would remove it
+    for name in os.listdir(folder):
+        if _STALE_RING.match(name):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, name))
 
 
 def _bind(server: grpc.Server, path: str, mode: int) -> None:

@@ -53,7 +53,7 @@ def _ring_slots(slot_bytes: int) -> int:
     return max(_SHM_SLOTS, min(_SHM_MAX_SLOTS, _SHM_RING_BYTES // max(1, slot_bytes)))
 
 
-def _abort(context: grpc.ServicerContext, error: BaseException) -> None:
+def _abort(context: grpc.ServicerContext, error: BaseException, prefix: str = "") -> None:
     code = grpc.StatusCode.INTERNAL
     if isinstance(error, MismatchError):
         code = grpc.StatusCode.FAILED_PRECONDITION
@@ -63,7 +63,7 @@ def _abort(context: grpc.ServicerContext, error: BaseException) -> None:
         code = grpc.StatusCode.UNAVAILABLE if error.transient else grpc.StatusCode.NOT_FOUND
     elif isinstance(error, DatalaneError):
         code = grpc.StatusCode.FAILED_PRECONDITION
-    context.abort(code, str(error))
+    context.abort(code, prefix + str(error))
 
 
 class DataLaneService(pbg.DataLaneServicer):
@@ -80,6 +80,7 @@ class DataLaneService(pbg.DataLaneServicer):
         self.sessions: dict[str, Session] = {}
         self.rings: dict[str, ShmWriter] = {}
         self.last_checkpoint: dict[str, int] = {}
+        self.uncommitted: dict[str, int] = {}  # session -> its last step written, uncommitted
         self.serving = True
         self._lock = threading.Lock()
 
@@ -156,6 +157,8 @@ class DataLaneService(pbg.DataLaneServicer):
         with self._lock:
             session = self.sessions.pop(sid, None)
             ring = self.rings.pop(sid, None)
+            self.last_checkpoint.pop(sid, None)
+            self.uncommitted.pop(sid, None)
         if session is not None:
             session.close()
         if ring is not None:
@@ -191,15 +194,23 @@ class DataLaneService(pbg.DataLaneServicer):
 
         threading.Thread(target=acks, daemon=True).start()
         seq_tokens = self.plan.recipe.sequence_tokens
-        while context.is_active() and self.serving:
+        while context.is_active():
+            # The stream is endless (after the data ends, steps are padding with `ended`
+            # set), so it never finishes with OK: a trainer must not take a sidecar that
+            # stops or a session that was replaced for the end of its data.
+            if not self.serving:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the sidecar is shutting down; "
+                              "reconnect and re-open at your position")
+            if session.id not in self.sessions:
+                context.abort(grpc.StatusCode.ABORTED,
+                              f"session {session.id} of rank {session.rank} was closed (the "
+                              f"rank was opened again, or the session closed)")
             try:
                 item = session.next(timeout=0.2)
             except DatalaneError as e:
                 _abort(context, e)
                 return
             if item is None:
-                if session.id not in self.sessions:
-                    return
                 continue
             # more ready microbatches ride in the same message, as far as free slots (or an
             # inline size budget) allow: one message per microbatch is what costs the most
@@ -227,6 +238,11 @@ class DataLaneService(pbg.DataLaneServicer):
                     while slot is None and context.is_active() and not ring.closed:
                         slot = ring.acquire(timeout=0.2)
                     if slot is None:
+                        if context.is_active():
+                            context.abort(grpc.StatusCode.UNAVAILABLE if not self.serving
+                                          else grpc.StatusCode.ABORTED,
+                                          f"session {session.id} was closed while it "
+                                          f"waited for a free shared-memory slot")
                         return
                     msg.slot = slot
                     msg.offset = ring.write(slot, it.input_ids, it.positions)
@@ -246,18 +262,34 @@ class DataLaneService(pbg.DataLaneServicer):
         try:
             state = session.state_at(request.step)
             since = self.last_checkpoint.get(session.id, session.first_step)
+            if session.id in self.uncommitted and self.store is not None:
+                # this pod's last object did not complete its step, but a later pod may
+                # have: the ledger then starts there, and older digests need not be carried
+                # (else the pod object of a pod that never commits grows with every step)
+                newer = [s for s in self.store.committed_steps() if since < s < request.step]
+                if newer:
+                    since = newer[-1]
+                    self.last_checkpoint[session.id] = since
+                    session.forget_before(since)
             digests = session.digests_between(since, request.step)
             saved = self.checkpoints.save(request.step, session.id, state, digests)
         except DatalaneError as e:
             _abort(context, e)
             raise
         if saved.error is not None:
+            # a store error keeps its meaning (a lane in two objects is no reason to retry)
+            error = saved.error
+            if isinstance(error, DatalaneError):
+                _abort(context, error, f"checkpoint of step {request.step} failed: ")
             context.abort(grpc.StatusCode.UNAVAILABLE,
                           f"checkpoint of step {request.step} failed: {saved.error}")
         if saved.committed or self.store is None:
             # the ledger of the next checkpoint starts here; until a commit, keep everything
             self.last_checkpoint[session.id] = request.step
+            self.uncommitted.pop(session.id, None)
             session.forget_before(request.step)
+        else:
+            self.uncommitted[session.id] = request.step
         return pb.CheckpointReply(step=request.step, object=saved.object,
                                   committed=saved.committed, state_json=state)
 
