@@ -95,6 +95,7 @@ class CheckpointStore:
         self._base = base
         self._io = ObjectIO(filesystem if filesystem is not None else fs, base, self.uri,
                             retries=retries, backoff=backoff)
+        self._verified: set[int] = set()  # committed steps gc has verified (immutable once so)
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.uri!r})"
@@ -383,11 +384,14 @@ class CheckpointStore:
             return []
         kept = set(committed[-keep:])
         # never delete the newest checkpoint that verifies: if the newest ones are corrupt it
-        # is the one a restore falls back to (reads the objects of the newest step, usually)
-        for step in reversed(committed):
-            if self._verifies(step):
-                kept.add(step)
-                break
+        # is the one a restore falls back to. Checked only when something would be deleted
+        # (reading the newest step's objects, once per step and store instance).
+        if any(s not in kept and s < committed[-1] for s in scan):
+            for step in reversed(committed):
+                if step in self._verified or self._verifies(step):
+                    self._verified.add(step)
+                    kept.add(step)
+                    break
         doomed = sorted(s for s in scan if s not in kept and s < committed[-1])
         for step in doomed:
             if scan[step].has_manifest:
