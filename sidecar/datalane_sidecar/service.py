@@ -43,6 +43,7 @@ _SHM_RING_BYTES = 4 << 20  # ... and more for small microbatches, up to this siz
 _SHM_MAX_SLOTS = 64
 
 
+_BACKFILL_WAIT_SECONDS = 600.0  # a checkpoint waits this long for a ledger being rebuilt
 _MAX_PER_DELIVERY = 16  # microbatches in one Stream message
 _INLINE_DELIVERY_BYTES = 1 << 20  # inline payload in one Stream message (bigger ones wait)
 
@@ -139,6 +140,7 @@ class DataLaneService(pbg.DataLaneServicer):
                 self.sessions[sid] = session
             if start is not None:
                 self.metrics.replay_seconds.observe(time.perf_counter() - t0)
+                self._start_ledger(session)
             log.info("session opened", extra={"session": sid, "rank": request.rank,
                                               "world_size": request.world_size,
                                               "step": session.first_step})
@@ -146,6 +148,27 @@ class DataLaneService(pbg.DataLaneServicer):
         except DatalaneError as e:
             _abort(context, e)
             raise  # unreachable: abort raises
+
+    def _start_ledger(self, session: Session) -> None:
+        """The next checkpoint's ledger starts at the newest committed step at or before the
+        session's first step; when that is earlier (a restarted sidecar, a trainer resumed
+        from its own position), the digests in between are rebuilt on the side."""
+        store = self.store
+        if store is None:
+            return
+        try:
+            since = max((s for s in store.committed_steps() if s <= session.first_step),
+                        default=None)
+        except DatalaneError as e:
+            log.warning("cannot list committed checkpoints to start the ledger: %s", e)
+            return
+        if since is None or since == session.first_step:
+            return
+        with self._lock:
+            self.last_checkpoint[session.id] = since
+        session.backfill(since, lambda: store.load(since, session.lanes,
+                                                   fingerprint=self.plan.fingerprint,
+                                                   fingerprint_doc=self.plan.fingerprint_doc))
 
     def _drop_rank(self, rank: int) -> None:
         with self._lock:
@@ -259,6 +282,9 @@ class DataLaneService(pbg.DataLaneServicer):
     def Checkpoint(self, request: pb.CheckpointRequest,
                    context: grpc.ServicerContext) -> pb.CheckpointReply:
         session = self._session(request.session_id, context)
+        if not session.backfilled.wait(_BACKFILL_WAIT_SECONDS):
+            log.warning("the ledger of rank %d is still being rebuilt; checkpoint %d goes "
+                        "without it", session.rank, request.step)
         try:
             state = session.state_at(request.step)
             since = self.last_checkpoint.get(session.id, session.first_step)

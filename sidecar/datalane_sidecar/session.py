@@ -5,15 +5,23 @@ the rank's checkpoint at that step boundary (a few hundred bytes per lane), so t
 persist any boundary the trainer asks for and can put the boundary state in the step's first
 microbatch; after each step it records the lanes' window digests (the ledger). Microbatches
 wait in a queue of ``prefetch`` entries: the producer blocks when the trainer falls behind.
+
+A session that starts after the store's last committed step (a sidecar restarted, or a trainer
+resumed from its own saved position) does not have the digests of the steps in between, which
+the next checkpoint's ledger must list. :meth:`Session.backfill` recomputes them on the side:
+a second loader restored from the committed checkpoint runs to the session's first step, and
+its digests are used only if it lands exactly on the session's start state.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,12 +29,14 @@ import numpy as np
 from datalane.engine.loader import Loader
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
-from datalane.spec.errors import ConfigError
+from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import microbatches_per_step
 from datalane.spec.state import Checkpoint
 
 __all__ = ["Prepared", "Session"]
+
+log = logging.getLogger("datalane.sidecar")
 
 # Boundaries (a few hundred bytes per lane) are kept from the last checkpoint on, up to this
 # many: far more than the producer can run ahead of the trainer (ring + queue + transport).
@@ -56,6 +66,10 @@ class Session:
         per_step = microbatches_per_step(plan.recipe.global_batch_size, world_size,
                                          microbatch_size)
         self.id = session_id
+        self._plan, self._knobs = plan, knobs
+        self._start = start
+        self.backfilled = threading.Event()  # set when no backfill runs or it has ended
+        self.backfilled.set()
         self.rank = rank
         self.world_size = world_size
         self.microbatch_size = microbatch_size
@@ -160,6 +174,47 @@ class Session:
         first = min(self._boundaries) if self._boundaries else self.first_step
         raise ConfigError(f"step {step} is no longer held by the session (it keeps boundaries "
                           f"from step {first} on); checkpoint at the current step")
+
+    def backfill(self, since: int, load: Callable[[], Checkpoint]) -> None:
+        """Recompute, on a thread of its own, the digests of steps ``since`` up to the first
+        step from the checkpoint ``load()`` returns (the committed step ``since``)."""
+        if since >= self.first_step or self._start is None:
+            return
+        self.backfilled.clear()
+        threading.Thread(target=self._backfill, args=(since, load), daemon=True,
+                         name=f"backfill-{self.id}").start()
+
+    def _backfill(self, since: int, load: Callable[[], Checkpoint]) -> None:
+        assert self._start is not None
+        pool = TaskPool(1, "datalane-backfill")
+        loader = Loader(self._plan.recipe, self.rank, self.world_size, self._knobs,
+                        plan=self._plan, pool=pool)
+        try:
+            loader.load_state_dict(load())
+            got: dict[int, dict[int, bytes]] = {}
+            for s in range(since, self.first_step):
+                if self._stop.is_set():
+                    return
+                got[s] = loader.next_step().lane_digests
+            reached = Checkpoint.from_json(loader.state_dict()).lanes
+            for lane in self.lanes:
+                if reached[lane] != self._start.lanes[lane]:
+                    raise MismatchError(f"replaying lane {lane} from the checkpoint of step "
+                                        f"{since} does not reach the state this session "
+                                        f"started from at step {self.first_step}")
+            with self._lock:
+                for s in sorted(got, reverse=True):  # older than every digest held: first
+                    self.digests[s] = got[s]
+                    self.digests.move_to_end(s, last=False)
+            log.info("ledger of steps %d-%d rebuilt for rank %d", since, self.first_step - 1,
+                     self.rank)
+        except Exception as e:  # the next manifest then shows the gap; audit reports it
+            log.warning("cannot rebuild the ledger of steps %d-%d for rank %d: %s", since,
+                        self.first_step - 1, self.rank, e)
+        finally:
+            loader.close()
+            pool.shutdown(wait=False, cancel_futures=True)
+            self.backfilled.set()
 
     def forget_before(self, step: int) -> None:
         """Drop boundaries and digests older than ``step`` (after a checkpoint of ``step``)."""
