@@ -90,8 +90,15 @@ class DocStream:
         self._cursor = cur
         self._depth = 1  # tasks allowed in flight; grows to knobs.prefetch (slow start)
         self._queued_docs = 0  # documents of the tasks in flight
-        self._kept_this_epoch = False
+        # A repeated source stops with an error only when no document can ever come: the lane
+        # read every chunk of the source without a record (or without a kept document). A
+        # count of epochs alone would also stop a lane that merely drew barren chunks many
+        # epochs in a row while other chunks hold documents. An epoch entered mid-way by a
+        # restore may have kept documents before the restore: it never counts as dry.
+        self._kept_this_epoch = cur.block > 0 or cur.offset > 0
         self._dry_epochs = 0
+        self._dry_chunks: set[Chunk] = set()  # chunks read, none kept, since the last kept
+        self._no_records: set[Chunk] = set()  # chunks found to hold no record at all
 
     # -- reading -----------------------------------------------------------------------------
     def _exhausted_epoch(self, epoch: int) -> bool:
@@ -129,7 +136,10 @@ class DocStream:
             first = self._next_record()
             if first is None:  # the epoch ended on a block boundary
                 empty_epochs = empty_epochs + 1 if self._r_block == 0 else 0
-                if empty_epochs > max(16, len(self.source.chunks)):
+                if self._r_block == 0:
+                    self._no_records.update(self._r_chunks)
+                if empty_epochs > max(16, len(self.source.chunks)) and len(
+                        self._no_records) == len(self.source.chunks):
                     raise DataError(
                         f"source {self.source.spec.name!r}: lane {self.lane} read no record in "
                         f"{empty_epochs} epochs in a row (up to epoch {self._r_epoch}); its "
@@ -215,10 +225,10 @@ class DocStream:
             self._i = i + 1
             block = task.block
             offset = task.start + i + 1
+            end_of_epoch = False
             if offset >= len(block.records):
                 self._cursor = block.after
-                if block.after.epoch != block.epoch:
-                    self._end_of_epoch()
+                end_of_epoch = block.after.epoch != block.epoch
             else:
                 self._cursor = SourceCursor(block.epoch, block.index, block.chunk, block.pos,
                                             offset)
@@ -227,18 +237,28 @@ class DocStream:
             reason = res.status[i]
             if reason is None:
                 self._kept_this_epoch = True
+                if end_of_epoch:
+                    self._end_of_epoch(block.epoch)
                 return res.tokens[res.offsets[i]:res.offsets[i + 1]], (file, pos)
             if reason in ALWAYS_FAIL or (reason in BAD_RECORD_REASONS and self._policy == "fail"):
                 raise DataError(f"source {self.source.spec.name!r}: {res.detail[i]} in "
                                 f"{self._where(file, pos)} (bad_records is 'fail')")
             self._counters.skip(reason)
+            if end_of_epoch:
+                self._end_of_epoch(block.epoch)
 
-    def _end_of_epoch(self) -> None:
+    def _end_of_epoch(self, epoch: int) -> None:
         """A repeated source whose records are all dropped would spin forever: stop it."""
-        self._dry_epochs = 0 if self._kept_this_epoch else self._dry_epochs + 1
+        if self._kept_this_epoch:
+            self._dry_epochs = 0
+            self._dry_chunks.clear()
+        else:
+            self._dry_epochs += 1
+            self._dry_chunks.update(self.source.lane_chunks(self.lane, epoch))
         self._kept_this_epoch = False
         if self.source.spec.epochs is None and self._dry_epochs > max(16, len(
-                self.source.chunks)):
+                self.source.chunks)) and len(self._dry_chunks | self._no_records) == len(
+                self.source.chunks):
             skipped = ", ".join(f"{k}={v}" for k, v in sorted(self._counters.skipped.items()))
             raise DataError(f"source {self.source.spec.name!r}: lane {self.lane} kept no "
                             f"document in {self._dry_epochs} epochs in a row; every record is "

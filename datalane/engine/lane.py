@@ -77,16 +77,39 @@ class LaneStream:
         recipe = self.plan.recipe
         if state.lane != self.lane:
             raise MismatchError(f"the state of lane {state.lane} cannot restore lane {self.lane}")
-        if len(state.sources) != len(recipe.sources) or len(state.mixture) != len(
-                recipe.sources):
-            raise MismatchError(f"lane {self.lane} state has {len(state.sources)} source "
-                                f"cursors; the recipe has {len(recipe.sources)} sources")
+        for what, n in (("source cursors", len(state.sources)),
+                        ("mixture counters", len(state.mixture))):
+            if n != len(recipe.sources):
+                raise MismatchError(f"lane {self.lane} state has {n} {what}; the recipe has "
+                                    f"{len(recipe.sources)} sources")
+        for i, c in enumerate(state.sources):
+            chunks = self.plan.sources[i].lane_chunks(self.lane, c.epoch) if c.epoch >= 0 else []
+            if min(c.epoch, c.block, c.chunk, c.offset, c.pos + 1) < 0 or (
+                    c.chunk and c.chunk >= len(chunks)) or c.offset >= recipe.shuffle.block_size:
+                raise MismatchError(f"lane {self.lane} state: cursor {c.encode()} of source "
+                                    f"{i} points outside the source")
+        pieces = [p for group in state.carry for p in group]
+        if state.pending is not None:
+            if recipe.packing.algorithm == "wrap":
+                raise MismatchError(f"lane {self.lane} state has a pending piece, which only "
+                                    f"'bestfit' packing keeps; the recipe packs with 'wrap'")
+            pieces.append(state.pending)
+        for p in pieces:
+            if not (0 <= p.source < len(recipe.sources)
+                    and 0 <= p.file < len(self.plan.sources[p.source].files)
+                    and p.pos >= 0 and 0 <= p.start < p.stop):
+                raise MismatchError(f"lane {self.lane} state: carried piece {p.encode()} "
+                                    f"is not a token range of a document of the recipe")
         if state.sequences % recipe.lane_batch:
             raise MismatchError(f"lane {self.lane} state is {state.sequences} sequences in, not "
                                 f"on a step boundary of {recipe.lane_batch} sequences")
 
     def _fetch(self, piece: Piece) -> np.ndarray:
-        return self.streams[piece.source].fetch(piece.file, piece.pos)
+        tokens = self.streams[piece.source].fetch(piece.file, piece.pos)
+        if piece.stop > len(tokens):
+            raise MismatchError(f"lane {self.lane} state: carried piece {piece.encode()} ends "
+                                f"after its document's {len(tokens)} tokens")
+        return tokens
 
     def prime(self) -> None:
         """Start reading and tokenizing every source before the first window is asked for."""

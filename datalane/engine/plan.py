@@ -8,6 +8,7 @@ lanes in it; it also produces the fingerprint document.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from datalane.engine.chunks import Chunk, cut_file
@@ -81,9 +82,11 @@ def _plan_source(index: int, spec: Source, recipe: Recipe) -> SourcePlan:
     seen: set[str] = set()
     for j, uri in enumerate(spec.uris):
         for path, size, ident in expand(uri, f"{where}.uris[{j}]"):
-            if path in seen:
+            # one local file spelled twice ('/d/./a.jsonl', '/d/a.jsonl') is read once
+            key = path if "://" in path else os.path.normpath(path)
+            if key in seen:
                 continue
-            seen.add(path)
+            seen.add(key)
             fmt = format_of(path, spec.format, where)
             files.append(SourceFile(path, size, ident, fmt, compression_of(path)))
     chunks: list[Chunk] = []
@@ -94,11 +97,15 @@ def _plan_source(index: int, spec: Source, recipe: Recipe) -> SourcePlan:
             f"{where} {spec.name!r} has no data: its {len(files)} file(s) are empty "
             f"({', '.join(f.uri for f in files[:3])}{', ...' if len(files) > 3 else ''})")
     if len(chunks) < recipe.lanes:
-        knob = "chunk_rows" if all(f.format == "parquet" for f in files) else "chunk_bytes"
+        if all(f.format == "jsonl" and f.compression is not None for f in files):
+            smaller = "compressed files are one chunk each: split them into more files"
+        else:
+            knob = "chunk_rows" if all(f.format == "parquet" for f in files) else "chunk_bytes"
+            smaller = f"set a smaller {where}.{knob}, add files"
         raise ConfigError(
             f"{where} {spec.name!r} has {len(chunks)} chunk(s) in {len(files)} file(s), but "
-            f"{recipe.lanes} lanes each need at least one per epoch; set a smaller "
-            f"{where}.{knob}, add files, or use fewer lanes")
+            f"{recipe.lanes} lanes each need at least one per epoch; {smaller}, or use fewer "
+            f"lanes")
     return SourcePlan(index, spec, recipe.filters_for(spec), files, chunks, recipe.seed,
                       recipe.lanes)
 

@@ -5,8 +5,10 @@ The world size and rank are knobs too, but they are passed to the loader directl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from datalane.spec import model
+from datalane.spec.errors import ConfigError
 from datalane.spec.model import doc
 
 __all__ = ["Knobs"]
@@ -23,3 +25,12 @@ class Knobs:
     task_docs: int = doc("Documents per map task (one batched tokenizer call); a stream's "
                          "first tasks are smaller and double up to this.",
                          default=256, ge=1, le=65536)
+
+    def __post_init__(self) -> None:
+        # Knobs built in code skip model.load's checks; prefetch 0 would end every stream at
+        # once (a knob changing the output) and task_docs 0 would never finish a block.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"knobs.{f.name} must be an integer, got {value!r}")
+            model._check_bounds(value, f.metadata, f"knobs.{f.name}")

@@ -101,7 +101,7 @@ class Counters:
         if not isinstance(data, list) or len(data) != 5 or not isinstance(data[4], dict):
             raise MismatchError(f"{where} must be [docs, kept, tokens, padding, {{reason: n}}]")
         docs, kept, tokens, padding = _ints(data[:4], 4, where)
-        skipped = {str(k): int(v) for k, v in data[4].items()}
+        skipped = {str(k): _int(v, f"{where} skipped {k!r}") for k, v in data[4].items()}
         return cls(docs, kept, tokens, padding, skipped)
 
 
@@ -212,6 +212,8 @@ class Checkpoint:
                        _int(data["lanes_total"], f"{where}.lanes_total"))
         except KeyError as e:
             raise MismatchError(f"{where} lacks the key {e.args[0]!r}") from e
+        except ValueError as e:  # a lane key that is not a number
+            raise MismatchError(f"{where} has a lane key that is not a lane number: {e}") from e
         for k, lane in lanes.items():
             if lane.lane != k:
                 raise MismatchError(f"{where}: lane {k} holds the state of lane {lane.lane}")
