@@ -33,6 +33,16 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
 def _knobs(args: argparse.Namespace, workers: int | None = None) -> Knobs:
     from datalane.spec import model
 
@@ -157,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ver = sub.add_parser("verify", help="check that every topology gives the same batches")
     ver.add_argument("recipe")
-    ver.add_argument("--steps", type=int, required=True)
+    ver.add_argument("--steps", type=_positive, required=True)
     ver.add_argument("--worlds", type=_ints, default=[1, 2, 4])
     ver.add_argument("--workers", type=_ints, default=[1, 3])
     ver.add_argument("--resume-at", type=_ints, default=[])

@@ -481,6 +481,13 @@ def test_cli_run_reports_config_errors(write_recipe: Callable[..., str],
                            "lanes 8; try 96 or 104\n")
 
 
+def test_cli_verify_needs_at_least_one_step(write_recipe: Callable[..., str]) -> None:
+    proc = datalane("verify", write_recipe(), "--steps", "0")
+    assert proc.returncode == 2
+    assert "argument --steps: 0 is not at least 1" in proc.stderr
+    assert "OK" not in proc.stdout
+
+
 def test_cli_run_bad_records_fail_and_skip(tmp_path: Path, tok: str) -> None:
     path, offset = _bad_file(tmp_path, "malformed_json")
     recipe_path = tmp_path / "recipe.yaml"
