@@ -186,6 +186,13 @@ class Session:
 
     def _backfill(self, since: int, load: Callable[[], Checkpoint]) -> None:
         assert self._start is not None
+        # the trainer's first step comes first: the replay starts once it is produced
+        deadline = time.monotonic() + 120.0
+        with self._lock:
+            while not (max(self._boundaries, default=-1) > self.first_step
+                       or self._stop.is_set() or not self._thread.is_alive()
+                       or time.monotonic() > deadline):
+                self._lock.wait(0.5)
         pool = TaskPool(1, "datalane-backfill")
         loader = Loader(self._plan.recipe, self.rank, self.world_size, self._knobs,
                         plan=self._plan, pool=pool)
