@@ -223,7 +223,13 @@ class ObjectIO:
                 _write_local(path, data)
             else:
                 self.fs.pipe_file(path, data)  # one PUT of the final name
-            back = bytes(self.fs.cat_file(path))
+            try:
+                back = bytes(self.fs.cat_file(path))
+            except FileNotFoundError as e:
+                # gone right after our PUT succeeded: another writer's PUT of the same name is
+                # in flight (S3-compatible stores may show no object meanwhile); write again
+                raise TornWriteError(errno.EIO, "the object was missing when read back right "
+                                     "after it was written") from e
             if back != data:
                 raise TornWriteError(
                     errno.EIO, f"read back {len(back)} bytes that differ from the {len(data)} "

@@ -85,6 +85,8 @@ class FaultyFS:
         if kind is None or kind == "truncate":
             data = self.inner.cat_file(path, **kwargs)
             return data if kind is None else data[: len(data) // 2]
+        if kind == "missing":  # NoSuchKey, as s3fs raises it
+            raise FileNotFoundError(path)
         raise make_fault(kind, "GetObject")
 
     def find(self, path: str, **kwargs: Any) -> Any:

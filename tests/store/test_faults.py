@@ -89,6 +89,18 @@ def test_read_fault_without_retries_never_commits_broken(s3: Backend, kind: str,
     assert clean.commit(10) is not None
 
 
+def test_object_missing_when_read_back_after_its_put_is_written_again(s3: Backend) -> None:
+    """S3-compatible stores can show no object for a moment while another writer's PUT of the
+    same name is in flight (seen with racing commits on moto): the write is retried, not
+    failed as a permanent "not found"."""
+    fs = FaultyFS(s3.fs).on("cat_file", 2, "missing")  # 1: MANIFEST.json (absent)
+    errors = _sidecars(s3, fs, retries=3)
+    assert errors == []
+    assert fs.injected[0][0] == "cat_file" and fs.injected[0][3].endswith("pod-0.json")
+    assert fs.calls["pipe_file"] == 4  # pod-0 written twice
+    assert s3.store().load(10).lanes == EXPECTED
+
+
 @pytest.mark.parametrize("kind", ["server_error", "read_timeout", "connection_dropped"])
 def test_read_faults_are_retried(s3: Backend, kind: str) -> None:
     write_step(s3.store(), 10)
