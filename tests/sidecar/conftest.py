@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +82,12 @@ def sidecar(tmp_path: Path) -> Iterator[Callable[..., SidecarProc]]:
     yield start
     for p in procs:
         p.stop()
+
+
+@pytest.fixture
+def repeat_recipe(write_recipe: Callable[..., str], corpus: Any) -> str:
+    """Two repeated sources (Parquet and JSONL), mixed 0.7/0.3: an endless stream."""
+    return write_recipe(sources=[
+        {"name": "web", "uris": [corpus.web], "epochs": None, "chunk_rows": 50, "weight": 0.7},
+        {"name": "code", "uris": [corpus.code], "epochs": None, "chunk_bytes": 8192,
+         "weight": 0.3}])

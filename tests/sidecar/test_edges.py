@@ -73,14 +73,6 @@ def _joined(t: threading.Thread, out: dict[str, Any], timeout: float = 120) -> A
     return out["value"]
 
 
-@pytest.fixture
-def repeat_recipe(write_recipe, corpus) -> str:
-    return write_recipe(sources=[
-        {"name": "web", "uris": [corpus.web], "epochs": None, "chunk_rows": 50, "weight": 0.7},
-        {"name": "code", "uris": [corpus.code], "epochs": None, "chunk_bytes": 8192,
-         "weight": 0.3}])
-
-
 # -- the stream never ends silently -----------------------------------------------------------
 
 def test_sigterm_with_two_sessions_never_ends_the_trainers_data(sidecar, repeat_recipe) -> None:

@@ -45,14 +45,6 @@ def _same(a: list, b: list) -> None:
         assert np.array_equal(x.positions, y.positions)
 
 
-@pytest.fixture
-def repeat_recipe(write_recipe, corpus) -> str:
-    return write_recipe(sources=[
-        {"name": "web", "uris": [corpus.web], "epochs": None, "chunk_rows": 50, "weight": 0.7},
-        {"name": "code", "uris": [corpus.code], "epochs": None, "chunk_bytes": 8192,
-         "weight": 0.3}])
-
-
 @pytest.mark.parametrize("transport,copy", [("shm", True), ("shm", False), ("inline", True)])
 def test_concurrent_ranks_get_the_in_process_stream(sidecar, repeat_recipe, transport,
                                                    copy) -> None:
