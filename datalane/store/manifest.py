@@ -164,7 +164,15 @@ def _hex(v: Any) -> str:
 
 
 def _lane_owners(step: int, pods: Sequence[PodRead]) -> dict[int, PodRead]:
-    """Lane -> the pod object holding it; MismatchError on disagreement or a duplicate lane."""
+    """Lane -> the pod object holding it (the first by name when several hold the same state);
+    MismatchError when objects disagree, or hold different states of one lane.
+
+    A lane's state at a step does not depend on the topology, so a stale object of an earlier
+    topology (a run that died before committing the step, then resumed on other pods) holds
+    the very same states: it is harmless, and the step commits without a manual discard. Two
+    different states of one lane are a real conflict (a non-deterministic source, files changed
+    under the recipe).
+    """
     head = pods[0]
     owners: dict[int, PodRead] = {}
     for p in pods:
@@ -180,12 +188,15 @@ def _lane_owners(step: int, pods: Sequence[PodRead]) -> dict[int, PodRead]:
             raise MismatchError(f"step {step} mixes lane counts: {head.uri} has "
                                 f"{head.pod.lanes_total} lanes, {p.uri} has {p.pod.lanes_total}")
         for lane in p.pod.lanes:
-            if lane in owners:
+            first = owners.get(lane)
+            if first is None:
+                owners[lane] = p
+            elif lane_sha256(first.pod.lane_json[lane]) != lane_sha256(p.pod.lane_json[lane]):
                 raise MismatchError(
-                    f"lane {lane} of step {step} is in two pod objects, {owners[lane].uri} and "
-                    f"{p.uri}; a lane must be written by exactly one pod (stale objects from "
-                    f"another topology? discard the uncommitted step and write it again)")
-            owners[lane] = p
+                    f"lane {lane} of step {step} has two different states, in {first.uri} and "
+                    f"{p.uri}; a lane's state at a step never depends on the pod that wrote "
+                    f"it (a non-deterministic source, or files changed under the recipe?); "
+                    f"discard the uncommitted step and write it again")
     return owners
 
 
@@ -219,7 +230,7 @@ def build_manifest(step: int, pods: Sequence[PodRead],
     ``pods`` are the objects as read back from storage (their bytes are hashed as read);
     ``previous`` is ``(step, sha256 of its MANIFEST bytes)`` of the newest committed step
     below ``step``. Raises MismatchError if the objects disagree on the recipe or lane count,
-    or if a lane is in more than one object.
+    or hold different states of a lane.
     """
     if not pods:
         return None

@@ -150,8 +150,9 @@ class CheckpointStore:
 
         Idempotent: a step already committed is verified and its manifest returned; a
         manifest that cannot even be parsed is derived again from the pod objects. Raises
-        MismatchError when the step's objects disagree (fingerprint, lane count) or hold a lane
-        twice, StorageError when an object is corrupt or cannot be read.
+        MismatchError when the step's objects disagree (fingerprint, lane count) or hold two
+        different states of a lane (the same state twice, from a stale object of an earlier
+        topology, is harmless), StorageError when an object is corrupt or cannot be read.
         """
         check_step(step)
         mpath = manifest_path(self._base, step)

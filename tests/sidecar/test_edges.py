@@ -6,6 +6,7 @@ Real sidecar processes on real Unix sockets (the ``sidecar`` fixture), real stor
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -323,33 +324,56 @@ def test_ledger_stays_continuous_across_a_sidecar_kill9(sidecar, repeat_recipe,
 
 # -- stale objects and store faults seen through the sidecar ----------------------------------
 
-def test_stale_object_of_another_topology_is_a_mismatch_naming_it(sidecar, repeat_recipe,
-                                                                  tmp_path) -> None:
-    """A step left uncommitted by a 2-pod run (only pod-w1 wrote it) and reached again on one
-    pod: the lane in two objects is a MismatchError naming both (it was a transient
-    UNAVAILABLE before the fix, which a trainer would retry forever); after ``discard`` the
-    step commits."""
-    store_uri = str(tmp_path / "store")
-    sc = sidecar(repeat_recipe, "--store", store_uri, "--ranks-per-pod", "1", "--pod", "w0")
-    recipe = load_recipe(repeat_recipe)
-    # what pod w1 of a 2-pod run wrote at step 2 before the run died: lanes 4-7
+def _stale_w1_object(recipe: Any, store: CheckpointStore, alter: bool) -> None:
+    """What pod w1 of a 2-pod run wrote at step 2 before the run died: lanes 4-7 (``alter``:
+    with another state of lane 4, as a non-deterministic source would)."""
     half = InProcessLoader(recipe, 1, 2, 8)
     hit = iter(half)
     next(hit)
     next(hit)
-    state = half.state_dict()["state"]
-    ckpt = Checkpoint.from_json(state)
-    store = CheckpointStore(store_uri)
-    store.write_pod(2, "w1", ckpt.lanes, {}, ckpt.fingerprint, ckpt.fingerprint_doc,
+    ckpt = Checkpoint.from_json(half.state_dict()["state"])
+    half.close()
+    lanes = dict(ckpt.lanes)
+    if alter:
+        lanes[4] = dataclasses.replace(lanes[4], mixture=tuple(m + 1 for m in lanes[4].mixture))
+    store.write_pod(2, "w1", lanes, {}, ckpt.fingerprint, ckpt.fingerprint_doc,
                     ckpt.lanes_total)
     assert store.commit(2) is None
+
+
+def test_stale_object_of_another_topology_does_not_block_the_step(sidecar, repeat_recipe,
+                                                                 tmp_path) -> None:
+    """A step left uncommitted by a 2-pod run (only pod-w1 wrote it) and reached again on one
+    pod: the states are the same, so the step commits without a manual discard."""
+    store_uri = str(tmp_path / "store")
+    sc = sidecar(repeat_recipe, "--store", store_uri, "--ranks-per-pod", "1", "--pod", "w0")
+    store = CheckpointStore(store_uri)
+    _stale_w1_object(load_recipe(repeat_recipe), store, alter=False)
+    with SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=16) as loader:
+        it = iter(loader)
+        next(it)
+        next(it)
+        assert loader.checkpoint()["committed"]
+    assert {e.object for e in store.manifest(2).lanes.values()} == {"pod-w0.json"}
+    assert sorted(store.load(2).lanes) == list(range(8))
+
+
+def test_a_conflicting_stale_object_is_a_mismatch_naming_both(sidecar, repeat_recipe,
+                                                             tmp_path) -> None:
+    """Another state of a lane in a stale object is a MismatchError naming both objects (a
+    transient UNAVAILABLE before, which a trainer would retry forever); after ``discard`` the
+    step commits."""
+    store_uri = str(tmp_path / "store")
+    sc = sidecar(repeat_recipe, "--store", store_uri, "--ranks-per-pod", "1", "--pod", "w0")
+    store = CheckpointStore(store_uri)
+    _stale_w1_object(load_recipe(repeat_recipe), store, alter=True)
     with SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=16) as loader:
         it = iter(loader)
         next(it)
         next(it)
         with pytest.raises(MismatchError, match=r"checkpoint of step 2 failed: lane 4 of step "
-                                                r"2 is in two pod objects, .*pod-w0\.json and "
-                                                r".*pod-w1\.json"):
+                                                r"2 has two different states, in .*pod-w0\.json "
+                                                r"and .*pod-w1\.json"):
             loader.checkpoint()
         store.discard(2)
         assert loader.checkpoint()["committed"]
