@@ -296,9 +296,12 @@ def test_documents_that_tokenize_to_nothing_are_counted_and_resume(tmp_path: Pat
 def test_one_file_named_twice_is_read_once(mixed) -> None:
     root = mixed["root"]
     Path(root, "sub").mkdir(exist_ok=True)
+    link = Path(root, "sub", "link.jsonl")
+    if not link.exists():
+        link.symlink_to(Path(root, "c.jsonl"))
     one = {"name": "s", "uris": [f"{root}/c.jsonl"]}
     twice = {"name": "s", "uris": [f"{root}/c.jsonl", f"{root}/./c.jsonl",
-                                   f"{root}/sub/../c.jsonl", f"{root}/c*.jsonl"]}
+                                   f"{root}/sub/../c.jsonl", f"{root}/c*.jsonl", str(link)]}
     base = {"lanes": 1, "global_batch_size": 1, "seq_len": 32, "tokenizer": {"uri": mixed["tok"]}}
     a = Plan.build(load_recipe({**base, "sources": [one]})).sources[0]
     b = Plan.build(load_recipe({**base, "sources": [twice]})).sources[0]

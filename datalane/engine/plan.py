@@ -82,8 +82,8 @@ def _plan_source(index: int, spec: Source, recipe: Recipe) -> SourcePlan:
     seen: set[str] = set()
     for j, uri in enumerate(spec.uris):
         for path, size, ident in expand(uri, f"{where}.uris[{j}]"):
-            # one local file spelled twice ('/d/./a.jsonl', '/d/a.jsonl') is read once
-            key = path if "://" in path else os.path.normpath(path)
+            # one local file named twice ('/d/./a.jsonl', '/d/a.jsonl', a symlink) is read once
+            key = path if "://" in path else os.path.realpath(path)
             if key in seen:
                 continue
             seen.add(key)
