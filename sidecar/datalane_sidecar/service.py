@@ -81,7 +81,7 @@ class DataLaneService(pbg.DataLaneServicer):
         self.sessions: dict[str, Session] = {}
         self.rings: dict[str, ShmWriter] = {}
         self.last_checkpoint: dict[str, int] = {}
-        self.uncommitted: dict[str, int] = {}  # session -> its last step written, uncommitted
+        self.uncommitted: set[str] = set()  # sessions whose last checkpoint is not committed
         self.serving = True
         self._lock = threading.Lock()
 
@@ -181,7 +181,7 @@ class DataLaneService(pbg.DataLaneServicer):
             session = self.sessions.pop(sid, None)
             ring = self.rings.pop(sid, None)
             self.last_checkpoint.pop(sid, None)
-            self.uncommitted.pop(sid, None)
+            self.uncommitted.discard(sid)
         if session is not None:
             session.close()
         if ring is not None:
@@ -312,10 +312,10 @@ class DataLaneService(pbg.DataLaneServicer):
         if saved.committed or self.store is None:
             # the ledger of the next checkpoint starts here; until a commit, keep everything
             self.last_checkpoint[session.id] = request.step
-            self.uncommitted.pop(session.id, None)
+            self.uncommitted.discard(session.id)
             session.forget_before(request.step)
         else:
-            self.uncommitted[session.id] = request.step
+            self.uncommitted.add(session.id)
         return pb.CheckpointReply(step=request.step, object=saved.object,
                                   committed=saved.committed, state_json=state)
 
