@@ -232,26 +232,32 @@ def sleep_cpu(pace: float, n: int = 300) -> float:
     return (time.process_time() - c) / n
 
 
+def back_to_back(it: Iterator[Any], warmup: float, seconds: float,
+                 on_batch: Callable[[Any], None]) -> tuple[float, float]:
+    """``next()`` for ``warmup`` s, then for ``seconds`` s calling ``on_batch`` on each
+    microbatch: ``(wall seconds, CPU seconds of this process)`` of the timed part."""
+    end = time.perf_counter() + warmup
+    while time.perf_counter() < end:
+        next(it)
+    c0 = time.process_time()
+    t0 = t = time.perf_counter()
+    while t - t0 < seconds:
+        b = next(it)
+        t = time.perf_counter()
+        on_batch(b)
+    return t - t0, time.process_time() - c0
+
+
 def measure(make: Callable[[], Any], warmup: float, seconds: float, latency_n: int,
             pace: float) -> dict[str, float]:
     slept = sleep_cpu(pace)  # taken off the paced phase's CPU: the trainer's, not delivery's
     loader = make()
     try:
         it = iter(loader)
-        end = time.perf_counter() + warmup
-        while time.perf_counter() < end:
-            next(it)
-        # throughput: back to back
-        n = nbytes = 0
-        c0 = time.process_time()
-        t0 = t = time.perf_counter()
-        while t - t0 < seconds:
-            b = next(it)
-            t = time.perf_counter()
-            n += 1
-            nbytes += b.input_ids.nbytes + b.positions.nbytes
-        wall = t - t0
-        cpu = time.process_time() - c0
+        sizes: list[int] = []  # throughput: back to back
+        wall, cpu = back_to_back(it, warmup, seconds,
+                                 lambda b: sizes.append(b.input_ids.nbytes + b.positions.nbytes))
+        n, nbytes = len(sizes), sum(sizes)
         # ready latency: the trainer computes (sleeps) between asks; the sidecar is ahead
         lat = []
         paced_bytes = 0
@@ -302,22 +308,18 @@ class ReplayEngine:
 def producer_rate(make: Callable[[], Any], warmup: float, seconds: float) -> dict[str, float]:
     """End-to-end document tokens/s (positions >= 0) and payload tokens/s of a real stream."""
     loader = make()
+    docs: list[int] = []
+    payloads: list[int] = []
+
+    def count(b: Any) -> None:
+        docs.append(int((b.positions >= 0).sum()))
+        payloads.append(b.positions.size)
+
     try:
-        it = iter(loader)
-        end = time.perf_counter() + warmup
-        while time.perf_counter() < end:
-            next(it)
-        doc = payload = 0
-        c0 = time.process_time()
-        t0 = t = time.perf_counter()
-        while t - t0 < seconds:
-            b = next(it)
-            t = time.perf_counter()
-            doc += int((b.positions >= 0).sum())
-            payload += b.positions.size
-        wall, cpu = t - t0, time.process_time() - c0
+        wall, cpu = back_to_back(iter(loader), warmup, seconds, count)
     finally:
         loader.close()
+    doc, payload = sum(docs), sum(payloads)
     return {"doc_tokens_per_s": doc / wall, "payload_tokens_per_s": payload / wall,
             "MB_per_s": payload * 8 / 1e6 / wall, "trainer_cpu_cores": cpu / wall,
             "load1": load1()}
