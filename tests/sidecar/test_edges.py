@@ -52,6 +52,12 @@ def _reference(recipe: Any, rank: int, world: int, mb: int, n: int) -> list[Batc
         ref.close()
 
 
+def _step_hashes(recipe: Any, until: int) -> dict[int, str]:
+    """The global hash of every step before ``until`` in an uninterrupted in-process run."""
+    ref = _reference(recipe, 0, 1, recipe.global_batch_size, until)  # one microbatch a step
+    return {b.step: global_hash(b.lane_digests[k] for k in sorted(b.lane_digests)) for b in ref}
+
+
 def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
     out: dict[str, Any] = {}
 
@@ -137,12 +143,7 @@ def test_four_ranks_per_pod_write_one_object_once_all_asked(sidecar, repeat_reci
         "MANIFEST.json", "pod-p0.json"]
     manifest = store.manifest(2)
     assert sorted(manifest.lanes) == list(range(8))
-    ref = InProcessLoader(recipe, 0, 1, 16)
-    hashes = {}
-    for b in ref:
-        hashes[b.step] = global_hash(b.lane_digests[k] for k in sorted(b.lane_digests))
-        if b.step == 1:
-            break
+    hashes = _step_hashes(recipe, 2)
     assert [h for _, h in manifest.ledger] == [hashes[0], hashes[1]]
     for r, it in enumerate(its):
         got[r] += _take(it, 2)
@@ -156,11 +157,7 @@ def test_resume_2x2_then_1x2_then_4x2_matches_an_uninterrupted_run(sidecar, repe
     global hash equals the uninterrupted run's, and the audit is clean."""
     store_uri = str(tmp_path / "store")
     recipe = load_recipe(repeat_recipe)
-    reference: dict[int, str] = {}
-    for b in InProcessLoader(recipe, 0, 1, 16):
-        reference[b.step] = global_hash(b.lane_digests[k] for k in sorted(b.lane_digests))
-        if b.step == 7:
-            break
+    reference = _step_hashes(recipe, 8)
     seen: dict[int, dict[int, bytes]] = {}
     resume = None
     for phase, pods in enumerate((2, 1, 4)):
@@ -316,10 +313,8 @@ def test_ledger_stays_continuous_across_a_sidecar_kill9(sidecar, repeat_recipe,
     # of step 7 tiles 2-6 with the hashes of an uninterrupted run
     ledger = dict(store.manifest(7).ledger)
     assert sorted(ledger) == [2, 3, 4, 5, 6]
-    ref = [b for b in _reference(load_recipe(repeat_recipe), 0, 1, 4, 28) if b.lane_digests]
-    assert {s: ledger[s] for s in ledger} == {
-        b.step: global_hash(b.lane_digests[k] for k in sorted(b.lane_digests))
-        for b in ref if 2 <= b.step < 7}
+    reference = _step_hashes(load_recipe(repeat_recipe), 7)
+    assert {s: ledger[s] for s in ledger} == {s: reference[s] for s in range(2, 7)}
 
 
 # -- stale objects and store faults seen through the sidecar ----------------------------------
