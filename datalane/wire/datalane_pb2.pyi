@@ -15,7 +15,7 @@ TRANSPORT_INLINE: Transport
 TRANSPORT_SHM: Transport
 
 class OpenRequest(_message.Message):
-    __slots__ = ("protocol_version", "rank", "world_size", "microbatch_size", "from_start", "from_step", "state_json", "skip_microbatches", "transport", "fingerprint")
+    __slots__ = ("protocol_version", "rank", "world_size", "microbatch_size", "from_start", "from_step", "state_json", "skip_microbatches", "transport", "fingerprint", "readers", "reader")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,8 @@ class OpenRequest(_message.Message):
     SKIP_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    READER_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     rank: int
     world_size: int
@@ -36,10 +38,12 @@ class OpenRequest(_message.Message):
     skip_microbatches: int
     transport: Transport
     fingerprint: str
-    def __init__(self, protocol_version: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., microbatch_size: _Optional[int] = ..., from_start: _Optional[bool] = ..., from_step: _Optional[int] = ..., state_json: _Optional[str] = ..., skip_microbatches: _Optional[int] = ..., transport: _Optional[_Union[Transport, str]] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    readers: int
+    reader: int
+    def __init__(self, protocol_version: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., microbatch_size: _Optional[int] = ..., from_start: _Optional[bool] = ..., from_step: _Optional[int] = ..., state_json: _Optional[str] = ..., skip_microbatches: _Optional[int] = ..., transport: _Optional[_Union[Transport, str]] = ..., fingerprint: _Optional[str] = ..., readers: _Optional[int] = ..., reader: _Optional[int] = ...) -> None: ...
 
 class OpenReply(_message.Message):
-    __slots__ = ("session_id", "protocol_version", "step", "lane_start", "lane_stop", "seq_tokens", "microbatches_per_step", "fingerprint", "shm_path", "shm_bytes")
+    __slots__ = ("session_id", "protocol_version", "step", "lane_start", "lane_stop", "seq_tokens", "microbatches_per_step", "fingerprint", "shm_path", "shm_bytes", "readers")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +54,7 @@ class OpenReply(_message.Message):
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SHM_PATH_FIELD_NUMBER: _ClassVar[int]
     SHM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     protocol_version: int
     step: int
@@ -60,7 +65,8 @@ class OpenReply(_message.Message):
     fingerprint: str
     shm_path: str
     shm_bytes: int
-    def __init__(self, session_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., step: _Optional[int] = ..., lane_start: _Optional[int] = ..., lane_stop: _Optional[int] = ..., seq_tokens: _Optional[int] = ..., microbatches_per_step: _Optional[int] = ..., fingerprint: _Optional[str] = ..., shm_path: _Optional[str] = ..., shm_bytes: _Optional[int] = ...) -> None: ...
+    readers: int
+    def __init__(self, session_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., step: _Optional[int] = ..., lane_start: _Optional[int] = ..., lane_stop: _Optional[int] = ..., seq_tokens: _Optional[int] = ..., microbatches_per_step: _Optional[int] = ..., fingerprint: _Optional[str] = ..., shm_path: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., readers: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("session_id", "release", "has_position", "step", "consumed")
