@@ -154,14 +154,16 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthReply(_message.Message):
-    __slots__ = ("serving", "protocol_version", "fingerprint")
+    __slots__ = ("serving", "protocol_version", "fingerprint", "lanes")
     SERVING_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LANES_FIELD_NUMBER: _ClassVar[int]
     serving: bool
     protocol_version: int
     fingerprint: str
-    def __init__(self, serving: _Optional[bool] = ..., protocol_version: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    lanes: int
+    def __init__(self, serving: _Optional[bool] = ..., protocol_version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lanes: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

@@ -325,7 +325,8 @@ class DataLaneService(pbg.DataLaneServicer):
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
         return pb.HealthReply(serving=self.serving, protocol_version=PROTOCOL_VERSION,
-                              fingerprint=self.plan.fingerprint)
+                              fingerprint=self.plan.fingerprint,
+                              lanes=self.plan.recipe.lanes)
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsReply:
         with self._lock:
