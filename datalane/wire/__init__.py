@@ -10,4 +10,8 @@ from __future__ import annotations
 PROTOCOL_VERSION = 1
 """Bumped on any incompatible change; client and sidecar refuse to talk across versions."""
 
-__all__ = ["PROTOCOL_VERSION"]
+NO_SESSION_KEY = "datalane-no-session"
+"""Trailing metadata of the NOT_FOUND that means "no such session" (re-open and retry), as
+opposed to a checkpoint object that is not found (an error to report, not to retry)."""
+
+__all__ = ["NO_SESSION_KEY", "PROTOCOL_VERSION"]

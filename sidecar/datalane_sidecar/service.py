@@ -27,7 +27,7 @@ from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import check_world_size
 from datalane.spec.state import Checkpoint
-from datalane.wire import PROTOCOL_VERSION
+from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 from datalane.wire.shm import ShmWriter
@@ -106,8 +106,9 @@ class DataLaneService(pbg.DataLaneServicer):
             if request.protocol_version != PROTOCOL_VERSION:
                 raise MismatchError(f"client speaks protocol {request.protocol_version}, this "
                                     f"sidecar speaks {PROTOCOL_VERSION}; upgrade the older side")
-            if not self.serving:
-                raise DatalaneError("the sidecar is shutting down")
+            if not self.serving:  # a draining sidecar is a restarting one: come back later
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the sidecar is shutting down; "
+                              "reconnect and re-open at your position")
             recipe = self.plan.recipe
             check_world_size(recipe.lanes, request.world_size)
             start = self._resume(request)
@@ -191,6 +192,8 @@ class DataLaneService(pbg.DataLaneServicer):
         with self._lock:
             session = self.sessions.get(sid)
         if session is None:
+            # the one NOT_FOUND that means "re-open": storage errors are NOT_FOUND too
+            context.set_trailing_metadata(((NO_SESSION_KEY, "1"),))
             context.abort(grpc.StatusCode.NOT_FOUND, f"no session {sid!r}; open one first "
                           f"(the sidecar may have restarted)")
         assert session is not None
