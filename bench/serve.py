@@ -121,7 +121,8 @@ def replay_server(args: argparse.Namespace) -> int:
 
         def __init__(self, session_id: str, plan: Any, pool: Any, knobs: Any, rank: int,
                      world_size: int, microbatch_size: int, start: Any,
-                     skip_microbatches: int, prefetch: int) -> None:
+                     skip_microbatches: int, prefetch: int, readers: int = 1,
+                     texts: Any = None) -> None:
             key = (rank, world_size, microbatch_size)
             with lock:
                 if key not in cache:  # produce once with the real Session over the engine
@@ -129,8 +130,9 @@ def replay_server(args: argparse.Namespace) -> int:
                                    microbatch_size, None, 0, prefetch)
                     try:
                         items: list[Prepared] = []
+                        generation = real.claim(0)
                         while len(items) < steps * real.per_step:
-                            item = real.next(timeout=1.0)
+                            item = real.next(0, generation, timeout=1.0)
                             if item is not None:
                                 items.append(item)
                         cache[key] = (items, real.state_at(real.first_step), real.lanes,
@@ -142,6 +144,7 @@ def replay_server(args: argparse.Namespace) -> int:
             self.rank = rank
             self.world_size = world_size
             self.microbatch_size = microbatch_size
+            self.readers = readers
             self.first_step = 0
             self.sent: tuple[int, int] | None = None
             self.acked: tuple[int, int] | None = None
@@ -152,7 +155,25 @@ def replay_server(args: argparse.Namespace) -> int:
             self._i = 0
             self._closed = False
 
-        def next(self, timeout: float) -> Prepared | None:
+        def claim(self, reader: int) -> int:
+            return 1
+
+        def attached(self) -> list[int]:
+            return [0]
+
+        def reader_positions(self) -> list[dict[str, Any]]:
+            return []
+
+        def sent_to(self, reader: int, generation: int, position: tuple[int, int]) -> None:
+            self.sent = position
+
+        def acked_by(self, reader: int, generation: int, position: tuple[int, int]) -> None:
+            self.acked = position
+
+        def detach(self, reader: int, generation: int) -> None:
+            pass
+
+        def next(self, reader: int, generation: int, timeout: float) -> Prepared | None:
             if self._closed:  # like Session: nothing more once closed
                 return None
             k, r = divmod(self._i, len(self._items))
@@ -160,7 +181,7 @@ def replay_server(args: argparse.Namespace) -> int:
             item = self._items[r]
             return dataclasses.replace(item, step=item.step + k * steps) if k else item
 
-        def queue_depth(self) -> int:
+        def queue_depth(self, reader: int | None = None) -> int:
             return self._prefetch
 
         def state_at(self, step: int, timeout: float = 60.0) -> str:

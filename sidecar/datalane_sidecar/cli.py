@@ -37,10 +37,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--pod", default=_env("DATALANE_POD", _env("POD_NAME",
                                                                   socket.gethostname())))
     serve.add_argument("--ranks-per-pod", type=int,
-                       default=int(_env("DATALANE_RANKS_PER_POD", "1") or 1))
+                       default=int(_env("DATALANE_RANKS_PER_POD", "1") or 1),
+                       help="data-parallel ranks this pod serves; the pod object of a step is "
+                            "written once each has asked for a checkpoint (tensor/context-"
+                            "parallel peers reading one data-parallel rank count once) (env "
+                            "DATALANE_RANKS_PER_POD)")
     serve.add_argument("--workers", type=int, default=int(_env("DATALANE_WORKERS", "2") or 2))
     serve.add_argument("--prefetch", type=int, default=int(_env("DATALANE_PREFETCH", "8") or 8),
-                       help="microbatches ready ahead of each trainer")
+                       help="microbatches ready ahead of each session's slowest reader")
     serve.add_argument("--socket-mode", default=_env("DATALANE_SOCKET_MODE", "0600"),
                        choices=["0600", "0660"])
     serve.add_argument("--metrics-port", type=int,

@@ -4,6 +4,14 @@ Thin over :class:`~datalane_sidecar.session.Session` and
 :class:`~datalane_sidecar.checkpoints.PodCheckpoints`; errors become gRPC status codes with
 the library's message (INVALID_ARGUMENT for bad requests, FAILED_PRECONDITION for protocol or
 fingerprint mismatches, NOT_FOUND for a missing checkpoint).
+
+A data-parallel rank has one session. An Open declaring ``readers`` > 1 (ranks that share the
+data-parallel rank) attaches as reader ``reader`` to the rank's live session when that session
+serves the same world size, microbatch size and readers and still holds the requested position
+with the same lane states; each reader gets a handle (the ``session_id`` it streams with) and
+a shared-memory ring of its own. Any other Open builds a new session and only then replaces
+the rank's live one, so a refused request never disturbs a healthy trainer. Started by
+:func:`datalane_sidecar.server.serve`.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -26,11 +35,12 @@ from datalane.spec.errors import ConfigError, DatalaneError, MismatchError, Stor
 from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import check_world_size
-from datalane.spec.state import Checkpoint
+from datalane.spec.state import Checkpoint, LaneState
 from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 from datalane.wire.shm import ShmWriter
+from datalane_sidecar.boundaries import CheckpointText, lane_json
 from datalane_sidecar.checkpoints import PodCheckpoints
 from datalane_sidecar.metrics import Metrics
 from datalane_sidecar.session import Session
@@ -67,6 +77,16 @@ def _abort(context: grpc.ServicerContext, error: BaseException, prefix: str = ""
     context.abort(code, prefix + str(error))
 
 
+@dataclass(frozen=True)
+class _Handle:
+    """One reader's attachment to a session: what the session_id of an OpenReply names.
+    The reader that opened the session has the session's own id."""
+
+    session: Session
+    reader: int
+    generation: int
+
+
 class DataLaneService(pbg.DataLaneServicer):
     def __init__(self, plan: Plan, knobs: Knobs, prefetch: int, store: Any | None, pod: str,
                  ranks_per_pod: int, shm_dir: str, metrics: Metrics) -> None:
@@ -78,8 +98,10 @@ class DataLaneService(pbg.DataLaneServicer):
         self.metrics = metrics
         self.pool = TaskPool(knobs.workers)
         self.checkpoints = PodCheckpoints(store, pod, ranks_per_pod)
+        self.texts = CheckpointText(plan)  # the fingerprint document, serialized once
         self.sessions: dict[str, Session] = {}
-        self.rings: dict[str, ShmWriter] = {}
+        self.handles: dict[str, _Handle] = {}  # what a client's session_id names
+        self.rings: dict[str, ShmWriter] = {}  # per handle
         self.last_checkpoint: dict[str, int] = {}
         self.uncommitted: set[str] = set()  # sessions whose last checkpoint is not committed
         self.serving = True
@@ -120,35 +142,113 @@ class DataLaneService(pbg.DataLaneServicer):
                 raise MismatchError(f"the trainer expects recipe fingerprint "
                                     f"{request.fingerprint[:16]}..., this sidecar serves "
                                     f"{self.plan.fingerprint[:16]}...")
-            sid = uuid.uuid4().hex[:16]
-            self._drop_rank(request.rank)
-            t0 = time.perf_counter()
-            session = Session(sid, self.plan, self.pool, self.knobs, request.rank,
-                              request.world_size, request.microbatch_size, start,
-                              request.skip_microbatches, self.prefetch)
-            reply = pb.OpenReply(
-                session_id=sid, protocol_version=PROTOCOL_VERSION, step=session.first_step,
-                lane_start=session.lanes.start, lane_stop=session.lanes.stop,
-                seq_tokens=recipe.sequence_tokens, microbatches_per_step=session.per_step,
-                fingerprint=self.plan.fingerprint)
-            if request.transport == pb.TRANSPORT_SHM:
-                slot = 2 * 4 * request.microbatch_size * recipe.sequence_tokens
-                ring = ShmWriter(os.path.join(self.shm_dir, f"datalane-{sid}.shm"),
-                                 _ring_slots(slot), slot)
-                self.rings[sid] = ring
-                reply.shm_path, reply.shm_bytes = ring.path, ring.size
-            with self._lock:
-                self.sessions[sid] = session
-            if start is not None:
-                self.metrics.replay_seconds.observe(time.perf_counter() - t0)
-                self._start_ledger(session)
-            log.info("session opened", extra={"session": sid, "rank": request.rank,
-                                              "world_size": request.world_size,
-                                              "step": session.first_step})
-            return reply
+            readers = request.readers or 1
+            if request.reader >= readers:
+                raise ConfigError(f"reader {request.reader} is outside 0..{readers - 1} for "
+                                  f"{readers} readers of rank {request.rank}; the reader index "
+                                  f"must be below readers")
+            hid = uuid.uuid4().hex[:16]
+            if readers > 1:
+                attached = self._attach(request, hid, start, readers)
+                if attached is not None:
+                    return attached
+            return self._open(request, hid, start, readers)
         except DatalaneError as e:
             _abort(context, e)
             raise  # unreachable: abort raises
+
+    def _open(self, request: pb.OpenRequest, hid: str, start: Checkpoint | None,
+              readers: int) -> pb.OpenReply:
+        """A new session for the request's rank; it replaces the rank's live one only once
+        it was built (a refused request leaves the live session alone)."""
+        t0 = time.perf_counter()
+        session = Session(hid, self.plan, self.pool, self.knobs, request.rank,
+                          request.world_size, request.microbatch_size, start,
+                          request.skip_microbatches, self.prefetch, readers, self.texts)
+        try:
+            ring = self._ring(request, hid)
+        except BaseException:
+            session.close()
+            raise
+        generation = session.claim(request.reader)
+        with self._lock:
+            old = [sid for sid, s in self.sessions.items() if s.rank == request.rank]
+            self.sessions[hid] = session
+            self.handles[hid] = _Handle(session, request.reader, generation)
+            if ring is not None:
+                self.rings[hid] = ring
+        for sid in old:
+            self._close(sid)
+        if start is not None:
+            self.metrics.replay_seconds.observe(time.perf_counter() - t0)
+            self._start_ledger(session)
+        log.info("session opened", extra={"session": hid, "rank": request.rank,
+                                          "world_size": request.world_size,
+                                          "readers": readers, "reader": request.reader,
+                                          "step": session.first_step})
+        return self._reply(hid, session, session.first_step, ring)
+
+    def _attach(self, request: pb.OpenRequest, hid: str, start: Checkpoint | None,
+                readers: int) -> pb.OpenReply | None:
+        """Attach the request's reader to the rank's live session if that session serves the
+        same (world size, microbatch size, readers) and still holds the requested position
+        with the same lane states; None if it cannot (the caller replaces the session)."""
+        with self._lock:
+            live = next((s for s in self.sessions.values() if s.rank == request.rank), None)
+        if live is None or (live.world_size, live.microbatch_size, live.readers) != (
+                request.world_size, request.microbatch_size, readers):
+            return None
+        if start is None:
+            step, sources = 0, len(self.plan.recipe.sources)
+            lanes = {k: lane_json(LaneState.initial(k, sources)) for k in live.lanes}
+        elif all(k in start.lanes for k in live.lanes):
+            step, lanes = start.step, {k: lane_json(start.lanes[k]) for k in live.lanes}
+        else:
+            return None
+        ring = self._ring(request, hid)
+        generation = live.attach(request.reader, step, lanes, request.skip_microbatches)
+        with self._lock:
+            ok = generation is not None and live.id in self.sessions
+            replaced = [h for h, x in self.handles.items()
+                        if ok and x.session is live and x.reader == request.reader]
+            old_rings = [self.rings.pop(h) for h in replaced if h in self.rings]
+            for h in replaced:
+                del self.handles[h]  # that reader's old stream ends with ABORTED
+            if ok and generation is not None:
+                self.handles[hid] = _Handle(live, request.reader, generation)
+                if ring is not None:
+                    self.rings[hid] = ring
+        if not ok:
+            if generation is not None:  # the session closed meanwhile
+                live.detach(request.reader, generation)
+            if ring is not None:
+                ring.close()
+            return None
+        for r in old_rings:
+            r.close()
+        log.info("reader attached", extra={"session": live.id, "rank": request.rank,
+                                           "reader": request.reader, "step": step,
+                                           "replaced": len(replaced)})
+        return self._reply(hid, live, step, ring)
+
+    def _ring(self, request: pb.OpenRequest, hid: str) -> ShmWriter | None:
+        if request.transport != pb.TRANSPORT_SHM:
+            return None
+        slot = 2 * 4 * request.microbatch_size * self.plan.recipe.sequence_tokens
+        return ShmWriter(os.path.join(self.shm_dir, f"datalane-{hid}.shm"), _ring_slots(slot),
+                         slot)
+
+    def _reply(self, hid: str, session: Session, step: int,
+               ring: ShmWriter | None) -> pb.OpenReply:
+        reply = pb.OpenReply(
+            session_id=hid, protocol_version=PROTOCOL_VERSION, step=step,
+            lane_start=session.lanes.start, lane_stop=session.lanes.stop,
+            seq_tokens=self.plan.recipe.sequence_tokens,
+            microbatches_per_step=session.per_step, fingerprint=self.plan.fingerprint,
+            readers=session.readers)
+        if ring is not None:
+            reply.shm_path, reply.shm_bytes = ring.path, ring.size
+        return reply
 
     def _start_ledger(self, session: Session) -> None:
         """The next checkpoint's ledger starts at the newest committed step at or before the
@@ -171,33 +271,31 @@ class DataLaneService(pbg.DataLaneServicer):
                                                    fingerprint=self.plan.fingerprint,
                                                    fingerprint_doc=self.plan.fingerprint_doc))
 
-    def _drop_rank(self, rank: int) -> None:
-        with self._lock:
-            old = [sid for sid, s in self.sessions.items() if s.rank == rank]
-        for sid in old:
-            self._close(sid)
-
     def _close(self, sid: str) -> None:
+        """Close session ``sid`` and every reader's handle of it."""
         with self._lock:
             session = self.sessions.pop(sid, None)
-            ring = self.rings.pop(sid, None)
+            hids = [h for h, x in self.handles.items() if x.session is session]
+            for h in hids:
+                del self.handles[h]
+            rings = [self.rings.pop(h) for h in hids if h in self.rings]
             self.last_checkpoint.pop(sid, None)
             self.uncommitted.discard(sid)
         if session is not None:
             session.close()
-        if ring is not None:
+        for ring in rings:
             ring.close()
 
-    def _session(self, sid: str, context: grpc.ServicerContext) -> Session:
+    def _handle(self, hid: str, context: grpc.ServicerContext) -> _Handle:
         with self._lock:
-            session = self.sessions.get(sid)
-        if session is None:
+            handle = self.handles.get(hid)
+        if handle is None:
             # the one NOT_FOUND that means "re-open": storage errors are NOT_FOUND too
             context.set_trailing_metadata(((NO_SESSION_KEY, "1"),))
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no session {sid!r}; open one first "
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no session {hid!r}; open one first "
                           f"(the sidecar may have restarted)")
-        assert session is not None
-        return session
+        assert handle is not None
+        return handle
 
     # -- streaming ---------------------------------------------------------------------------
     def Stream(self, request_iterator: Iterator[pb.Ack],
@@ -205,8 +303,10 @@ class DataLaneService(pbg.DataLaneServicer):
         first = next(request_iterator, None)
         if first is None:
             return
-        session = self._session(first.session_id, context)
-        ring = self.rings.get(first.session_id)
+        hid = first.session_id
+        handle = self._handle(hid, context)
+        session, reader, generation = handle.session, handle.reader, handle.generation
+        ring = self.rings.get(hid)
 
         def acks() -> None:
             try:
@@ -214,7 +314,7 @@ class DataLaneService(pbg.DataLaneServicer):
                     if ring is not None and ack.release:
                         ring.release(list(ack.release))
                     if ack.has_position:
-                        session.acked = (int(ack.step), ack.consumed)
+                        session.acked_by(reader, generation, (int(ack.step), ack.consumed))
             except grpc.RpcError:
                 pass
 
@@ -231,8 +331,13 @@ class DataLaneService(pbg.DataLaneServicer):
                 context.abort(grpc.StatusCode.ABORTED,
                               f"session {session.id} of rank {session.rank} was closed (the "
                               f"rank was opened again, or the session closed)")
+            if hid not in self.handles:
+                context.abort(grpc.StatusCode.ABORTED,
+                              f"reader {reader} of session {session.id} of rank "
+                              f"{session.rank} was opened again (or closed); this stream "
+                              f"ends")
             try:
-                item = session.next(timeout=0.2)
+                item = session.next(reader, generation, timeout=0.2)
             except DatalaneError as e:
                 _abort(context, e)
                 return
@@ -245,7 +350,7 @@ class DataLaneService(pbg.DataLaneServicer):
             while len(items) < _MAX_PER_DELIVERY and (
                     ring.free_slots() > len(items) if ring is not None else budget > 0):
                 try:
-                    more = session.next(timeout=0)
+                    more = session.next(reader, generation, timeout=0)
                 except DatalaneError:
                     break  # the error is raised again on the next call
                 if more is None:
@@ -256,7 +361,8 @@ class DataLaneService(pbg.DataLaneServicer):
             for it in items:
                 msg = delivery.items.add(step=it.step, index=it.index,
                                          sequences=len(it.input_ids), ended=it.ended,
-                                         state_json=it.state_json)
+                                         state_json=self.texts.text(it.after)
+                                         if it.after is not None else "")
                 for lane, digest in it.lane_digests.items():
                     msg.lane_digests[lane] = digest
                 if ring is not None:
@@ -277,14 +383,15 @@ class DataLaneService(pbg.DataLaneServicer):
                     msg.positions = it.positions.astype("<i4", copy=False).tobytes()
                 self.metrics.delivered(len(it.input_ids) * seq_tokens,
                                        int(np.count_nonzero(it.positions >= 0)),
-                                       session.queue_depth())
-            session.sent = (items[-1].step, items[-1].index)
+                                       session.queue_depth(reader))
+            session.sent_to(reader, generation, (items[-1].step, items[-1].index))
             yield delivery
 
     # -- checkpoints -------------------------------------------------------------------------
     def Checkpoint(self, request: pb.CheckpointRequest,
                    context: grpc.ServicerContext) -> pb.CheckpointReply:
-        session = self._session(request.session_id, context)
+        # the readers of one session all ask: the pod object counts the session once
+        session = self._handle(request.session_id, context).session
         if not session.backfilled.wait(_BACKFILL_WAIT_SECONDS):
             log.warning("the ledger of rank %d is still being rebuilt; checkpoint %d goes "
                         "without it", session.rank, request.step)
@@ -323,7 +430,18 @@ class DataLaneService(pbg.DataLaneServicer):
                                   committed=saved.committed, state_json=state)
 
     def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext) -> pb.CloseReply:
-        self._close(request.session_id)
+        """Detach the handle's reader; the session closes with its last attached reader."""
+        with self._lock:
+            handle = self.handles.pop(request.session_id, None)
+            ring = self.rings.pop(request.session_id, None)
+            last = handle is not None and not any(
+                x.session is handle.session for x in self.handles.values())
+        if ring is not None:
+            ring.close()
+        if handle is not None:
+            handle.session.detach(handle.reader, handle.generation)
+            if last:
+                self._close(handle.session.id)
         return pb.CloseReply()
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
@@ -335,8 +453,11 @@ class DataLaneService(pbg.DataLaneServicer):
         with self._lock:
             sessions = {sid: {"rank": s.rank, "world_size": s.world_size,
                               "lanes": [s.lanes.start, s.lanes.stop],
-                              "next_step": s.loader.step, "queue_depth": s.queue_depth(),
+                              "next_step": s.loader.step, "first_step": s.first_step,
+                              "queue_depth": s.queue_depth(),
                               "acked": list(s.acked) if s.acked else None,
+                              "readers": s.readers, "attached": s.attached(),
+                              "reader_positions": s.reader_positions(),
                               "waited_seconds": round(s.waited_seconds, 4),
                               "counters": s.loader.counters().encode()}
                         for sid, s in self.sessions.items()}

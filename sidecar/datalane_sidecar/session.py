@@ -1,28 +1,36 @@
-"""A session: the lanes of one rank, produced ahead of the trainer into a bounded queue.
+"""A session: the lanes of one data-parallel rank, produced once, ahead of its readers.
 
-A producer thread drives a :class:`datalane.Loader` step by step. Before each step it records
-the rank's checkpoint at that step boundary (a few hundred bytes per lane), so the sidecar can
-persist any boundary the trainer asks for and can put the boundary state in the step's first
-microbatch; after each step it records the lanes' window digests (the ledger). Microbatches
-wait in a queue of ``prefetch`` entries: the producer blocks when the trainer falls behind.
+A producer thread drives a :class:`datalane.Loader` step by step. At each step boundary it
+records the rank's lane states (a :class:`~datalane_sidecar.boundaries.Boundary`, a few hundred
+bytes per lane), so the sidecar can persist any boundary the trainer asks for and can put the
+boundary's checkpoint in the step's last microbatch; after each step it records the lanes'
+window digests (the ledger).
+
+The microbatches go to ``readers`` readers (ranks sharing the data-parallel rank under tensor,
+context or pipeline parallelism), each with a stream of its own: a
+:class:`~datalane_sidecar.fanout.Fanout` keeps each microbatch until every reader was sent past
+it, and the producer waits while it is ``prefetch`` microbatches ahead of the slowest reader.
+A reader attaches at its start position (:meth:`Session.attach`) if the session still holds it
+with the same lane states, so a restarted reader rejoins without recomputing anything.
 
 A session that starts after the store's last committed step (a sidecar restarted, or a trainer
 resumed from its own saved position) does not have the digests of the steps in between, which
 the next checkpoint's ledger must list. :meth:`Session.backfill` recomputes them on the side:
 a second loader restored from the committed checkpoint runs to the session's first step, and
 its digests are used only if it lands exactly on the session's start state.
+
+Used by :class:`~datalane_sidecar.service.DataLaneService`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +41,8 @@ from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import microbatches_per_step
 from datalane.spec.state import Checkpoint
+from datalane_sidecar.boundaries import Boundary, CheckpointText
+from datalane_sidecar.fanout import Fanout
 
 __all__ = ["Prepared", "Session"]
 
@@ -53,26 +63,31 @@ class Prepared:
     input_ids: np.ndarray
     positions: np.ndarray
     ended: bool
-    state_json: str  # last index only: the checkpoint at the boundary after this step
+    after: Boundary | None  # last index only: the lane states at the boundary after the step
     lane_digests: dict[int, bytes]  # last index only
 
 
 class Session:
-    """Serves rank ``rank`` of ``world_size`` from a resume point."""
+    """Serves rank ``rank`` of ``world_size`` from a resume point to ``readers`` readers."""
 
     def __init__(self, session_id: str, plan: Plan, pool: TaskPool, knobs: Knobs, rank: int,
                  world_size: int, microbatch_size: int, start: Checkpoint | None,
-                 skip_microbatches: int, prefetch: int) -> None:
+                 skip_microbatches: int, prefetch: int, readers: int = 1,
+                 texts: CheckpointText | None = None) -> None:
         per_step = microbatches_per_step(plan.recipe.global_batch_size, world_size,
                                          microbatch_size)
+        if readers < 1:
+            raise ConfigError(f"a session needs at least one reader, got {readers}")
         self.id = session_id
         self._plan, self._knobs = plan, knobs
         self._start = start
+        self.texts = texts or CheckpointText(plan)
         self.backfilled = threading.Event()  # set when no backfill runs or it has ended
         self.backfilled.set()
         self.rank = rank
         self.world_size = world_size
         self.microbatch_size = microbatch_size
+        self.readers = readers
         self.per_step = per_step
         if skip_microbatches >= self.per_step:
             raise ConfigError(f"skip_microbatches {skip_microbatches} must be below the "
@@ -82,16 +97,15 @@ class Session:
             self.loader.load_state_dict(start)
         self.first_step = self.loader.step
         self._skip = skip_microbatches
-        self._queue: queue.Queue[Prepared | BaseException] = queue.Queue(maxsize=prefetch)
         self._lock = threading.Condition()
-        self._boundaries: OrderedDict[int, str] = OrderedDict()
+        self._fanout: Fanout[Prepared] = Fanout(readers, prefetch, self._lock)
+        self._boundaries: OrderedDict[int, Boundary] = OrderedDict()
         self.digests: OrderedDict[int, dict[int, bytes]] = OrderedDict()
         self._stop = threading.Event()
         self.waited_seconds = 0.0
-        self.sent: tuple[int, int] | None = None  # (step, index) of the last microbatch sent
-        self.acked: tuple[int, int] | None = None  # (step, consumed) the client reported
         self.first_skip = skip_microbatches
         self.produced_tokens = 0
+        self._record(self.first_step)  # before the thread: a reader may attach here at once
         self._thread = threading.Thread(target=self._produce, name=f"session-{session_id}",
                                         daemon=True)
         self._thread.start()
@@ -100,27 +114,28 @@ class Session:
     def lanes(self) -> range:
         return self.loader.lanes
 
-    def _put(self, item: Prepared | BaseException) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _record(self, step: int) -> str:
-        state = json.dumps(self.loader.state_dict(), separators=(",", ":"))
+    def _put(self, item: Prepared) -> bool:
         with self._lock:
-            self._boundaries[step] = state
+            while not self._fanout.room():
+                if self._stop.is_set():
+                    return False
+                self._lock.wait(0.1)
+            if self._stop.is_set():
+                return False
+            self._fanout.put(item)
+        return True
+
+    def _record(self, step: int) -> Boundary:
+        boundary = Boundary.of(self.loader.state_dict())
+        with self._lock:
+            self._boundaries[step] = boundary
             while len(self._boundaries) > _KEEP_BOUNDARIES:
                 self._boundaries.popitem(last=False)
             self._lock.notify_all()
-        return state
+        return boundary
 
     def _produce(self) -> None:
         try:
-            self._record(self.loader.step)
             while not self._stop.is_set():
                 step = self.loader.next_step()
                 s = step.step
@@ -138,28 +153,105 @@ class Session:
                         continue
                     sl = slice(i * m, (i + 1) * m)
                     item = Prepared(s, i, step.input_ids[sl], step.positions[sl], step.ended,
-                                    after if i == last else "",
+                                    after if i == last else None,
                                     step.lane_digests if i == last else {})
                     if not self._put(item):
                         return
-        except BaseException as e:  # surfaced to the trainer through the stream
-            self._put(e)
+        except BaseException as e:  # surfaced to the trainers through their streams
+            with self._lock:
+                self._fanout.fail(e)
 
-    def next(self, timeout: float) -> Prepared | None:
-        """The next microbatch, or None if none became ready within ``timeout``."""
+    # -- readers -----------------------------------------------------------------------------
+    def attach(self, reader: int, step: int, lanes: dict[int, str], skip: int) -> int | None:
+        """Attach ``reader`` at microbatch ``skip`` of ``step`` if the session still holds that
+        position and its boundary has exactly the lane states ``lanes`` (lane -> compact JSON);
+        returns the attachment's generation, or None if the session cannot serve it."""
+        if not 0 <= reader < self.readers or not 0 <= skip < self.per_step:
+            return None
+        with self._lock:
+            held = self._boundaries.get(step)
+            if held is None or dict(held.lanes) != lanes:
+                return None
+            at = (step - self.first_step) * self.per_step + skip - self.first_skip
+            return self._fanout.attach(reader, at) if at >= 0 else None
+
+    def claim(self, reader: int) -> int:
+        """Attach ``reader`` at the session's start (the reader that opened it)."""
+        with self._lock:
+            generation = self._fanout.attach(reader, 0)
+        assert generation is not None  # nothing is dropped before every reader attached
+        return generation
+
+    def detach(self, reader: int, generation: int) -> None:
+        with self._lock:
+            self._fanout.detach(reader, generation)
+
+    def attached(self) -> list[int]:
+        with self._lock:
+            return self._fanout.attached()
+
+    def next(self, reader: int, generation: int, timeout: float) -> Prepared | None:
+        """The reader's next microbatch, or None if none became ready within ``timeout`` (or
+        the reader was attached again since ``generation``)."""
+        fan = self._fanout
+        slot = fan.slots[reader]
+
+        def wake() -> bool:
+            return (fan.ready(reader) > 0 or fan.error is not None or self._stop.is_set()
+                    or slot.generation != generation)
+
         t0 = time.perf_counter()
         try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
+            with self._lock:
+                if timeout > 0:
+                    self._lock.wait_for(wake, timeout)
+                return fan.take(reader, generation)
+        finally:
             self.waited_seconds += time.perf_counter() - t0
-            return None
-        self.waited_seconds += time.perf_counter() - t0
-        if isinstance(item, BaseException):
-            raise item
-        return item
 
-    def queue_depth(self) -> int:
-        return self._queue.qsize()
+    def sent_to(self, reader: int, generation: int, position: tuple[int, int]) -> None:
+        """Record the (step, index) last sent to the reader."""
+        with self._lock:
+            if self._fanout.slots[reader].generation == generation:
+                self._fanout.slots[reader].sent = position
+
+    def acked_by(self, reader: int, generation: int, position: tuple[int, int]) -> None:
+        """Record the (step, consumed) the reader's client reported."""
+        with self._lock:
+            if self._fanout.slots[reader].generation == generation:
+                self._fanout.slots[reader].acked = position
+
+    @property
+    def sent(self) -> tuple[int, int] | None:
+        """The slowest reader's last microbatch sent."""
+        with self._lock:
+            return min((s.sent for s in self._fanout.slots if s.sent), default=None)
+
+    @property
+    def acked(self) -> tuple[int, int] | None:
+        """The slowest reader's acknowledged position (every reader can resume from it)."""
+        with self._lock:
+            return min((s.acked for s in self._fanout.slots if s.acked), default=None)
+
+    def reader_positions(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{"attached": bool(s.generation and s.cursor is not None),
+                     "sent": list(s.sent) if s.sent else None,
+                     "acked": list(s.acked) if s.acked else None,
+                     "ready": self._fanout.ready(k)}
+                    for k, s in enumerate(self._fanout.slots)]
+
+    def queue_depth(self, reader: int | None = None) -> int:
+        """Microbatches ready for ``reader`` (default: ahead of the slowest reader)."""
+        with self._lock:
+            if reader is None:
+                return self._fanout.produced - self._fanout.slowest()
+            return self._fanout.ready(reader)
+
+    # -- boundaries --------------------------------------------------------------------------
+    def kept_boundaries(self) -> list[Boundary]:
+        with self._lock:
+            return list(self._boundaries.values())
 
     def state_at(self, step: int, timeout: float = 60.0) -> str:
         """The checkpoint JSON of this rank's lanes at the boundary before ``step``."""
@@ -167,8 +259,9 @@ class Session:
             ok = self._lock.wait_for(lambda: step in self._boundaries
                                      or (self._boundaries and min(self._boundaries) > step)
                                      or self._stop.is_set(), timeout)
-            if step in self._boundaries:
-                return self._boundaries[step]
+            boundary = self._boundaries.get(step)
+        if boundary is not None:
+            return self.texts.text(boundary)
         if not ok:
             raise ConfigError(f"step {step} was not reached within {timeout:.0f} s")
         first = min(self._boundaries) if self._boundaries else self.first_step
@@ -224,9 +317,12 @@ class Session:
             self.backfilled.set()
 
     def forget_before(self, step: int) -> None:
-        """Drop boundaries and digests older than ``step`` (after a checkpoint of ``step``)."""
+        """Drop boundaries and digests older than ``step`` (after a checkpoint of ``step``);
+        the boundaries of microbatches still held for a slower reader stay (it may attach
+        there again)."""
         with self._lock:
-            for old in [s for s in self._boundaries if s < step]:
+            held = self.first_step + (self._fanout.base + self.first_skip) // self.per_step
+            for old in [s for s in self._boundaries if s < min(step, held)]:
                 del self._boundaries[old]
             for old in [s for s in self.digests if s < step]:
                 del self.digests[old]
