@@ -10,9 +10,10 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from datalane.client import dataparallel
 from datalane.client.batch import Batch
 from datalane.client.position import Position
-from datalane.spec.errors import MismatchError
+from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import microbatches_per_step
@@ -23,26 +24,48 @@ __all__ = ["InProcessLoader"]
 
 
 class InProcessLoader:
-    """Microbatches of rank ``rank`` of ``world_size``, computed in this process."""
+    """Microbatches of data-parallel rank ``rank`` of ``world_size``, computed in this process.
 
-    def __init__(self, recipe: Recipe, rank: int, world_size: int, microbatch_size: int,
-                 knobs: Knobs | None = None) -> None:
+    ``rank``/``world_size`` are the data-parallel ones; pass ``mesh=`` (the data-parallel
+    ``DeviceMesh``) instead, or neither under torchrun (see :mod:`datalane.client.dataparallel`).
+    Tensor-parallel peers each compute the same stream (use the sidecar to compute it once).
+    """
+
+    def __init__(self, recipe: Recipe, rank: int | None = None, world_size: int | None = None,
+                 microbatch_size: int = 1, knobs: Knobs | None = None, *,
+                 mesh: Any = None) -> None:
         from datalane.engine.loader import Loader
 
-        self._loader = Loader(recipe, rank, world_size, knobs)
-        self.per_step = microbatches_per_step(recipe.global_batch_size, world_size,
+        dp = dataparallel.resolve(rank, world_size, mesh=mesh, readers=1, reader=0)
+        self.rank, self.world_size = dp.rank, dp.world_size
+        self._loader = Loader(recipe, dp.rank, dp.world_size, knobs)
+        self.per_step = microbatches_per_step(recipe.global_batch_size, dp.world_size,
                                               microbatch_size)
         self.microbatch_size = microbatch_size
-        self.world_size = world_size
         self.position = Position(fingerprint=self._loader.plan.fingerprint,
-                                 world_size=world_size, microbatch_size=microbatch_size)
-        self._iterating = False
+                                 world_size=dp.world_size, microbatch_size=microbatch_size)
+        self._start = self._loader.state_dict()  # step 0, for an iterator started again
+        self._generation = 0
+
+    @property
+    def lanes(self) -> range:
+        """The lanes of this loader's data-parallel rank."""
+        return self._loader.lanes
+
+    @property
+    def lanes_total(self) -> int:
+        return self._loader.recipe.lanes
 
     def __iter__(self) -> Iterator[Batch]:
+        """Microbatches from the position on; another ``iter()`` continues at the position
+        (the microbatch after the last one handed out) and retires this iterator."""
+        self._generation += 1
+        generation = self._generation
         loader = self._loader
         pos = self.position
-        if pos.state_json is not None:
-            loader.load_state_dict(json.loads(pos.state_json))
+        if loader.step != pos.step or pos.consumed:  # the engine ran ahead of the position
+            loader.load_state_dict(json.loads(pos.state_json) if pos.state_json is not None
+                                   else self._start)
         skip = pos.consumed
         m = self.microbatch_size
         while True:
@@ -57,6 +80,10 @@ class InProcessLoader:
                               step.lane_digests if i == self.per_step - 1 else {})
                 pos.advance(step.step, i, self.per_step, after)
                 yield batch
+                if self._generation != generation:
+                    raise ConfigError("this iterator of the loader was retired: another "
+                                      "iterator was started and continues at the position; "
+                                      "iterate one at a time")
 
     def state_dict(self) -> dict[str, Any]:
         return self.position.to_state()
@@ -76,6 +103,9 @@ class InProcessLoader:
         pos.fingerprint = plan.fingerprint
         pos.world_size, pos.microbatch_size = self.world_size, self.microbatch_size
         self.position = pos
+        self._generation += 1  # an open iterator is at the old position
+        self._loader.load_state_dict(json.loads(pos.state_json) if pos.state_json is not None
+                                     else self._start)
 
     def close(self) -> None:
         self._loader.close()

@@ -9,10 +9,13 @@ repeated. Needs only ``grpcio`` and ``numpy``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
+import sys
 import time
+import weakref
 from collections.abc import Iterator
 from itertools import chain
 from typing import Any
@@ -20,18 +23,23 @@ from typing import Any
 import grpc
 import numpy as np
 
+from datalane.client import dataparallel
 from datalane.client.batch import Batch
 from datalane.client.position import Position
 from datalane.spec.errors import ConfigError, DatalaneError, MismatchError, StorageError
-from datalane.wire import PROTOCOL_VERSION
+from datalane.spec.lanes import lanes_of_rank
+from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 from datalane.wire.shm import ShmReader
 
 __all__ = ["SidecarLoader"]
 
-_RECONNECT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND,
-              grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
+# A call that failed for one of these codes may succeed after a reconnect: the sidecar is
+# restarting or draining (UNAVAILABLE), the connection broke mid-call (CANCELLED, or UNKNOWN
+# without a servicer exception). "No session" (NOT_FOUND marked by the sidecar) is decided in
+# `_retryable`; every other code is a cause that a retry does not remove.
+_RECONNECT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
 _OPTIONS = [("grpc.max_send_message_length", 256 << 20),
             ("grpc.max_receive_message_length", 256 << 20),
             # a restarting sidecar is back within a second: retry the socket every 50-250 ms
@@ -41,16 +49,19 @@ _OPTIONS = [("grpc.max_send_message_length", 256 << 20),
             ("grpc.max_reconnect_backoff_ms", 250)]
 
 
-def _env_int(name: str, value: int | None) -> int:
-    if value is not None:
-        return value
-    raw = os.environ.get(name)
-    if raw is None:
-        raise ConfigError(f"{name.lower()} not given and ${name} is not set")
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"${name} is {raw!r}, not an integer") from None
+_LIVE: weakref.WeakSet[SidecarLoader] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Close the loaders a trainer left open, while gRPC still runs (atexit comes before the
+    interpreter finalizes objects): a worker must exit, closed or not, or it keeps the job
+    Running and its GPUs held."""
+    for loader in list(_LIVE):
+        try:
+            loader.close()
+        except Exception:  # exiting anyway: a close that fails must not keep the process
+            pass
 
 
 class SidecarLoader:
@@ -59,22 +70,21 @@ class SidecarLoader:
     def __init__(self, socket: str | None = None, *, rank: int | None = None,
                  world_size: int | None = None, microbatch_size: int = 1,
                  transport: str = "shm", copy: bool = True, resume_step: int | None = None,
-                 reconnect_timeout: float = 120.0, open_timeout: float = 60.0) -> None:
+                 reconnect_timeout: float = 120.0, open_timeout: float = 60.0,
+                 mesh: Any = None, readers: int | None = None,
+                 reader: int | None = None) -> None:
         self.socket = socket or os.environ.get("DATALANE_SOCKET", "")
         if not self.socket:
             raise ConfigError("no sidecar socket: pass socket= or set $DATALANE_SOCKET")
         if transport not in ("shm", "inline"):
             raise ConfigError(f"transport {transport!r} is not 'shm' or 'inline'")
-        self.rank = _env_int("RANK", rank)
-        self.world_size = _env_int("WORLD_SIZE", world_size)
-        if self.world_size < 1:
-            raise ConfigError(f"world size must be a positive integer, got {self.world_size}")
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"rank {self.rank} is outside 0..{self.world_size - 1} for world "
-                              f"size {self.world_size}")
-        if microbatch_size < 1:
+        dp = dataparallel.resolve(rank, world_size, mesh=mesh, readers=readers, reader=reader)
+        self.rank, self.world_size = dp.rank, dp.world_size
+        self.readers, self.reader = dp.readers, dp.reader
+        if isinstance(microbatch_size, bool) or not isinstance(microbatch_size, int) \
+                or microbatch_size < 1:
             raise ConfigError(f"microbatch size must be a positive integer, got "
-                              f"{microbatch_size}")
+                              f"{microbatch_size!r}")
         self.microbatch_size = microbatch_size
         self.transport = transport
         self.copy = copy
@@ -85,8 +95,35 @@ class SidecarLoader:
         self._channel: grpc.Channel | None = None
         self._stub: pbg.DataLaneStub | None = None
         self._session = ""
+        self._lanes_total = 0
+        self._generation = 0
         self.per_step = 0
         self.reconnects = 0
+        self._active: tuple[Any, queue.Queue[pb.Ack | None]] | None = None
+        _LIVE.add(self)
+
+    @property
+    def lanes_total(self) -> int:
+        """The recipe's lane count, as the sidecar serves it."""
+        if not self._lanes_total:
+            if self._stub is None:
+                self._connect(time.monotonic() + self.open_timeout)
+            assert self._stub is not None
+            try:
+                reply = self._stub.Health(pb.HealthRequest(), timeout=self.open_timeout,
+                                          wait_for_ready=True)
+            except grpc.RpcError as e:
+                raise _error(e) from None
+            if not reply.lanes:
+                raise MismatchError(f"the sidecar at {self.socket} does not report its lane "
+                                    f"count (an older version); upgrade it")
+            self._lanes_total = int(reply.lanes)
+        return self._lanes_total
+
+    @property
+    def lanes(self) -> range:
+        """The lanes of this loader's data-parallel rank."""
+        return lanes_of_rank(self.lanes_total, self.world_size, self.rank)
 
     # -- connection --------------------------------------------------------------------------
     def _connect(self, deadline: float) -> None:
@@ -116,6 +153,7 @@ class SidecarLoader:
         req = pb.OpenRequest(protocol_version=PROTOCOL_VERSION, rank=self.rank,
                              world_size=self.world_size, microbatch_size=self.microbatch_size,
                              skip_microbatches=pos.consumed, fingerprint=pos.fingerprint,
+                             readers=self.readers, reader=self.reader,
                              transport=pb.TRANSPORT_SHM if self.transport == "shm"
                              else pb.TRANSPORT_INLINE)
         if pos.state_json is not None:
@@ -128,6 +166,12 @@ class SidecarLoader:
             reply: pb.OpenReply = self._stub.Open(req, timeout=self.open_timeout)
         except grpc.RpcError as e:
             raise _error(e) from None
+        if self.readers > 1 and reply.readers != self.readers:
+            self._session = reply.session_id
+            self.close()
+            raise MismatchError(f"the sidecar at {self.socket} serves {reply.readers or 1} "
+                                f"reader(s) per session, not {self.readers}: it predates "
+                                f"shared sessions; upgrade it")
         self._session = reply.session_id
         self.per_step = reply.microbatches_per_step
         if pos.state_json is None and self._resume_step is not None:
@@ -137,23 +181,55 @@ class SidecarLoader:
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
-        deadline = time.monotonic() + self.open_timeout
+        """Microbatches from the position on, riding through sidecar restarts.
+
+        A failure whose cause may pass (the sidecar restarting or draining, its session gone,
+        a transient storage error) re-opens at the exact position; any other is raised. The
+        retries are bounded: ``open_timeout`` for the first session, then
+        ``reconnect_timeout`` from the last microbatch received, so a sidecar that answers
+        but cannot serve fails the trainer with the last error instead of looping forever.
+        Starting another iterator continues at the position and retires this one.
+        """
+        self._generation += 1
+        generation = self._generation
+        bound, name = self.open_timeout, "open_timeout"
+        deadline = time.monotonic() + bound
+        last: BaseException | None = None
         while True:
-            self._connect(deadline)
+            if time.monotonic() >= deadline:
+                raise StorageError(f"the sidecar at {self.socket} did not serve rank "
+                                   f"{self.rank} of {self.world_size} within {name}={bound:g} s"
+                                   f"; last error: {last}")
+            progressed = False
             try:
+                self._connect(deadline)
                 reply = self._open()
                 # the stream is endless; if it finishes without an error anyway (a sidecar
                 # of an older version that stops serving), re-open at the position rather
                 # than end the trainer's data as if it had run out
-                yield from self._stream(reply)
+                for batch in self._stream(reply):
+                    progressed = True
+                    yield batch
+                    if self._generation != generation:
+                        raise ConfigError("this iterator of the loader was retired: another "
+                                          "iterator was started and continues at the "
+                                          "position; iterate one at a time")
             except grpc.RpcError as e:
-                if e.code() not in _RECONNECT:
+                if self._generation != generation:
+                    raise ConfigError("the loader was closed (or another iterator of it "
+                                      "started)") from None
+                if not _retryable(e):
                     raise _error(e) from None
+                last = _error(e)
             except StorageError as e:
                 if not e.transient:
                     raise
+                last = e
+            if progressed:
+                bound, name = self.reconnect_timeout, "reconnect_timeout"
+                deadline = time.monotonic() + bound
             self.reconnects += 1
-            deadline = time.monotonic() + self.reconnect_timeout
+            time.sleep(min(0.25, 0.02 * self.reconnects))
 
     def _stream(self, reply: pb.OpenReply) -> Iterator[Batch]:
         assert self._stub is not None
@@ -174,6 +250,7 @@ class SidecarLoader:
         per_ack, learn = 1, True
         pending: list[int] = []
         calls = self._stub.Stream(requests())
+        self._active = (calls, acks)
         held: int | None = None
         try:
             for msg in chain.from_iterable(d.items for d in calls):  # deliveries hold several
@@ -207,8 +284,12 @@ class SidecarLoader:
                                       msg.state_json or None)
                 yield batch
         finally:
+            self._active = None
             acks.put(None)
-            calls.cancel()
+            # a generator left open finalizes at interpreter exit, when gRPC's threads are
+            # gone and a cancel can block forever; the atexit hook has cancelled it already
+            if not sys.is_finalizing():
+                calls.cancel()
             if reader is not None:
                 reader.close()
 
@@ -243,20 +324,26 @@ class SidecarLoader:
             step = self.position.step
         if self._stub is None:
             raise ConfigError("not connected: iterate the loader first")
-        try:
-            reply = self._checkpoint(step, timeout)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.NOT_FOUND:
-                raise _error(e) from None
-            # the session is gone: the sidecar restarted since the last microbatch. Open a
-            # session at the position (the stream re-opens on the next microbatch) and ask
-            # once more.
-            self._connect(time.monotonic() + self.reconnect_timeout)
-            self._open()
+        deadline = time.monotonic() + timeout
+        while True:
             try:
-                reply = self._checkpoint(step, timeout)
-            except grpc.RpcError as e2:
-                raise _error(e2) from None
+                reply = self._checkpoint(step, max(0.1, deadline - time.monotonic()))
+                break
+            except grpc.RpcError as e:
+                # a sidecar restarting during the call ("Stream removed", UNAVAILABLE) is
+                # waited for, as the data stream does; a session it no longer has is opened
+                # again at the position (the stream re-opens on the next microbatch); any
+                # other cause - a storage error among them - is the caller's to see, and
+                # re-opens nothing
+                if not _retryable(e) or time.monotonic() >= deadline:
+                    raise _error(e) from None
+                if _no_session(e):
+                    try:
+                        self._open()
+                    except DatalaneError as oe:
+                        if not getattr(oe, "transient", False):
+                            raise
+                time.sleep(0.05)
         return {"step": int(reply.step), "object": reply.object, "committed": reply.committed}
 
     def _checkpoint(self, step: int, timeout: float) -> pb.CheckpointReply:
@@ -274,6 +361,13 @@ class SidecarLoader:
         return out
 
     def close(self) -> None:
+        """End the session and the stream (an open iterator stops at its next item)."""
+        self._generation += 1
+        active, self._active = self._active, None
+        if active is not None:
+            calls, acks = active
+            acks.put(None)
+            calls.cancel()
         if self._stub is not None and self._session:
             try:
                 self._stub.Close(pb.CloseRequest(session_id=self._session), timeout=5)
@@ -288,6 +382,24 @@ class SidecarLoader:
         self.close()
 
 
+def _no_session(e: grpc.RpcError) -> bool:
+    if e.code() != grpc.StatusCode.NOT_FOUND:
+        return False
+    meta = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+    return any(k == NO_SESSION_KEY for k, _ in meta or ())
+
+
+def _retryable(e: grpc.RpcError) -> bool:
+    """Whether the cause of a failed call can pass by itself (a restart, a broken stream)."""
+    code = e.code()
+    if code in _RECONNECT or _no_session(e):
+        return True
+    # UNKNOWN is both a transport that broke mid-stream and an exception that escaped the
+    # sidecar's servicer ("Exception calling application" / "Exception iterating responses"):
+    # only the first goes away with a retry
+    return code == grpc.StatusCode.UNKNOWN and not (e.details() or "").startswith("Exception")
+
+
 def _error(e: grpc.RpcError) -> DatalaneError:
     code, details = e.code(), e.details() or ""
     if code == grpc.StatusCode.FAILED_PRECONDITION:
@@ -295,8 +407,8 @@ def _error(e: grpc.RpcError) -> DatalaneError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return ConfigError(details)
     if code == grpc.StatusCode.NOT_FOUND:
-        return StorageError(details)
+        return StorageError(details, transient=_no_session(e))
     return StorageError(f"sidecar call failed: {code.name}: {details}",
-                        transient=code in _RECONNECT)
+                        transient=_retryable(e))
 
 

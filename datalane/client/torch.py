@@ -9,13 +9,21 @@
 * ``cu_seqlens`` int32 (segments + 1,): document boundaries over the flattened microbatch, for
   variable-length attention kernels (each padding run is a segment of its own)
 
-It implements ``state_dict()`` / ``load_state_dict()`` as a ``Stateful``: the whole state is a
-single JSON string, so ``torch.distributed.checkpoint`` stores it as one small blob.
+It implements ``state_dict()`` / ``load_state_dict()`` as a ``Stateful`` with one small JSON
+entry per lane the rank owns (:mod:`datalane.client.lanekeys`), so a checkpoint that
+``torch.distributed.checkpoint`` saved on W ranks loads on any W' ranks: each rank asks for the
+lanes it owns now, and continues at exactly the next microbatch.
+
+Use it with ``DataLoader(dataset, batch_size=None, num_workers=0)`` (or iterate it directly):
+every item already is a whole microbatch, and the loader runs ahead on threads of its own (or
+in the sidecar). A ``batch_size`` or DataLoader worker processes would stack or duplicate
+microbatches, so both are refused at the first item with what to do instead.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -23,7 +31,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from datalane.client import lanekeys
 from datalane.client.batch import Batch
+from datalane.spec.errors import ConfigError
 
 __all__ = ["DataLaneDataset", "cu_seqlens", "to_tensors"]
 
@@ -31,6 +41,10 @@ IGNORE_INDEX = -100
 
 
 class _Loader(Protocol):
+    @property
+    def lanes(self) -> range: ...
+    @property
+    def lanes_total(self) -> int: ...
     def __iter__(self) -> Iterator[Batch]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -61,18 +75,51 @@ def to_tensors(batch: Batch) -> dict[str, torch.Tensor]:
     }
 
 
+def _check_consumer(frame: Any) -> None:
+    """Refuse the two DataLoader settings that would silently change what the trainer sees."""
+    info = torch.utils.data.get_worker_info()
+    if info is not None:
+        raise ConfigError(
+            f"DataLaneDataset is read in DataLoader worker {info.id} of {info.num_workers}: "
+            f"every worker would yield the whole stream (each microbatch {info.num_workers} "
+            f"times). Use DataLoader(dataset, batch_size=None, num_workers=0): datalane "
+            f"already prepares data ahead on its own threads (or in the sidecar)")
+    # the DataLoader's fetcher (the frame that asks for the first item) says whether it
+    # collates several items into one batch
+    if getattr(frame.f_locals.get("self"), "auto_collation", False):
+        index = frame.f_locals.get("possibly_batched_index")
+        size = len(index) if hasattr(index, "__len__") else "N"
+        raise ConfigError(
+            f"DataLaneDataset yields whole microbatches; a DataLoader with batch_size={size} "
+            f"would stack {size} of them into one "
+            "batch. Use DataLoader(dataset, batch_size=None) and set the loader's "
+            "microbatch_size instead")
+
+
 class DataLaneDataset(IterableDataset[dict[str, torch.Tensor]]):
-    """An ``IterableDataset`` over a datalane loader; use it with ``batch_size=None``."""
+    """An ``IterableDataset`` over a datalane loader; use it with ``batch_size=None``.
+
+    Each ``iter()`` continues where the previous iterator stopped (the next microbatch after
+    the last one handed out), so a DataLoader re-iterated every "epoch" neither repeats nor
+    skips data.
+    """
 
     def __init__(self, loader: _Loader) -> None:
         self.loader = loader
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        _check_consumer(sys._getframe(1))
         for batch in self.loader:
             yield to_tensors(batch)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"datalane": json.dumps(self.loader.state_dict(), separators=(",", ":"))}
+        """One entry per lane this rank owns plus the recipe entry (plain strings)."""
+        loader = self.loader
+        return lanekeys.split(loader.state_dict(), loader.lanes, loader.lanes_total)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(json.loads(state["datalane"]))
+        loader = self.loader
+        if set(state) == {"datalane"}:  # the one-key form of datalane 0.1 (one process)
+            loader.load_state_dict(json.loads(state["datalane"]))
+            return
+        loader.load_state_dict(lanekeys.join(state, loader.lanes, loader.lanes_total))

@@ -1,0 +1,81 @@
+"""The per-lane form of a client state (what DCP saves): keys, re-dealing and refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from datalane import MismatchError
+from datalane.client import InProcessLoader
+from datalane.client.lanekeys import join, lane_key, split
+
+
+def _states(recipe, world: int, microbatches: int) -> list[dict]:
+    out = []
+    for rank in range(world):
+        loader = InProcessLoader(recipe, rank, world, 2)
+        it = iter(loader)
+        for _ in range(microbatches):
+            next(it)
+        out.append(loader.state_dict())
+        loader.close()
+    return out
+
+
+def test_split_names_one_entry_per_owned_lane(make_recipe) -> None:
+    recipe = make_recipe()  # 8 lanes
+    state = _states(recipe, 2, 8)[1]  # rank 1 of 2 owns lanes 4-7; 8 microbatches = 2 steps
+    entries = split(state, range(4, 8), 8)
+    assert sorted(entries) == ["lane_00004", "lane_00005", "lane_00006", "lane_00007",
+                               "recipe"]
+    body = json.loads(entries["lane_00005"])
+    assert (body["lane"], body["step"], body["consumed"], body["world_size"]) == (5, 2, 0, 2)
+    assert body["state"] == state["state"]["lanes"]["5"]
+
+
+def test_entries_of_two_ranks_join_into_the_state_of_one(make_recipe) -> None:
+    recipe = make_recipe()
+    a, b = _states(recipe, 2, 8)
+    entries = {**split(a, range(0, 4), 8), **split(b, range(4, 8), 8)}
+    joined = join(entries, range(0, 8), 8)
+    assert joined["step"] == 2 and joined["consumed"] == 0
+    assert joined["state"]["lanes"] == {**a["state"]["lanes"], **b["state"]["lanes"]}
+    whole = _states(recipe, 1, 16)[0]  # world 1: 8 microbatches of 2 per step -> 2 steps
+    assert joined["state"]["lanes"] == whole["state"]["lanes"]
+    # and the joined state resumes: the next microbatch equals the uninterrupted one
+    resumed = InProcessLoader(recipe, 0, 1, 2)
+    resumed.load_state_dict(joined)
+    reference = InProcessLoader(recipe, 0, 1, 2)
+    ref = iter(reference)
+    for _ in range(16):
+        next(ref)
+    assert next(iter(resumed)).input_ids.tobytes() == next(ref).input_ids.tobytes()
+
+
+def test_a_damaged_entry_is_refused_by_name(make_recipe) -> None:
+    state = _states(make_recipe(), 1, 8)[0]
+    entries = split(state, range(8), 8)
+    body = json.loads(entries[lane_key(3)])
+    body["state"]["seqs"] += 1  # one number changed, the SHA-256 left alone
+    entries[lane_key(3)] = json.dumps(body)
+    with pytest.raises(MismatchError, match=r"entry 'lane_00003' is damaged"):
+        join(entries, range(8), 8)
+
+
+def test_lanes_saved_at_different_positions_are_refused(make_recipe) -> None:
+    recipe = make_recipe()
+    early = _states(recipe, 2, 4)[0]
+    late = _states(recipe, 2, 8)[1]
+    entries = {**split(early, range(0, 4), 8), **split(late, range(4, 8), 8)}
+    with pytest.raises(MismatchError, match=r"lanes 0-3 at step 1 .*lanes 4-7 at step 2"):
+        join(entries, range(8), 8)
+
+
+def test_a_missing_lane_and_another_lane_count_are_named(make_recipe) -> None:
+    state = _states(make_recipe(), 2, 4)[0]
+    entries = split(state, range(0, 4), 8)
+    with pytest.raises(MismatchError, match=r"no entry 'lane_00004' for lane 4"):
+        join(entries, range(0, 8), 8)
+    with pytest.raises(MismatchError, match=r"saved with 8 lanes; this recipe has 16"):
+        join(entries, range(0, 4), 16)
