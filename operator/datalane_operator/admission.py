@@ -3,9 +3,11 @@
 * :func:`review_pipeline` - a DataPipeline at CREATE/UPDATE: everything the CRD schema cannot
   express (the composed recipe loads, relative paths, formats that cannot be inferred, the
   endpoint fits the URI, one pipeline per workload, fields fixed for the life of a run, an
-  existing workload's world size divides the lanes);
-* :func:`review_workload` - a PyTorchJob at CREATE/UPDATE whose world size must divide the
-  lanes of the pipeline that references it;
+  existing workload's data-parallel world size divides the lanes and its ranks fit
+  ``spec.parallelism``);
+* :func:`review_workload` - a PyTorchJob at CREATE/UPDATE whose data-parallel world size
+  (ranks / (TP x PP x CP)) must divide the lanes of the pipeline that references it, with
+  whole TP x CP groups in each pod;
 * :func:`review_scale` - the same for ``pytorchjobs/scale`` (``kubectl scale``).
 
 Each returns a :class:`Verdict`; a refusal's message names the field and the value, and the
@@ -23,7 +25,7 @@ from typing import Any
 
 from datalane.spec.errors import ConfigError
 from datalane.spec.formats import compression_of, infer_format
-from datalane_operator.pipeline import Pipeline, load_pipeline
+from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline
 from datalane_operator.storage import KNOWN_SCHEMES, scheme_of, sidecar_store_options
 from datalane_operator.workload import Topology, check_workers, topology_of
 
@@ -165,13 +167,16 @@ def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
                     raise ConfigError(f"{where} is fixed for the life of a run ({before} -> "
                                       f"{after}); create a new DataPipeline for a new run")
         if workload is not None:
-            topo = topology_of(workload, p.spec.workload.container)
+            par = p.spec.parallelism
+            topo = topology_of(workload, p.spec.workload.container, par)
             try:
                 check_workers(p.spec.lanes, topo)
             except ConfigError as e:
-                raise ConfigError(f"spec.lanes {p.spec.lanes} does not fit "
-                                  f"{p.spec.workload.kind} {p.spec.workload.name} as it runs "
-                                  f"now: {e}") from None
+                fields = (f"spec.lanes {p.spec.lanes} does" if par.model_parallel == 1 else
+                          f"spec.lanes {p.spec.lanes} and spec.parallelism ({par.describe()}) "
+                          f"do")
+                raise ConfigError(f"{fields} not fit {p.spec.workload.kind} "
+                                  f"{p.spec.workload.name} as it runs now: {e}") from None
             if topo.nproc is None:
                 warnings.append(f"the ranks per pod of {p.spec.workload.name} cannot be known "
                                 f"from its spec ({topo.nproc_source}); the scale guard is off")
@@ -205,17 +210,21 @@ def _guard(lanes: int, topo: Topology, pipeline: str) -> Verdict:
 
 
 def review_workload(job: Mapping[str, Any], lanes: int, pipeline: str,
-                    container: str = "pytorch") -> Verdict:
-    """Verdict on a PyTorchJob (CREATE/UPDATE) that DataPipeline ``pipeline`` references."""
-    return _guard(lanes, topology_of(job, container), pipeline)
+                    container: str = "pytorch", parallelism: Parallelism | None = None,
+                    ) -> Verdict:
+    """Verdict on a PyTorchJob (CREATE/UPDATE) that DataPipeline ``pipeline`` references;
+    ``parallelism`` is the pipeline's ``spec.parallelism``."""
+    return _guard(lanes, topology_of(job, container, parallelism), pipeline)
 
 
 def review_scale(scale: Mapping[str, Any], job: Mapping[str, Any], lanes: int, pipeline: str,
-                 container: str = "pytorch") -> Verdict:
+                 container: str = "pytorch", parallelism: Parallelism | None = None,
+                 ) -> Verdict:
     """Verdict on an update of ``pytorchjobs/scale`` (``spec.replicas`` = Worker replicas)."""
     replicas = (scale.get("spec") or {}).get("replicas")
     if replicas is None:
         return Verdict(True)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
         return Verdict.deny(f"spec.replicas {replicas!r} is not a non-negative integer")
-    return _guard(lanes, topology_of(job, container).with_workers(replicas), pipeline)
+    return _guard(lanes, topology_of(job, container, parallelism).with_workers(replicas),
+                  pipeline)

@@ -104,6 +104,7 @@ def spec_schema() -> dict[str, Any]:
     sidecar = props["sidecar"]
     sidecar["properties"]["resources"] = _resources()
     sidecar["default"] = {}  # so its fields' defaults apply when the block is omitted
+    props["parallelism"]["default"] = {}
     # Fixed for the life of a run: changing them changes the data order.
     for name in ("lanes", "globalBatchSize"):
         props[name]["x-kubernetes-validations"] = [
@@ -150,9 +151,14 @@ def status_schema() -> dict[str, Any]:
             "pods": integer("Pods the workload runs (all replica types)."),
             "readyPods": integer("Pods with a sidecar that are ready."),
             "ranksPerPod": integer("Ranks torchrun starts per pod (nprocPerNode)."),
-            "worldSize": integer("Data-parallel world size: pods x ranks per pod."),
-            "lanesPerRank": integer("Lanes each rank serves (lanes / world size); rank r "
-                                    "owns lanes [r*k, (r+1)*k)."),
+            "ranks": integer("Trainer ranks (torchrun's WORLD_SIZE): pods x ranks per pod."),
+            "worldSize": integer("Data-parallel (DP) world size: ranks / (TP x PP x CP) of "
+                                 "spec.parallelism (pods x ranks per pod without it); it "
+                                 "divides the lanes."),
+            "readersPerDataRank": integer("Ranks that read one DP rank through their pod's "
+                                          "sidecar: TP x CP."),
+            "lanesPerRank": integer("Lanes each DP rank serves (lanes / world size); DP rank "
+                                    "r owns lanes [r*k, (r+1)*k)."),
             "lastCommittedStep": integer("Newest committed checkpoint step in the store."),
             "checkpoints": {"type": "array", "maxItems": 10,
                             "items": {"type": "integer", "minimum": 0},
@@ -190,7 +196,9 @@ def crd_manifest() -> dict[str, Any]:
         {"name": "Workload", "type": "string", "jsonPath": ".spec.workload.name",
          "priority": 1},
         {"name": "Lanes", "type": "integer", "jsonPath": ".spec.lanes"},
-        {"name": "World", "type": "integer", "jsonPath": ".status.worldSize"},
+        {"name": "World", "type": "integer", "jsonPath": ".status.worldSize",
+         "description": "Data-parallel world size."},
+        {"name": "Ranks", "type": "integer", "jsonPath": ".status.ranks", "priority": 1},
         {"name": "Step", "type": "integer", "jsonPath": ".status.lastCommittedStep"},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -51,7 +51,7 @@ from datalane_operator.names import (
     WEBHOOK_VALIDATE_SCALE,
     WEBHOOK_VALIDATE_WORKLOAD,
 )
-from datalane_operator.pipeline import Pipeline, load_pipeline
+from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline, parallelism_of
 from datalane_operator.reconcile import decide, decide_invalid
 from datalane_operator.storage import Listing, StoreView, operator_store_options
 from datalane_operator.workload import topology_of
@@ -247,6 +247,16 @@ def _first(index: kopf.Index[Key, Any], key: Key) -> Any:
         return None
 
 
+def _parallelism(found: Mapping[str, Any]) -> Parallelism:
+    """The ``spec.parallelism`` of an indexed DataPipeline; an invalid one (stored while the
+    webhook was off) refuses the change, since the data-parallel world cannot be known."""
+    try:
+        return parallelism_of(found.get("spec") or {})
+    except ConfigError as e:
+        raise kopf.AdmissionError(f"DataPipeline {found['metadata'].get('name')} is invalid, "
+                                  f"so the world size cannot be checked: {e}", code=422) from None
+
+
 def _deny(verdict: Verdict, warnings: list[str]) -> None:
     warnings.extend(verdict.warnings)
     if not verdict.allowed:
@@ -328,11 +338,11 @@ async def validate_workload(body: kopf.Body, warnings: list[str], **kw: Any) -> 
     spec = found.get("spec") or {}
     container = (spec.get("workload") or {}).get("container", "pytorch")
     if old is not None:
-        before = topology_of(dict(old), container).world_size
-        if before == topology_of(dict(body), container).world_size:
+        before = topology_of(dict(old), container).ranks
+        if before == topology_of(dict(body), container).ranks:
             return  # the world size did not change: never wedge a job's other updates
     _deny(review_workload(dict(body), int(spec.get("lanes", 0)), found["metadata"]["name"],
-                          container), warnings)
+                          container, _parallelism(found)), warnings)
 
 
 @kopf.on.validate(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL,
@@ -350,7 +360,7 @@ async def validate_scale(body: kopf.Body, warnings: list[str], **kw: Any) -> Non
     spec = found.get("spec") or {}
     container = (spec.get("workload") or {}).get("container", "pytorch")
     _deny(review_scale(dict(body), job, int(spec.get("lanes", 0)), found["metadata"]["name"],
-                       container), warnings)
+                       container, _parallelism(found)), warnings)
 
 
 # ----------------------------------------------------------------------------- reconcile

@@ -12,7 +12,16 @@ controller created:
   mounted in the sidecar and the trainer container;
 * the composed recipe from the ConfigMap ``<pipeline>-recipe``, mounted read-only;
 * credentials only by reference: the Secret ``spec.checkpoint.secretRef`` as ``envFrom``;
-* in the trainer container: ``DATALANE_SOCKET`` and ``DATALANE_PIPELINE``.
+* in the trainer container: ``DATALANE_SOCKET`` and ``DATALANE_PIPELINE``; for a pipeline
+  that declares ``spec.parallelism``, also ``DATALANE_DP_READERS`` (TP x CP) and
+  ``DATALANE_DP_SIZE`` (pods x nproc / (TP x PP x CP)), from which the client takes its
+  data-parallel rank ``(RANK // DATALANE_DP_READERS) % DATALANE_DP_SIZE`` (TP innermost, then
+  CP, then DP, PP outermost, as in TorchTitan and Megatron-LM).
+
+The sidecar's ``DATALANE_RANKS_PER_POD`` counts the pod's *data-parallel* ranks,
+nproc / (TP x CP): one session per DP rank, read by its TP x CP peers. With PP > 1 a pod holds
+ranks of one pipeline stage (the workload guard refuses pods spanning stages), so these are
+DP ranks of that stage.
 
 The mutation is idempotent (everything it adds is first removed, then added again in the
 same order), so a re-invoked webhook or a pod created from an already injected template
@@ -47,6 +56,7 @@ from datalane_operator.workload import nproc_of_container
 
 __all__ = [
     "TRAINER_ENV",
+    "data_parallel_env",
     "is_injected",
     "mutate_pod",
     "pipeline_for_pod",
@@ -54,7 +64,8 @@ __all__ = [
     "socket_path",
 ]
 
-TRAINER_ENV = ("DATALANE_SOCKET", "DATALANE_PIPELINE")
+TRAINER_ENV = ("DATALANE_SOCKET", "DATALANE_PIPELINE", "DATALANE_DP_SIZE",
+               "DATALANE_DP_READERS")
 _OUR_VOLUMES = (VOLUME_SOCKET, VOLUME_RECIPE, VOLUME_TMP)
 _TMP_SIZE = "64Mi"
 
@@ -96,6 +107,38 @@ def ranks_per_pod(trainer: Mapping[str, Any]) -> int | None:
     return nproc_of_container(_env_value(trainer, "PET_NPROC_PER_NODE"), trainer)[0]
 
 
+def _int_env(container: Mapping[str, Any], name: str) -> int | None:
+    raw = _env_value(container, name)
+    return int(raw) if raw is not None and raw.isdigit() and int(raw) > 0 else None
+
+
+def data_parallel_env(pipeline: Pipeline, trainer: Mapping[str, Any],
+                      nproc: int | None) -> dict[str, str]:
+    """``DATALANE_DP_READERS`` and ``DATALANE_DP_SIZE`` for the trainer, when the pipeline
+    declares a parallelism; none for pure data parallelism (the client uses ``$RANK`` and
+    ``$WORLD_SIZE``).
+
+    The DP size comes from the training-operator's ``PET_NNODES`` (the pods torchrun
+    rendezvouses) x nproc / (TP x PP x CP); it is left out when ``PET_NNODES`` is a range
+    (an elastic job: the trainer must pass its DeviceMesh or dp_size to the client).
+    """
+    par = pipeline.spec.parallelism
+    if par.model_parallel == 1:
+        return {}
+    out = {"DATALANE_DP_READERS": str(par.readers)}
+    nodes = _int_env(trainer, "PET_NNODES")
+    if nodes is not None and nproc is not None:
+        ranks = nodes * nproc
+        if ranks % par.model_parallel:
+            raise ConfigError(
+                f"the {ranks} ranks of {pipeline.spec.workload.kind} "
+                f"{pipeline.spec.workload.name} (PET_NNODES {nodes} x {nproc}) are not a "
+                f"multiple of {par.describe()} = {par.model_parallel} (spec.parallelism of "
+                f"DataPipeline {pipeline.name}); scale the job to whole model replicas")
+        out["DATALANE_DP_SIZE"] = str(ranks // par.model_parallel)
+    return out
+
+
 def _set_env(env: list[dict[str, Any]], name: str, value: str) -> None:
     env[:] = [e for e in env if e.get("name") != name]
     env.append({"name": name, "value": value})
@@ -111,7 +154,8 @@ def _probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any
 
 
 def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None) -> dict[str, Any]:
-    """The native sidecar container for ``pipeline``."""
+    """The native sidecar container for ``pipeline``; ``ranks`` is the pod's data-parallel
+    ranks (None: unknown, 1 is assumed)."""
     side = pipeline.spec.sidecar
     ckpt = pipeline.spec.checkpoint
     sock = socket_path(pipeline)
@@ -218,15 +262,26 @@ def mutate_pod(pod: Mapping[str, Any], pipeline: Pipeline, default_image: str) -
         raise ConfigError(f"DataPipeline {pipeline.name} sets no spec.sidecar.image and the "
                           f"operator has no default sidecar image (Helm value sidecar.image)")
     _strip(out, trainer_name)
-    ranks = ranks_per_pod(trainer)
+    nproc = ranks_per_pod(trainer)
+    par = pipeline.spec.parallelism
+    if nproc is not None and nproc % par.readers:
+        raise ConfigError(
+            f"pod {meta.get('name') or meta.get('generateName', '')!s} runs {nproc} ranks, "
+            f"not a multiple of TP x CP = {par.readers} (spec.parallelism of DataPipeline "
+            f"{pipeline.name}): the TP and CP peers of a data-parallel rank must share a pod; "
+            f"set nprocPerNode to a multiple of {par.readers}")
+    dp_env = data_parallel_env(pipeline, trainer, nproc)
+    dp_ranks = None if nproc is None else nproc // par.readers
     spec.setdefault("initContainers", [])
     spec["initContainers"] = [*(spec["initContainers"] or []),
-                              sidecar_container(pipeline, image, ranks)]
+                              sidecar_container(pipeline, image, dp_ranks)]
     spec["volumes"] = [*(spec.get("volumes") or []), *_volumes(pipeline)]
     env = trainer.setdefault("env", []) if trainer.get("env") is not None else []
     trainer["env"] = env
     _set_env(env, "DATALANE_SOCKET", socket_path(pipeline))
     _set_env(env, "DATALANE_PIPELINE", pipeline.name)
+    for name, value in dp_env.items():
+        _set_env(env, name, value)
     mounts = list(trainer.get("volumeMounts") or [])
     mounts.append({"name": VOLUME_SOCKET, "mountPath": pipeline.spec.sidecar.socketDir})
     trainer["volumeMounts"] = mounts

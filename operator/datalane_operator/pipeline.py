@@ -34,6 +34,7 @@ from datalane_operator.names import DEFAULT_SOCKET_DIR
 __all__ = [
     "CheckpointSpec",
     "LIFTED_RECIPE_FIELDS",
+    "Parallelism",
     "Pipeline",
     "PipelineSpec",
     "SecretRef",
@@ -41,6 +42,7 @@ __all__ = [
     "WorkloadRef",
     "compose_recipe",
     "load_pipeline",
+    "parallelism_of",
     "parse_resources",
 ]
 
@@ -63,8 +65,9 @@ class WorkloadRef:
     name: str = doc("Name of the job.", pattern=DNS_SUBDOMAIN)
     kind: Literal["PyTorchJob"] = doc("Kind of the job (Kubeflow training-operator).",
                                       default="PyTorchJob")
-    container: str = doc("The trainer container: it gets DATALANE_SOCKET, DATALANE_PIPELINE "
-                         "and the socket volume.", default="pytorch", pattern=DNS_LABEL)
+    container: str = doc("The trainer container: it gets DATALANE_SOCKET, DATALANE_PIPELINE, "
+                         "the socket volume and, under spec.parallelism, DATALANE_DP_SIZE and "
+                         "DATALANE_DP_READERS.", default="pytorch", pattern=DNS_LABEL)
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,37 @@ class SidecarSpec:
                            default=0, ge=0, le=65535)
 
 
+MAX_PARALLEL = 1 << 16
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How the trainer splits each model replica: only the data-parallel ranks read lanes."""
+
+    tensor: int = doc("Tensor-parallel degree TP. TP peers read the same batch; they live in "
+                      "one pod (TP x CP divides nprocPerNode).", default=1, ge=1,
+                      le=MAX_PARALLEL)
+    pipeline: int = doc("Pipeline-parallel degree PP (the outermost mesh dimension).",
+                        default=1, ge=1, le=MAX_PARALLEL)
+    context: int = doc("Context-parallel degree CP. CP peers read the same batch; they live "
+                       "in one pod.", default=1, ge=1, le=MAX_PARALLEL)
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks per model replica: TP x PP x CP (the world size must be a multiple)."""
+        return self.tensor * self.pipeline * self.context
+
+    @property
+    def readers(self) -> int:
+        """Ranks that read one data-parallel rank through their pod's sidecar: TP x CP."""
+        return self.tensor * self.context
+
+    def describe(self) -> str:
+        """The degrees above 1, as a message names them ("TP 2 x PP 4"); "" when none."""
+        dims = (("TP", self.tensor), ("CP", self.context), ("PP", self.pipeline))
+        return " x ".join(f"{name} {n}" for name, n in dims if n > 1)
+
+
 @dataclass(frozen=True)
 class PipelineSpec:
     """The typed part of a DataPipeline's spec (``recipe`` and ``sidecar.resources`` aside)."""
@@ -127,6 +161,11 @@ class PipelineSpec:
     globalBatchSize: int = doc("Sequences per step B; a multiple of `lanes`.", ge=1)
     checkpoint: CheckpointSpec = doc("Checkpoint store of the lane resume points.")  # noqa: RUF009
     sidecar: SidecarSpec = doc("The injected sidecar.", factory=SidecarSpec)  # noqa: RUF009
+    parallelism: Parallelism = doc(  # noqa: RUF009 - doc() is dataclasses.field
+        "Model parallelism of the trainer. The data-parallel (DP) world size is pods x "
+        "nprocPerNode / (TP x PP x CP), and DP must divide `lanes`. Ranks are laid out with "
+        "TP innermost, then CP, then DP, PP outermost (TorchTitan, Megatron-LM).",
+        factory=Parallelism)
 
 
 @dataclass(frozen=True)
@@ -202,6 +241,12 @@ def compose_recipe(spec: Mapping[str, Any]) -> Recipe:
         for key, home in LIFTED_RECIPE_FIELDS.items():
             text = text.replace(f"spec.recipe.{key}", home)
         raise ConfigError(text) from e
+
+
+def parallelism_of(spec: Mapping[str, Any]) -> Parallelism:
+    """``spec.parallelism`` of a raw DataPipeline spec (the webhooks' index entries), strictly."""
+    raw = spec.get("parallelism")
+    return Parallelism() if raw is None else model.load(Parallelism, raw, "spec.parallelism")
 
 
 def load_pipeline(body: Mapping[str, Any]) -> Pipeline:

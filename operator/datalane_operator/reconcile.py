@@ -9,11 +9,14 @@ rebuilt from the world").
 
 Conditions:
 
-* ``Ready`` - the workload exists, its world size divides the lanes, every pod carries the
-  sidecar and is ready, and the checkpoint store can be listed;
-* ``Degraded`` - something needs a human: ``WorldSizeMismatch``, ``RanksPerPodUnknown``,
-  ``SidecarMissing`` (pods created before the pipeline), ``StorageUnavailable``,
-  ``InvalidSpec``.
+* ``Ready`` - the workload exists, its data-parallel world size divides the lanes, every pod
+  carries the sidecar and is ready, and the checkpoint store can be listed;
+* ``Degraded`` - something needs a human: ``WorldSizeMismatch``, ``ParallelismMismatch``
+  (the ranks do not fit ``spec.parallelism``), ``RanksPerPodUnknown``, ``SidecarMissing``
+  (pods created before the pipeline), ``StorageUnavailable``, ``InvalidSpec``.
+
+``status.worldSize`` is the data-parallel world size, ranks / (TP x PP x CP); ``ranks`` and
+``ranksPerPod`` count torchrun's processes.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from datalane.spec.errors import ConfigError
 from datalane.store.layout import format_steps
 from datalane_operator.inject import is_injected
 from datalane_operator.names import recipe_configmap_name
-from datalane_operator.pipeline import Pipeline
+from datalane_operator.pipeline import Parallelism, Pipeline
 from datalane_operator.storage import Listing
 from datalane_operator.workload import Topology, check_workers, topology_of
 
@@ -126,7 +129,7 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
     counts = count_pods(pods)
     outcome = None
     if workload is not None:
-        topo = topology_of(workload, spec.workload.container)
+        topo = topology_of(workload, spec.workload.container, spec.parallelism)
         outcome = _job_outcome(workload)
         status["pods"] = topo.pods
         status["readyPods"] = counts.ready
@@ -134,15 +137,19 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
             problems.append(("RanksPerPodUnknown",
                              f"{spec.workload.kind} {spec.workload.name}: {topo.nproc_source}"))
         else:
-            world = topo.pods * topo.nproc
+            dp = topo.dp_size
             status["ranksPerPod"] = topo.nproc
-            status["worldSize"] = world
+            status["ranks"] = topo.ranks
+            status["readersPerDataRank"] = spec.parallelism.readers
+            status["worldSize"] = dp  # None (dropped) when the ranks are no whole replicas
             try:
                 check_workers(lanes, topo)
-                if world:
-                    status["lanesPerRank"] = lanes // world
+                if dp:
+                    status["lanesPerRank"] = lanes // dp
             except ConfigError as e:
-                problems.append(("WorldSizeMismatch", str(e)))
+                fits = topo.pod_problem() is None and topo.mesh_problem() is None
+                problems.append(("WorldSizeMismatch" if fits else "ParallelismMismatch",
+                                 str(e)))
         if counts.without_sidecar and outcome is None:
             problems.append(("SidecarMissing",
                              f"{len(counts.without_sidecar)} pods of {spec.workload.name} have "
@@ -191,7 +198,8 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
         _condition(prev, "Ready", *ready, gen, now),
         _condition(prev, "Degraded", *degraded, gen, now),
     ]
-    return Decision(status, _events(prev, status, listing, spec.checkpoint.keep, spec.workload))
+    return Decision(status, _events(prev, status, listing, spec.checkpoint.keep, spec.workload,
+                                    spec.parallelism))
 
 
 def decide_invalid(pipeline_name: str, generation: int, error: str,
@@ -214,17 +222,20 @@ def _cond(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
 
 
 def _events(prev: Mapping[str, Any], new: Mapping[str, Any], listing: Listing | None,
-            keep: int, workload: Any) -> list[Event]:
+            keep: int, workload: Any, parallelism: Parallelism | None = None) -> list[Event]:
     out: list[Event] = []
     old_w, new_w = prev.get("worldSize"), new.get("worldSize")
     if new_w is not None and old_w != new_w:
-        desc = (f"{new.get('pods')} pods x {new.get('ranksPerPod')} ranks, "
+        par = (parallelism or Parallelism()).describe()
+        world = "data-parallel world size" if par else "world size"
+        mesh = f"{par} -> DP {new_w}, " if par else ""
+        desc = (f"{new.get('pods')} pods x {new.get('ranksPerPod')} ranks, {mesh}"
                 f"{new.get('lanesPerRank', '?')} lanes per rank")
         if old_w is None:
             out.append(Event("Normal", "WorkloadObserved",
-                             f"{workload.kind} {workload.name}: world size {new_w} ({desc})"))
+                             f"{workload.kind} {workload.name}: {world} {new_w} ({desc})"))
         else:
-            out.append(Event("Normal", "Rescaled", f"world size {old_w} -> {new_w} ({desc})"))
+            out.append(Event("Normal", "Rescaled", f"{world} {old_w} -> {new_w} ({desc})"))
     step = new.get("lastCommittedStep")
     if step is not None and step != prev.get("lastCommittedStep"):
         out.append(Event("Normal", "Checkpointed", f"step {step} is the last committed "

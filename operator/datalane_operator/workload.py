@@ -1,25 +1,34 @@
 """What a PyTorchJob means for the lanes: pods, ranks per pod and the data-parallel world size.
 
 Kubeflow's training-operator runs ``replicas`` pods per replica type (``Master``, ``Worker``)
-and torchrun starts ``nprocPerNode`` ranks in each, so the world size is
-``(sum of replicas) x nprocPerNode``. ``nprocPerNode`` is ``auto``, ``gpu``, ``cpu`` or an
+and torchrun starts ``nprocPerNode`` ranks in each, so the job has
+``(sum of replicas) x nprocPerNode`` ranks. ``nprocPerNode`` is ``auto``, ``gpu``, ``cpu`` or an
 integer (training-operator v1; the deprecated ``elasticPolicy.nProcPerNode`` is honoured);
 ``gpu`` and ``auto`` resolve to the trainer container's ``nvidia.com/gpu`` limit, ``cpu`` to
 an integer CPU limit, as torchrun would count them.
 
-The scale guard lives here: :func:`check_workers` refuses a worker count whose world size
-does not divide the lanes, naming the counts that would work. Pure functions over plain
-dicts (the objects as the API server sends them).
+Lanes are dealt to *data-parallel* (DP) ranks. Under the pipeline's
+:class:`~datalane_operator.pipeline.Parallelism` (TP, PP, CP) the DP world size is
+``ranks / (TP x PP x CP)``, with the ranks laid out as TorchTitan and Megatron-LM do: TP
+innermost, then CP, then DP, PP outermost. So the TP x CP peers of a DP rank are consecutive
+ranks and must share a pod (they read one sidecar session), and a pod must hold ranks of one
+pipeline stage only (its ``nproc / (TP x CP)`` DP ranks are DP ranks of that stage).
+
+The scale guard lives here: :func:`check_workers` refuses a worker count whose DP world size
+does not divide the lanes or does not fit the parallelism, naming the counts that would work.
+Pure functions over plain dicts (the objects as the API server sends them). Callers: the
+admission verdicts, the reconciler and the webhook handlers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from datalane.spec.errors import ConfigError
 from datalane.spec.lanes import valid_world_sizes
+from datalane_operator.pipeline import Parallelism
 
 __all__ = [
     "GPU_RESOURCE",
@@ -42,11 +51,15 @@ def _or_list(values: list[int]) -> str:
 
 @dataclass(frozen=True)
 class Topology:
-    """Pods and ranks of a job. ``nproc`` is None when it cannot be known from the spec."""
+    """Pods and ranks of a job, and the parallelism of its pipeline.
+
+    ``nproc`` is None when it cannot be known from the spec.
+    """
 
     replicas: Mapping[str, int]
     nproc: int | None
     nproc_source: str = ""
+    parallelism: Parallelism = field(default_factory=Parallelism)
 
     @property
     def pods(self) -> int:
@@ -62,13 +75,74 @@ class Topology:
         return self.pods - self.workers
 
     @property
-    def world_size(self) -> int | None:
+    def ranks(self) -> int | None:
+        """Trainer ranks (torchrun's world size): pods x nproc."""
         return None if self.nproc is None else self.pods * self.nproc
+
+    @property
+    def dp_size(self) -> int | None:
+        """The data-parallel world size ranks / (TP x PP x CP); None if unknown or if the
+        ranks are not a multiple of TP x PP x CP."""
+        ranks, mp = self.ranks, self.parallelism.model_parallel
+        return None if ranks is None or ranks % mp else ranks // mp
+
+    @property
+    def dp_ranks_per_pod(self) -> int | None:
+        """Data-parallel ranks of one pod: nproc / (TP x CP) (what its sidecar serves)."""
+        readers = self.parallelism.readers
+        return None if self.nproc is None or self.nproc % readers else self.nproc // readers
 
     def with_workers(self, workers: int) -> Topology:
         replicas = dict(self.replicas)
         replicas[WORKER] = workers
-        return Topology(replicas, self.nproc, self.nproc_source)
+        return Topology(replicas, self.nproc, self.nproc_source, self.parallelism)
+
+    def pod_problem(self) -> str | None:
+        """Why no pod of this job can hold whole TP x CP groups (whatever the worker count),
+        or None."""
+        par = self.parallelism
+        if self.nproc is None or self.nproc % par.readers == 0:
+            return None
+        inner = Parallelism(tensor=par.tensor, context=par.context)
+        return (f"{_product(inner)} must divide the {self.nproc} ranks per pod "
+                f"({self.nproc_source}): the TP and CP peers of a data-parallel rank read one "
+                f"sidecar session, so they share a pod; use a multiple of {par.readers} ranks "
+                f"per pod or change spec.parallelism")
+
+    def mesh_problem(self) -> str | None:
+        """Why these ranks do not fit the parallelism (not whole model replicas, or pods that
+        span pipeline stages), or None. Assumes :meth:`pod_problem` is None."""
+        par, ranks, nproc = self.parallelism, self.ranks, self.nproc
+        if ranks is None or nproc is None or ranks == 0:
+            return None
+        mp = par.model_parallel
+        if ranks % mp:
+            return f"world size {ranks} ({self._split()}) is not a multiple of {_product(par)}"
+        stage = ranks // par.pipeline
+        if par.pipeline > 1 and stage % nproc:
+            relation = "fewer than" if stage < nproc else "not a multiple of"
+            return (f"a pipeline stage has {stage} ranks (world size {ranks} / PP "
+                    f"{par.pipeline}), {relation} the {nproc} ranks of a pod, so a pod would "
+                    f"hold ranks of several stages")
+        return None
+
+    def _split(self) -> str:
+        return f"{self.pods} pods x {self.nproc} ranks"
+
+    def describe(self) -> str:
+        """"world size 6: 3 pods x 2 ranks, TP 2 -> DP 3" (the parallelism only if declared)."""
+        text = f"world size {self.ranks}: {self._split()}"
+        par = self.parallelism.describe()
+        return f"{text}, {par} -> DP {self.dp_size}" if par and self.dp_size else text
+
+
+def _workers(n: int) -> str:
+    return "1 worker" if n == 1 else f"{n} workers"
+
+
+def _product(par: Parallelism) -> str:
+    text = par.describe()
+    return text if "x" not in text else f"{text} = {par.model_parallel}"
 
 
 def trainer_container(pod_spec: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
@@ -120,8 +194,10 @@ def nproc_of_container(setting: Any, container: Mapping[str, Any] | None) -> tup
     return None, f"nprocPerNode {text!r} is not auto, gpu, cpu or an integer"
 
 
-def topology_of(job: Mapping[str, Any], container: str = "pytorch") -> Topology:
-    """Pods per replica type and ranks per pod of a PyTorchJob object."""
+def topology_of(job: Mapping[str, Any], container: str = "pytorch",
+                parallelism: Parallelism | None = None) -> Topology:
+    """Pods per replica type and ranks per pod of a PyTorchJob object, under the pipeline's
+    ``parallelism`` (none: pure data parallelism)."""
     spec = job.get("spec") or {}
     replicas: dict[str, int] = {}
     trainer: Mapping[str, Any] | None = None
@@ -135,37 +211,58 @@ def topology_of(job: Mapping[str, Any], container: str = "pytorch") -> Topology:
     if setting is None:
         setting = (spec.get("elasticPolicy") or {}).get("nProcPerNode")
     nproc, why = nproc_of_container(setting, trainer)
-    return Topology(replicas, nproc, why)
+    return Topology(replicas, nproc, why, parallelism or Parallelism())
 
 
 def valid_worker_counts(lanes: int, topo: Topology) -> list[int]:
-    """Worker counts (>= 1) whose world size divides ``lanes``, for the job's other pods and
-    ranks per pod."""
-    if topo.nproc is None:
+    """Worker counts (>= 1) whose DP world size divides ``lanes`` and whose ranks fit the
+    parallelism, for the job's other pods and ranks per pod."""
+    nproc = topo.nproc
+    if nproc is None or topo.pod_problem() is not None:
         return []
-    sizes = set(valid_world_sizes(lanes))
-    return [w for w in range(1, lanes + 1) if (topo.others + w) * topo.nproc in sizes]
+    mp = topo.parallelism.model_parallel
+    out = []
+    for dp in valid_world_sizes(lanes):
+        pods, rest = divmod(dp * mp, nproc)
+        workers = pods - topo.others
+        if rest == 0 and workers >= 1 and topo.with_workers(workers).mesh_problem() is None:
+            out.append(workers)
+    return out
 
 
 def check_workers(lanes: int, topo: Topology, workers: int | None = None) -> None:
-    """Raise :class:`ConfigError` unless the job (with ``workers`` Worker pods) splits ``lanes``.
+    """Raise :class:`ConfigError` unless the job (with ``workers`` Worker pods) splits ``lanes``
+    over its data-parallel ranks and fits the pipeline's parallelism.
 
     The message names the worker counts that would work, in the words of the user who typed
-    ``kubectl scale --replicas``: "8 lanes cannot be split over 3 workers; use 1, 2, 4 or 8".
+    ``kubectl scale --replicas``: "8 lanes cannot be split over 3 workers; use 1, 2, 4 or 8",
+    "8 lanes cannot be split over 3 workers (world size 6: 3 pods x 2 ranks, TP 2 -> DP 3);
+    use 1, 2, 4 or 8 workers".
     """
     t = topo if workers is None else topo.with_workers(workers)
     if t.nproc is None:
         return  # undeterminable here: reported as a warning and a status condition instead
-    world = t.pods * t.nproc
-    if world == 0 or lanes % world == 0:
+    if t.pods == 0:
         return  # no pods at all is a stopped job, not a split
+    par = t.parallelism
+    pod = t.pod_problem()
+    if pod is not None:
+        raise ConfigError(pod)
+    mesh = t.mesh_problem()
+    dp = t.dp_size
+    if mesh is None and dp is not None and lanes % dp == 0:
+        return
     options = valid_worker_counts(lanes, t)
-    plain = t.others == 0 and t.nproc == 1
-    what = (f"{t.workers} workers" if plain else
-            f"{t.workers} workers (world size {world}: {t.pods} pods x {t.nproc} ranks)")
+    plain = t.others == 0 and t.nproc == 1 and par.model_parallel == 1
+    if mesh is not None:
+        verb = "does" if t.workers == 1 else "do"
+        head = f"{_workers(t.workers)} {verb} not fit {par.describe()}: {mesh}"
+    else:
+        what = _workers(t.workers) if plain else f"{_workers(t.workers)} ({t.describe()})"
+        head = f"{lanes} lanes cannot be split over {what}"
     if not options:
-        raise ConfigError(f"{lanes} lanes cannot be split over {what}; no worker count works "
-                          f"with {t.others} other pods and {t.nproc} ranks per pod")
+        with_par = f" under {par.describe()}" if par.model_parallel > 1 else ""
+        raise ConfigError(f"{head}; no worker count works with {t.others} other pods and "
+                          f"{t.nproc} ranks per pod{with_par}")
     suffix = "" if plain else " workers"
-    raise ConfigError(f"{lanes} lanes cannot be split over {what}; use {_or_list(options)}"
-                      f"{suffix}")
+    raise ConfigError(f"{head}; use {_or_list(options)}{suffix}")

@@ -66,7 +66,7 @@ def scale(replicas: int, name: str = "llama") -> dict[str, Any]:
 
 
 def pod(name: str = "llama-worker-0", *, job_name: str | None = "llama", nproc: str = "1",
-        gpus: int = 1, namespace: str = "ml", phase: str | None = None,
+        gpus: int = 1, namespace: str = "ml", phase: str | None = None, nnodes: str = "4",
         init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     labels = {} if job_name is None else {
         "training.kubeflow.org/job-name": job_name,
@@ -79,7 +79,7 @@ def pod(name: str = "llama-worker-0", *, job_name: str | None = "llama", nproc: 
             "containers": [
                 {"name": "pytorch", "image": "trainer:1",
                  "env": [{"name": "PET_NPROC_PER_NODE", "value": nproc},
-                         {"name": "PET_NNODES", "value": "4"}],
+                         {"name": "PET_NNODES", "value": nnodes}],
                  "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
                  "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
                 {"name": "metrics-agent", "image": "agent:2"},

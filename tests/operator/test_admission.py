@@ -13,6 +13,7 @@ from datalane_operator.admission import (
     review_scale,
     review_workload,
 )
+from datalane_operator.pipeline import Parallelism
 
 from .builders import dp, job, scale
 
@@ -144,3 +145,49 @@ def test_workload_updates_are_guarded_too() -> None:
     assert review_workload(job(workers=2), 8, "p").allowed
     unknown = review_workload(job(workers=3, nproc="gpu", gpus=None), 8, "p")
     assert unknown.allowed and "not checked" in unknown.warnings[0]
+
+
+# ---- parallelism ---------------------------------------------------------------------------
+
+
+def test_scale_guard_uses_the_data_parallel_world() -> None:
+    tp2 = Parallelism(tensor=2)
+    j = job(workers=2, nproc="2")  # 2 pods x 2 ranks, TP 2: DP 2
+    v = review_scale(scale(3), j, lanes=8, pipeline="p", parallelism=tp2)
+    assert not v.allowed
+    assert v.message == ("8 lanes cannot be split over 3 workers (world size 6: 3 pods x 2 "
+                         "ranks, TP 2 -> DP 3); use 1, 2, 4 or 8 workers (DataPipeline p)")
+    # 8 workers: 16 ranks do not split 8 lanes, but DP 8 does
+    assert not review_scale(scale(8), j, 8, "p").allowed
+    assert review_scale(scale(8), j, 8, "p", parallelism=tp2).allowed
+    assert review_workload(job(workers=8, nproc="2"), 8, "p", parallelism=tp2).allowed
+    assert not review_workload(job(workers=3, nproc="2"), 8, "p", parallelism=tp2).allowed
+
+
+def test_workload_ranks_must_be_whole_model_replicas() -> None:
+    v = review_workload(job(workers=3, nproc="2"), 8, "p",
+                        parallelism=Parallelism(tensor=2, pipeline=2))
+    assert v.message == ("3 workers do not fit TP 2 x PP 2: world size 6 (3 pods x 2 ranks) is "
+                         "not a multiple of TP 2 x PP 2 = 4; use 2, 4, 8 or 16 workers "
+                         "(DataPipeline p)")
+
+
+def test_pipeline_parallelism_is_checked_against_the_running_job() -> None:
+    # 4 pods x 2 ranks = 8 ranks do not split 4 lanes; under TP 2 they are DP 4, which does
+    assert not review_pipeline(dp(lanes=4, batch=16), workload=job(workers=4, nproc="2")).allowed
+    assert review_pipeline(dp(lanes=4, batch=16, parallelism={"tensor": 2}),
+                           workload=job(workers=4, nproc="2")).allowed
+    v = review_pipeline(dp(parallelism={"tensor": 4}), workload=job(workers=2, nproc="2"))
+    assert not v.allowed
+    assert v.message == (
+        "spec.lanes 8 and spec.parallelism (TP 4) do not fit PyTorchJob llama as it runs now: "
+        "TP 4 must divide the 2 ranks per pod (nprocPerNode 2): the TP and CP peers of a "
+        "data-parallel rank read one sidecar session, so they share a pod; use a multiple of 4 "
+        "ranks per pod or change spec.parallelism")
+    bad = review_pipeline(dp(parallelism={"tensor": 0}))
+    assert not bad.allowed and "spec.parallelism.tensor 0 must be >= 1" in bad.message
+
+
+def test_parallelism_may_change_between_restarts() -> None:
+    """Not a run-defining field: the lanes' data does not depend on how ranks share them."""
+    assert review_pipeline(dp(parallelism={"tensor": 2}), dp()).allowed

@@ -61,10 +61,25 @@ def test_status_printer_columns_and_short_name() -> None:
     assert spec["names"]["shortNames"] == ["dp"] and spec["scope"] == "Namespaced"
     assert version["subresources"] == {"status": {}}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Workload", "Lanes", "World", "Step", "Phase", "Age"]
+    assert names == ["Workload", "Lanes", "World", "Ranks", "Step", "Phase", "Age"]
     rules = openapi()["properties"]["spec"]["x-kubernetes-validations"]
     assert rules[0]["rule"] == "self.globalBatchSize % self.lanes == 0"
 
 
 def test_yaml_round_trips() -> None:
     assert yaml.safe_load(crd_yaml()) == crd_manifest()
+
+
+def test_parallelism_and_the_dp_status_fields() -> None:
+    spec = openapi()["properties"]["spec"]
+    par = spec["properties"]["parallelism"]
+    assert "parallelism" not in spec["required"] and par["default"] == {}
+    for name in ("tensor", "pipeline", "context"):
+        assert (par["properties"][name]["type"], par["properties"][name]["minimum"],
+                par["properties"][name]["default"]) == ("integer", 1, 1), name
+    status = openapi()["properties"]["status"]["properties"]
+    assert "ranks / (TP x PP x CP)" in status["worldSize"]["description"]
+    assert {"ranks", "readersPerDataRank", "ranksPerPod"} <= set(status)
+    columns = crd_manifest()["spec"]["versions"][0]["additionalPrinterColumns"]
+    ranks = next(c for c in columns if c["name"] == "Ranks")
+    assert (ranks["jsonPath"], ranks["priority"]) == (".status.ranks", 1)  # -o wide

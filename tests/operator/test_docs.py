@@ -23,12 +23,14 @@ def test_reference_is_generated_from_the_schema() -> None:
 def test_examples_are_valid_pipelines() -> None:
     # (fenced as ```yaml title=...: tests/test_docs.py reads plain ```yaml blocks as recipes)
     blocks = re.findall(r"```yaml[^\n]*\n(.*?)```", DOC.read_text(), re.S)
-    pipelines = [d for b in blocks for d in yaml.safe_load_all(b)
-                 if isinstance(d, dict) and d.get("kind") == "DataPipeline"]
-    assert pipelines
+    docs = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict)]
+    pipelines = [d for d in docs if d.get("kind") == "DataPipeline"]
+    jobs = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "PyTorchJob"}
+    assert pipelines and jobs
     for body in pipelines:
         body["metadata"]["namespace"] = "ml"
-        verdict = review_pipeline(body)
+        # an example's job, if the docs show it, must fit its lanes and parallelism
+        verdict = review_pipeline(body, workload=jobs.get(body["spec"]["workload"]["name"]))
         assert verdict.allowed, verdict.message
 
 
@@ -41,15 +43,24 @@ def test_notes_example_is_valid() -> None:
 
 
 def test_messages_quoted_in_the_docs_are_the_real_ones() -> None:
+    from datalane_operator.pipeline import Parallelism
     from datalane_operator.workload import check_workers, topology_of
 
     from .builders import job
 
-    text = DOC.read_text()
-    for workers, lanes, master, nproc in ((3, 8, 0, "1"), (2, 16, 1, "2")):
+    text = " ".join(DOC.read_text().split())
+    for workers, lanes, master, nproc, par in (
+            (3, 8, 0, "1", {}), (2, 16, 1, "2", {}), (3, 8, 0, "2", {"tensor": 2}),
+            (2, 8, 0, "2", {"tensor": 4}), (3, 8, 0, "2", {"tensor": 2, "pipeline": 2}),
+            (1, 8, 0, "8", {"tensor": 2, "pipeline": 2})):
+        topo = topology_of(job(workers=workers, master=master, nproc=nproc),
+                           parallelism=Parallelism(**par))
         try:
-            check_workers(lanes, topology_of(job(workers=workers, master=master, nproc=nproc)))
+            check_workers(lanes, topo)
         except ValueError as e:
-            assert " ".join(str(e).split()) in " ".join(text.split()), str(e)
+            message = " ".join(str(e).split())
+            # quoted whole, or cut after one of its "; " parts (the table's "; ...")
+            cuts = [message[:i] + "; ..." for i, c in enumerate(message) if c == ";"]
+            assert message in text or any(cut in text for cut in cuts), message
         else:
             raise AssertionError("expected a refusal")

@@ -172,3 +172,87 @@ def test_the_sidecar_cli_understands_the_injected_container(monkeypatch) -> None
     assert (args.socket_mode, args.metrics_port) == ("0600", 0)
     probe = cli._parser().parse_args(side["startupProbe"]["exec"]["command"][1:])
     assert probe.command == "probe" and probe.socket == args.socket
+
+
+# ---- parallelism: DP ranks per pod for the sidecar, DP size and readers for the trainer ----
+
+
+def test_tensor_parallel_pod_serves_one_dp_rank_to_two_readers() -> None:
+    # 4 pods (PET_NNODES) x 2 ranks, TP 2: DP 4; each pod holds 1 DP rank read by 2 TP peers
+    out = inject(pod(nproc="2", gpus=2), parallelism={"tensor": 2})
+    assert env_of(sidecar_of(out))["DATALANE_RANKS_PER_POD"] == "1"
+    trainer = env_of(out["spec"]["containers"][0])
+    assert (trainer["DATALANE_DP_SIZE"], trainer["DATALANE_DP_READERS"]) == ("4", "2")
+    # pure data parallelism: no DP env, the client keeps $RANK and $WORLD_SIZE
+    plain = env_of(inject(pod(nproc="2", gpus=2))["spec"]["containers"][0])
+    assert "DATALANE_DP_SIZE" not in plain and "DATALANE_DP_READERS" not in plain
+
+
+def test_tp_cp_pp_pod() -> None:
+    # 2 pods x 8 ranks, TP 2 x CP 2 x PP 2: 16 ranks / 8 = DP 2; a pod: 8 / 4 = 2 DP ranks
+    out = inject(pod(nproc="8", gpus=8, nnodes="2"),
+                 parallelism={"tensor": 2, "context": 2, "pipeline": 2})
+    assert env_of(sidecar_of(out))["DATALANE_RANKS_PER_POD"] == "2"
+    trainer = env_of(out["spec"]["containers"][0])
+    assert (trainer["DATALANE_DP_SIZE"], trainer["DATALANE_DP_READERS"]) == ("2", "4")
+
+
+def test_the_trainer_layout_gives_tp_peers_one_dp_rank() -> None:
+    """dp_rank = (RANK // readers) % dp_size with the injected env, for every rank of the job:
+    TP x CP peers (consecutive ranks) share a DP rank and a pod; each pod's sidecar serves
+    exactly DATALANE_RANKS_PER_POD distinct DP ranks; every stage sees every DP rank."""
+    nodes, nproc, par = 2, 8, {"tensor": 2, "context": 2, "pipeline": 2}
+    served: dict[int, set[int]] = {}
+    for node in range(nodes):
+        out = inject(pod(f"llama-worker-{node}", nproc=str(nproc), gpus=8, nnodes=str(nodes)),
+                     parallelism=par)
+        env = env_of(out["spec"]["containers"][0])
+        size, readers = int(env["DATALANE_DP_SIZE"]), int(env["DATALANE_DP_READERS"])
+        ranks = [node * nproc + local for local in range(nproc)]
+        dp_ranks = [(r // readers) % size for r in ranks]
+        served[node] = set(dp_ranks)
+        assert len(served[node]) == int(env_of(sidecar_of(out))["DATALANE_RANKS_PER_POD"])
+        for i in range(nproc):  # the TP x CP peers of a group: the same DP rank
+            assert dp_ranks[i] == dp_ranks[i - i % readers]
+    # rank r = (pp * DP + dp) * 4 + cp * 2 + tp: pod 0 is stage 0, pod 1 stage 1
+    assert served == {0: {0, 1}, 1: {0, 1}}
+
+
+def test_elastic_node_range_injects_only_the_readers() -> None:
+    out = inject(pod(nproc="2", gpus=2, nnodes="1:4"), parallelism={"tensor": 2})
+    trainer = env_of(out["spec"]["containers"][0])
+    assert trainer["DATALANE_DP_READERS"] == "2" and "DATALANE_DP_SIZE" not in trainer
+
+
+def test_pods_that_split_a_tp_group_or_a_model_replica_are_refused() -> None:
+    with pytest.raises(ConfigError) as e:
+        inject(pod(nproc="2", gpus=2), parallelism={"tensor": 4})
+    assert str(e.value) == (
+        "pod llama-worker-0 runs 2 ranks, not a multiple of TP x CP = 4 (spec.parallelism of "
+        "DataPipeline pretrain): the TP and CP peers of a data-parallel rank must share a pod; "
+        "set nprocPerNode to a multiple of 4")
+    with pytest.raises(ConfigError) as e:
+        inject(pod(nproc="2", gpus=2, nnodes="3"), parallelism={"tensor": 2, "pipeline": 2})
+    assert str(e.value) == (
+        "the 6 ranks of PyTorchJob llama (PET_NNODES 3 x 2) are not a multiple of TP 2 x PP 2 "
+        "= 4 (spec.parallelism of DataPipeline pretrain); scale the job to whole model replicas")
+
+
+def test_parallel_injection_is_idempotent_and_the_sidecar_reads_it(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from datalane_sidecar import cli
+
+    body = dp(parallelism={"tensor": 2})
+    p = pod(nproc="4", gpus=4)
+    p["spec"]["containers"][0]["env"].append({"name": "DATALANE_DP_SIZE", "value": "99"})
+    once = mutate_pod(p, load_pipeline(body), DEFAULT_IMAGE)
+    assert mutate_pod(once, load_pipeline(body), DEFAULT_IMAGE) == once
+    names = [e["name"] for e in once["spec"]["containers"][0]["env"]]
+    assert names.count("DATALANE_DP_SIZE") == 1
+    assert env_of(once["spec"]["containers"][0])["DATALANE_DP_SIZE"] == "8"  # 4 x 4 / 2
+    # the pipeline no longer declares a parallelism: the DP env goes away again
+    plain = mutate_pod(once, load_pipeline(dp()), DEFAULT_IMAGE)
+    assert "DATALANE_DP_SIZE" not in env_of(plain["spec"]["containers"][0])
+    side = sidecar_of(once)
+    for e in side["env"]:
+        monkeypatch.setenv(e["name"], e.get("value", "llama-worker-0"))
+    assert cli._parser().parse_args(side["command"][1:]).ranks_per_pod == 2

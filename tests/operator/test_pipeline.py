@@ -84,3 +84,28 @@ def test_resources_are_validated() -> None:
         parse_resources({"requests": {"memory": "4 GB"}}, "r")
     with pytest.raises(ConfigError, match=r"r.limit is not a known key"):
         parse_resources({"limit": {}}, "r")
+
+
+def test_parallelism_defaults_to_pure_data_parallelism() -> None:
+    par = load_pipeline(dp()).spec.parallelism
+    assert (par.tensor, par.pipeline, par.context) == (1, 1, 1)
+    assert (par.model_parallel, par.readers, par.describe()) == (1, 1, "")
+    par = load_pipeline(dp(parallelism={"tensor": 2, "pipeline": 4, "context": 3})).spec.parallelism
+    assert (par.tensor, par.pipeline, par.context) == (2, 4, 3)
+    assert (par.model_parallel, par.readers) == (24, 6)  # TP x PP x CP; TP x CP
+    assert par.describe() == "TP 2 x CP 3 x PP 4"
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ({"tensr": 2}, "spec.parallelism.tensr is not a known key; did you mean 'tensor'?"),
+    ({"data": 2}, "spec.parallelism.data is not a known key; known keys: tensor, pipeline, "
+                  "context"),
+    ({"tensor": 0}, "spec.parallelism.tensor 0 must be >= 1"),
+    ({"pipeline": -2}, "spec.parallelism.pipeline -2 must be >= 1"),
+    ({"context": "2"}, "spec.parallelism.context must be an integer, got '2'"),
+    ([2], "spec.parallelism must be a mapping, got list [2]"),
+])
+def test_bad_parallelism_is_named(value, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as e:
+        load_pipeline(dp(parallelism=value))
+    assert message in str(e.value)

@@ -136,3 +136,39 @@ def test_invalid_spec() -> None:
     assert d.status["phase"] == "Degraded" and d.status["checkpoints"] == [1]
     assert cond(d.status, "Degraded")["reason"] == "InvalidSpec"
     assert d.events[0].type == "Warning"
+
+
+# ---- parallelism ---------------------------------------------------------------------------
+
+TP2 = load_pipeline(dp(parallelism={"tensor": 2}))
+
+
+def tp_pods(n: int) -> list[dict[str, Any]]:
+    return [mutate_pod(pod(f"llama-worker-{i}", nproc="2", gpus=2, nnodes=str(n),
+                           phase="Running"), TP2, "img:1") for i in range(n)]
+
+
+def test_status_of_a_tensor_parallel_job_is_the_dp_world() -> None:
+    d = decide(TP2, job(workers=2, nproc="2"), tp_pods(2), None, None, T0)
+    s = d.status
+    # 2 pods x 2 ranks = 4 ranks, TP 2: DP 2, 8 lanes / 2 = 4 lanes per DP rank
+    assert (s["pods"], s["ranksPerPod"], s["ranks"], s["readersPerDataRank"], s["worldSize"],
+            s["lanesPerRank"], s["phase"]) == (2, 2, 4, 2, 2, 4, "Running")
+    assert d.events[0].message == ("PyTorchJob llama: data-parallel world size 2 (2 pods x 2 "
+                                   "ranks, TP 2 -> DP 2, 4 lanes per rank)")
+    before = decide(TP2, job(workers=4, nproc="2"), tp_pods(4), None, None, T0).status
+    assert (before["worldSize"], before["lanesPerRank"]) == (4, 2)
+    after = decide(TP2, job(workers=2, nproc="2"), tp_pods(2), None, before, T1)
+    assert [e.message for e in after.events] == [
+        "data-parallel world size 4 -> 2 (2 pods x 2 ranks, TP 2 -> DP 2, 4 lanes per rank)"]
+
+
+def test_ranks_that_do_not_fit_the_parallelism_degrade() -> None:
+    pipe = load_pipeline(dp(parallelism={"tensor": 2, "pipeline": 2}))
+    d = decide(pipe, job(workers=3, nproc="2"), [], None, None, T0)
+    deg = cond(d.status, "Degraded")
+    assert deg["reason"] == "ParallelismMismatch"
+    assert deg["message"].startswith("3 workers do not fit TP 2 x PP 2: world size 6")
+    assert "worldSize" not in d.status and d.status["ranks"] == 6
+    plain = decide(PIPE, job(workers=3, nproc="2"), [], None, None, T0)
+    assert cond(plain.status, "Degraded")["reason"] == "WorldSizeMismatch"

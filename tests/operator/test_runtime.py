@@ -83,3 +83,30 @@ def test_reviews_are_timed_and_get_the_request_namespace() -> None:
     assert out == {"response": {"allowed": True}}
     assert seen[0]["request"]["object"]["metadata"]["namespace"] == "ml"
     assert len(handlers.RUNTIME.admission_ms) == before + 1
+
+
+def test_scale_webhook_applies_the_pipelines_parallelism() -> None:
+    """The handler hands the indexed pipeline's spec.parallelism to the scale guard."""
+    import kopf
+
+    from .builders import dp, job, scale
+
+    key = ("ml", "llama")
+    pipelines = {key: [dp(parallelism={"tensor": 2})]}
+    jobs = {key: [job(workers=2, nproc="2")]}
+
+    def review(replicas: int, index: dict[Any, Any]) -> str:
+        try:
+            asyncio.run(handlers.validate_scale(body=kopf.Body(scale(replicas)), warnings=[],
+                                                pipelines=index, jobs=jobs))
+        except kopf.AdmissionError as e:
+            return str(e)
+        return "allowed"
+
+    assert review(3, pipelines) == ("8 lanes cannot be split over 3 workers (world size 6: 3 "
+                                    "pods x 2 ranks, TP 2 -> DP 3); use 1, 2, 4 or 8 workers "
+                                    "(DataPipeline pretrain)")
+    assert review(8, pipelines) == "allowed"  # DP 8 (16 ranks would not split 8 lanes)
+    broken = {key: [dp(parallelism={"tensor": 0})]}
+    assert review(8, broken).startswith("DataPipeline pretrain is invalid, so the world size "
+                                        "cannot be checked: spec.parallelism.tensor 0")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from datalane_operator.pipeline import Parallelism
 from datalane_operator.workload import (
+    Topology,
     check_workers,
     nproc_of_container,
     topology_of,
@@ -38,8 +40,8 @@ def test_nproc_resolution(setting, container, expected) -> None:  # type: ignore
 
 def test_topology_counts_every_replica_type() -> None:
     t = topology_of(job(workers=3, master=1, nproc="2"))
-    assert (t.pods, t.workers, t.others, t.nproc, t.world_size) == (4, 3, 1, 2, 8)
-    assert topology_of(job(workers=4, nproc=None, gpus=8)).world_size == 32
+    assert (t.pods, t.workers, t.others, t.nproc, t.ranks, t.dp_size) == (4, 3, 1, 2, 8, 8)
+    assert topology_of(job(workers=4, nproc=None, gpus=8)).dp_size == 32
     deprecated = job(workers=2, nproc=None)
     deprecated["spec"]["elasticPolicy"] = {"nProcPerNode": 4}
     assert topology_of(deprecated).nproc == 4
@@ -71,3 +73,88 @@ def test_no_worker_count_works() -> None:
 def test_zero_workers_is_a_stopped_job_and_unknown_nproc_is_not_checked() -> None:
     check_workers(8, topology_of(job(workers=4)), workers=0)
     check_workers(8, topology_of(job(workers=3, nproc="cpu", gpus=None)))
+
+
+# ---- parallelism: only the data-parallel world divides the lanes ---------------------------
+
+
+def tp(tensor: int = 1, pipeline: int = 1, context: int = 1) -> Parallelism:
+    return Parallelism(tensor=tensor, pipeline=pipeline, context=context)
+
+
+def refusal(lanes: int, t: Topology, workers: int | None = None) -> str:
+    with pytest.raises(ConfigError) as e:
+        check_workers(lanes, t, workers)
+    return str(e.value)
+
+
+def test_tensor_parallel_job_has_a_smaller_data_parallel_world() -> None:
+    t = topology_of(job(workers=2, nproc="2"), parallelism=tp(2))
+    # 2 pods x 2 ranks = 4 ranks; TP 2 -> DP 2; each pod holds 1 DP rank read by 2 TP peers
+    assert (t.ranks, t.dp_size, t.dp_ranks_per_pod) == (4, 2, 1)
+    check_workers(8, t)
+    check_workers(2, t)  # 2 lanes split over DP 2 (the 4 ranks would not split them)
+    with pytest.raises(ConfigError):
+        check_workers(2, topology_of(job(workers=2, nproc="2")))
+
+
+def test_scale_to_three_tensor_parallel_workers_names_the_dp_size() -> None:
+    t = topology_of(job(workers=2, nproc="2"), parallelism=tp(2))
+    assert valid_worker_counts(8, t) == [1, 2, 4, 8]  # w pods x 2 ranks / TP 2 = DP w
+    assert refusal(8, t, workers=3) == (
+        "8 lanes cannot be split over 3 workers (world size 6: 3 pods x 2 ranks, TP 2 -> DP 3); "
+        "use 1, 2, 4 or 8 workers")
+
+
+def test_a_master_counts_in_the_dp_world_too() -> None:
+    t = topology_of(job(workers=2, master=1, nproc="2"), parallelism=tp(2))
+    assert valid_worker_counts(8, t) == [1, 3, 7]  # (1 + w) x 2 / 2 divides 8
+    assert refusal(8, t) == ("8 lanes cannot be split over 2 workers (world size 6: 3 pods x 2 "
+                             "ranks, TP 2 -> DP 3); use 1, 3 or 7 workers")
+
+
+def test_tp_times_cp_must_divide_the_ranks_per_pod() -> None:
+    t = topology_of(job(workers=2, nproc="2"), parallelism=tp(2, context=2))
+    assert t.dp_ranks_per_pod is None and valid_worker_counts(8, t) == []
+    assert refusal(8, t) == (
+        "TP 2 x CP 2 = 4 must divide the 2 ranks per pod (nprocPerNode 2): the TP and CP peers "
+        "of a data-parallel rank read one sidecar session, so they share a pod; use a "
+        "multiple of 4 ranks per pod or change spec.parallelism")
+    # 4 ranks per pod hold one TP x CP group each: 2 pods -> DP 2
+    fits = topology_of(job(workers=2, nproc="4"), parallelism=tp(2, context=2))
+    assert (fits.dp_size, fits.dp_ranks_per_pod) == (2, 1)
+    check_workers(8, fits)
+
+
+def test_pipeline_parallel_world_must_hold_whole_model_replicas() -> None:
+    t = topology_of(job(workers=2, nproc="2"), parallelism=tp(2, pipeline=2))
+    # 2 pods x 2 ranks = 4 = one replica of TP 2 x PP 2: DP 1
+    assert (t.ranks, t.dp_size, t.dp_ranks_per_pod) == (4, 1, 1)
+    check_workers(8, t)
+    # DP d needs 4d ranks = 2d pods: 2, 4, 8, 16 workers for DP 1, 2, 4, 8
+    assert valid_worker_counts(8, t) == [2, 4, 8, 16]
+    assert refusal(8, t, workers=3) == (
+        "3 workers do not fit TP 2 x PP 2: world size 6 (3 pods x 2 ranks) is not a multiple of "
+        "TP 2 x PP 2 = 4; use 2, 4, 8 or 16 workers")
+
+
+def test_pods_must_not_span_pipeline_stages() -> None:
+    # 8 ranks per pod, TP 2 x PP 2: a stage has world/2 ranks; one pod of 8 would hold both
+    t = topology_of(job(workers=2, nproc="8"), parallelism=tp(2, pipeline=2))
+    assert (t.ranks, t.dp_size, t.dp_ranks_per_pod) == (16, 4, 4)  # a pod: 4 DP ranks, 1 stage
+    check_workers(8, t)
+    assert valid_worker_counts(8, t) == [2, 4]  # DP 4 and DP 8; DP 2 (1 pod) spans stages
+    assert refusal(8, t, workers=1) == (
+        "1 worker does not fit TP 2 x PP 2: a pipeline stage has 4 ranks (world size 8 / PP 2), "
+        "fewer than the 8 ranks of a pod, so a pod would hold ranks of several stages; use 2 "
+        "or 4 workers")
+
+
+def test_no_worker_count_works_under_the_parallelism() -> None:
+    # a Master and 3 ranks per pod under PP 3: DP = 1 + w, a stage has 1 + w ranks, which
+    # must be a multiple of 3 (whole pods) while 1 + w divides 8: never
+    t = topology_of(job(workers=1, master=1, nproc="3"), parallelism=tp(pipeline=3))
+    assert refusal(8, t) == (
+        "1 worker does not fit PP 3: a pipeline stage has 2 ranks (world size 6 / PP 3), fewer "
+        "than the 3 ranks of a pod, so a pod would hold ranks of several stages; no worker "
+        "count works with 1 other pods and 3 ranks per pod under PP 3")
