@@ -1,10 +1,12 @@
 """A trainer process for the operator's end-to-end test (the PyTorchJob's container command).
 
 It does what a torchrun worker of a real job would do with datalane: read its rank and world
-size from the environment, stream its microbatches from the pod's sidecar at
-``$DATALANE_SOCKET``, and ask for a checkpoint every ``--checkpoint-every`` steps. Instead of
-training, it prints the lane window digests of every step (JSON lines), from which the test
-composes the global batch hashes.
+size from the environment (the data-parallel ones from ``$DATALANE_DP_SIZE`` and
+``$DATALANE_DP_READERS`` under tensor parallelism, where the TP peers of a pod read one DP
+rank), stream its microbatches from the pod's sidecar at ``$DATALANE_SOCKET``, and ask for a
+checkpoint every ``--checkpoint-every`` steps. Instead of training, it prints the lane window
+digests of every step (JSON lines, with its DP rank, DP world size, readers and reader), from
+which the test composes the global batch hashes.
 
     python -m tests.operator.e2e_trainer --steps 6 --checkpoint-every 2
 """
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             continue  # not the last microbatch of the step
         done += 1
         print(json.dumps({"step": batch.step, "rank": loader.rank, "world": loader.world_size,
+                          "readers": loader.readers, "reader": loader.reader,
                           "lanes": {str(k): v.hex() for k, v in batch.lane_digests.items()}}),
               flush=True)
         if args.checkpoint_every and done % args.checkpoint_every == 0:

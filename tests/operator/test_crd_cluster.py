@@ -47,6 +47,7 @@ def test_valid_pipeline_is_stored_with_defaults(crd: Cluster, k8s_namespace: str
     assert spec["recipe"]["sources"][1]["epochs"] == 1  # defaulted
     assert spec["sidecar"]["socketDir"] == "/var/run/datalane"
     assert spec["workload"]["container"] == "pytorch"
+    assert spec["parallelism"] == {"tensor": 1, "pipeline": 1, "context": 1}  # defaulted
     table = crd.kubectl("get", "dp", "-n", k8s_namespace).stdout.split("\n")[0].split()
     assert table == ["NAME", "LANES", "WORLD", "STEP", "PHASE", "AGE"]
 
@@ -61,6 +62,7 @@ def test_valid_pipeline_is_stored_with_defaults(crd: Cluster, k8s_namespace: str
     (lambda s: s["sidecar"].update(resources={"limits": {"cpu": "lots"}}),
      "spec.sidecar.resources.limits.cpu"),
     (lambda s: s["recipe"].pop("tokenizer"), "spec.recipe.tokenizer: Required value"),
+    (lambda s: s.update(parallelism={"tensor": 0}), "spec.parallelism.tensor: Invalid value: 0"),
 ])
 def test_schema_refuses(crd: Cluster, k8s_namespace: str, change, message) -> None:  # type: ignore[no-untyped-def]
     body = dp()
@@ -75,6 +77,9 @@ def test_unknown_fields_are_refused_by_kubectl(crd: Cluster, k8s_namespace: str)
     body["spec"]["recipe"]["sedd"] = 3
     out = apply(crd, k8s_namespace, body, "apply")
     assert out.returncode != 0 and 'unknown field "spec.recipe.sedd"' in out.stderr
+    body = dp(parallelism={"tensor": 2, "data": 4})
+    out = apply(crd, k8s_namespace, body, "apply")
+    assert out.returncode != 0 and 'unknown field "spec.parallelism.data"' in out.stderr
 
 
 def test_lanes_are_fixed(crd: Cluster, k8s_namespace: str) -> None:

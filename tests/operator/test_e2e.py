@@ -6,7 +6,10 @@ starts each pod's sidecar and trainer as local processes; trainers run and check
 operator lists and garbage-collects the checkpoints; ``kubectl scale`` to 2 workers updates
 the status, the recreated pods resume from the last committed checkpoint, and the per-step
 global batch hashes equal an uninterrupted 4-rank run; a scale to 3 is refused; deleting the
-DataPipeline leaves nothing behind. A second test times pod admission over 200 creations.
+DataPipeline leaves nothing behind. The same runs with tensor parallelism: 2 ranks per pod
+that are TP peers (``spec.parallelism.tensor: 2``), so the data-parallel world is 4 and then
+2, each pod's two trainers read one DP rank through its sidecar and print the same digests.
+A second test times pod admission over 200 creations.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -72,21 +76,24 @@ def apply(c: Cluster, ns: str, obj: dict[str, Any]) -> None:
 
 
 def pipeline(name: str, workload: str, recipe: dict[str, Any], checkpoint: dict[str, Any],
-             ) -> dict[str, Any]:
-    return {"apiVersion": f"{G}/{V}", "kind": "DataPipeline", "metadata": {"name": name},
+             tensor: int = 1) -> dict[str, Any]:
+    body = {"apiVersion": f"{G}/{V}", "kind": "DataPipeline", "metadata": {"name": name},
             "spec": {"workload": {"kind": "PyTorchJob", "name": workload}, "lanes": 8,
                      "globalBatchSize": 16, "recipe": recipe, "checkpoint": checkpoint,
                      "sidecar": {"workers": 1, "prefetch": 4,
                                  "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}}}
+    if tensor > 1:
+        body["spec"]["parallelism"] = {"tensor": tensor}
+    return body
 
 
-def pytorchjob(name: str, workers: int) -> dict[str, Any]:
+def pytorchjob(name: str, workers: int, nproc: int = 1) -> dict[str, Any]:
     trainer = {"name": "pytorch", "image": "registry.invalid/trainer:1",
                "command": ["python", "-m", "tests.operator.e2e_trainer", "--steps", str(STEPS),
                            "--checkpoint-every", "2"],
-               "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+               "resources": {"limits": {"nvidia.com/gpu": str(nproc)}}}
     return {"apiVersion": f"{TG}/{TV}", "kind": "PyTorchJob", "metadata": {"name": name},
-            "spec": {"nprocPerNode": "1", "pytorchReplicaSpecs": {"Worker": {
+            "spec": {"nprocPerNode": str(nproc), "pytorchReplicaSpecs": {"Worker": {
                 "replicas": workers, "restartPolicy": "OnFailure",
                 "template": {"spec": {"containers": [trainer]}}}}}}
 
@@ -117,13 +124,13 @@ def wait_injection_active(core: client.CoreV1Api, ns: str, job: str) -> None:
     eventually(injected, timeout=60, what="the sidecar injection webhook to take effect")
 
 
-def check_injected(pod: dict[str, Any], pipeline_name: str) -> None:
+def check_injected(pod: dict[str, Any], pipeline_name: str, secret: str = "s3-creds") -> None:
     spec = pod["spec"]
     (side,) = [c for c in spec["initContainers"] if c["name"] == names.SIDECAR_CONTAINER]
     assert side["restartPolicy"] == "Always"
     assert side["image"] == "datalane-sidecar:e2e"  # the chart's sidecar.image
     assert side["startupProbe"]["exec"]["command"][:2] == ["datalane-sidecar", "probe"]
-    assert side["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    assert side["envFrom"] == [{"secretRef": {"name": secret}}]
     assert side["resources"] == {"requests": {"cpu": "1", "memory": "1Gi"}}
     assert side["securityContext"]["readOnlyRootFilesystem"] is True
     vols = {v["name"]: v for v in spec["volumes"]}
@@ -138,57 +145,101 @@ def check_injected(pod: dict[str, Any], pipeline_name: str) -> None:
     assert SECRET_KEY not in text and ACCESS_KEY not in text
 
 
+def records_of(path: Any) -> list[dict[str, Any]]:
+    """The step records a trainer printed (one JSON line per step)."""
+    return [json.loads(line) for line in path.read_text().splitlines()
+            if line.startswith("{") and '"lanes"' in line]
+
+
 def digests_of(runner: PodRunner) -> dict[int, dict[int, bytes]]:
     out: dict[int, dict[int, bytes]] = {}
     for pod in runner.pods:
         for path in pod.outputs:
-            for line in path.read_text().splitlines():
-                if line.startswith("{") and '"lanes"' in line:
-                    rec = json.loads(line)
-                    out.setdefault(rec["step"], {}).update(
-                        {int(k): bytes.fromhex(v) for k, v in rec["lanes"].items()})
+            for rec in records_of(path):
+                out.setdefault(rec["step"], {}).update(
+                    {int(k): bytes.fromhex(v) for k, v in rec["lanes"].items()})
     return out
 
 
+def check_tp_peers(runner: PodRunner, case: Case, dp_size: int) -> None:
+    """The trainers of a pod are the TP peers of one DP rank (the pod's replica index): they
+    read the same lanes, step by step, as readers 0..TP-1 of the pod's sidecar session."""
+    for pod in runner.pods:
+        index = int(pod.name.rsplit("-", 1)[1])
+        runs = [records_of(path) for path in pod.outputs]
+        assert len(runs) == case.nproc and runs[0], pod.name
+        for rank_local, run in enumerate(runs):
+            assert {(r["rank"], r["world"], r["readers"], r["reader"]) for r in run} == {
+                (index, dp_size, case.tensor, rank_local)}, pod.name
+            assert [(r["step"], r["lanes"]) for r in run] == [
+                (r["step"], r["lanes"]) for r in runs[0]], f"{pod.name}: TP peers differ"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run of the scale test: pure data parallelism, or 2 TP peers per pod."""
+
+    tensor: int = 1
+    suffix: str = ""
+
+    @property
+    def nproc(self) -> int:
+        return self.tensor  # each pod holds exactly one TP group: DP world = pods
+
+    def name(self, base: str) -> str:
+        return base + self.suffix
+
+
+@pytest.mark.parametrize("case", [Case(), Case(tensor=2, suffix="-tp2")],
+                         ids=["dp", "tp2"])
 def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpus: DemoCorpus,
-                                  bucket: str, s3_server: str) -> None:
+                                  bucket: str, s3_server: str, case: Case) -> None:
     c, ns = stack.cluster, stack.namespace
     core, custom = client.CoreV1Api(k8s_api), client.CustomObjectsApi(k8s_api)
-    core.create_namespaced_secret(ns, {"metadata": {"name": "s3-creds"}, "stringData": {
+    dpn, job, secret = case.name("pretrain"), case.name("llama"), case.name("s3-creds")
+    core.create_namespaced_secret(ns, {"metadata": {"name": secret}, "stringData": {
         "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}})
     recipe = base_recipe_dict(corpus)
     full = copy.deepcopy(recipe)
     del recipe["lanes"], recipe["global_batch_size"]
     store_uri = f"{bucket}/run"
-    apply(c, ns, pipeline("pretrain", "llama", recipe,
-                          {"uri": store_uri, "secretRef": {"name": "s3-creds"},
-                           "endpoint": s3_server, "keep": 2}))
-    wait_injection_active(core, ns, "llama")
-    custom.create_namespaced_custom_object(TG, TV, ns, TP, pytorchjob("llama", 4))
+    apply(c, ns, pipeline(dpn, job, recipe,
+                          {"uri": store_uri, "secretRef": {"name": secret},
+                           "endpoint": s3_server, "keep": 2}, tensor=case.tensor))
+    wait_injection_active(core, ns, job)
+    custom.create_namespaced_custom_object(TG, TV, ns, TP, pytorchjob(job, 4, case.nproc))
     runner = PodRunner(core, ns)
     try:
         # ---- 4 workers: injected pods, status, training with checkpoints -------------------
-        pods = eventually(lambda: (p := live_pods(core, ns, "llama")) and len(p) == 4 and all(
+        pods = eventually(lambda: (p := live_pods(core, ns, job)) and len(p) == 4 and all(
             x.get("status", {}).get("phase") == "Running" for x in p.values()) and p,
             timeout=90, what="4 Running pods")
         for pod in pods.values():
-            check_injected(pod, "pretrain")
+            check_injected(pod, dpn, secret)
             side = next(x for x in pod["spec"]["initContainers"]
                         if x["name"] == names.SIDECAR_CONTAINER)
+            # one DP rank per pod: 1 rank, or 2 TP peers of one DP rank
             assert {"name": "DATALANE_RANKS_PER_POD", "value": "1"} in side["env"]
-        eventually(lambda: dp_status(custom, ns, "pretrain").get("phase") == "Running",
+            trainer = next(x for x in pod["spec"]["containers"] if x["name"] == "pytorch")
+            dp_env = {e["name"]: e.get("value") for e in trainer["env"]
+                      if e["name"].startswith("DATALANE_DP_")}
+            assert dp_env == ({} if case.tensor == 1 else {
+                "DATALANE_DP_SIZE": "4", "DATALANE_DP_READERS": str(case.tensor)})
+        eventually(lambda: dp_status(custom, ns, dpn).get("phase") == "Running",
                    timeout=30, what="phase Running")
-        st = dp_status(custom, ns, "pretrain")
-        assert (st["worldSize"], st["lanesPerRank"], st["ranksPerPod"], st["pods"]) == (
-            4, 2, 1, 4)
+        st = dp_status(custom, ns, dpn)
+        assert (st["worldSize"], st["lanesPerRank"], st["ranksPerPod"], st["pods"],
+                st["ranks"], st["readersPerDataRank"]) == (
+            4, 2, case.nproc, 4, 4 * case.nproc, case.tensor)
         for pod in pods.values():
             runner.start(pod)
         runner.wait_trainers()
+        check_tp_peers(runner, case, 4)
         first = digests_of(runner)
         assert sorted(first) == list(range(STEPS))
         runner.stop_pods()
         # the operator lists the store and keeps the newest 2 of steps 2, 4, 6
-        eventually(lambda: (s := dp_status(custom, ns, "pretrain")).get(
+        eventually(lambda: (s := dp_status(custom, ns, dpn)).get(
             "lastCommittedStep") == 6 and s.get("checkpoints") == [4, 6], timeout=30,
             what="status: last committed step 6, checkpoints [4, 6]")
         options = {"key": ACCESS_KEY, "secret": SECRET_KEY,
@@ -197,40 +248,46 @@ def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpu
 
         # ---- scale to 2: status within the target, 3 refused ------------------------------
         t0 = time.monotonic()
-        c.kubectl("scale", "pytorchjob", "llama", "--replicas=2", "-n", ns)
-        eventually(lambda: dp_status(custom, ns, "pretrain").get("worldSize") == 2,
+        c.kubectl("scale", "pytorchjob", job, "--replicas=2", "-n", ns)
+        eventually(lambda: dp_status(custom, ns, dpn).get("worldSize") == 2,
                    timeout=30, interval=0.02, what="status worldSize 2")
-        MEASURED["scale_to_status_s"] = round(time.monotonic() - t0, 3)
-        assert dp_status(custom, ns, "pretrain")["lanesPerRank"] == 4
-        refused = c.kubectl("scale", "pytorchjob", "llama", "--replicas=3", "-n", ns,
+        MEASURED[f"scale_to_status_s{case.suffix}"] = round(time.monotonic() - t0, 3)
+        st = dp_status(custom, ns, dpn)
+        assert (st["lanesPerRank"], st["ranks"]) == (4, 2 * case.nproc)
+        refused = c.kubectl("scale", "pytorchjob", job, "--replicas=3", "-n", ns,
                             check=False)
         assert refused.returncode != 0
-        assert "8 lanes cannot be split over 3 workers; use 1, 2, 4 or 8" in refused.stderr
+        assert (f"8 lanes cannot be split over 3 workers (world size 6: 3 pods x 2 ranks, TP 2 "
+                f"-> DP 3); use 1, 2, 4 or 8 workers (DataPipeline {dpn})" if case.tensor > 1
+                else "8 lanes cannot be split over 3 workers; use 1, 2, 4 or 8") in " ".join(
+            refused.stderr.split()), refused.stderr
         # a refusal is the webhook working: the operator logs it at INFO, not as a failure
         line = eventually(lambda: next((ln for ln in stack.log.read_text().splitlines()
-                                        if "refused: 8 lanes cannot be split" in ln), None),
+                                        if "refused: 8 lanes cannot be split" in ln
+                                        and f"DataPipeline {dpn})" in ln), None),
                           timeout=10, what="the refusal in the operator's log")
         assert "INFO" in line and "ERROR" not in line, line
         assert "failed permanently" not in stack.log.read_text()
-        job = custom.get_namespaced_custom_object(TG, TV, ns, TP, "llama")
-        assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+        body = custom.get_namespaced_custom_object(TG, TV, ns, TP, job)
+        assert body["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
 
         # ---- the job restarts at its new size: recreated pods resume -----------------------
-        eventually(lambda: set(live_pods(core, ns, "llama")) == {"llama-worker-0",
-                                                                 "llama-worker-1"},
+        kept = [f"{job}-worker-0", f"{job}-worker-1"]
+        eventually(lambda: set(live_pods(core, ns, job)) == set(kept),
                    timeout=60, what="workers 2 and 3 deleted")
-        old = {p["metadata"]["uid"] for p in live_pods(core, ns, "llama").values()}
-        c.kubectl("delete", "pod", "llama-worker-0", "llama-worker-1", "-n", ns, "--wait=true")
-        pods = eventually(lambda: (p := live_pods(core, ns, "llama")) and len(p) == 2 and all(
+        old = {p["metadata"]["uid"] for p in live_pods(core, ns, job).values()}
+        c.kubectl("delete", "pod", *kept, "-n", ns, "--wait=true")
+        pods = eventually(lambda: (p := live_pods(core, ns, job)) and len(p) == 2 and all(
             x["metadata"]["uid"] not in old and x.get("status", {}).get("phase") == "Running"
             for x in p.values()) and p, timeout=90, what="2 recreated Running pods")
         for pod in pods.values():
-            check_injected(pod, "pretrain")
-        resume = dp_status(custom, ns, "pretrain")["lastCommittedStep"]
+            check_injected(pod, dpn, secret)
+        resume = dp_status(custom, ns, dpn)["lastCommittedStep"]
         assert resume == STEPS
         for pod in pods.values():
             runner.start(pod, extra_env={"E2E_RESUME_STEP": str(resume)})
         runner.wait_trainers()
+        check_tp_peers(runner, case, 2)
         second = digests_of(runner)
         assert sorted(second) == list(range(STEPS, 2 * STEPS))
         runner.stop_pods()
@@ -242,22 +299,26 @@ def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpu
         for s in range(2 * STEPS):
             assert len({**first, **second}[s]) == 8, f"step {s} misses lanes"
         assert elastic == reference
-        eventually(lambda: dp_status(custom, ns, "pretrain").get("checkpoints") == [10, 12],
+        eventually(lambda: dp_status(custom, ns, dpn).get("checkpoints") == [10, 12],
                    timeout=30, what="checkpoints [10, 12]")
         events = core.list_namespaced_event(
-            ns, field_selector="involvedObject.name=pretrain").items
+            ns, field_selector=f"involvedObject.name={dpn}").items
         reasons = {e.reason for e in events}
         assert {"WorkloadObserved", "Rescaled", "Checkpointed",
                 "CheckpointsCollected"} <= reasons, reasons
         for e in events:
             assert SECRET_KEY not in (e.message or "")
+        if case.tensor > 1:
+            rescaled = next(e.message for e in events if e.reason == "Rescaled")
+            assert rescaled == ("data-parallel world size 4 -> 2 (2 pods x 2 ranks, TP 2 -> "
+                                "DP 2, 4 lanes per rank)"), rescaled
 
         # ---- deleting the pipeline leaves no orphans --------------------------------------
-        c.kubectl("delete", "dp", "pretrain", "-n", ns, "--wait=true", "--timeout=30s")
+        c.kubectl("delete", "dp", dpn, "-n", ns, "--wait=true", "--timeout=30s")
         eventually(lambda: not core.list_namespaced_config_map(
             ns, label_selector=names.LABEL_PIPELINE).items, timeout=60,
             what="the recipe ConfigMap garbage-collected")
-        custom.delete_namespaced_custom_object(TG, TV, ns, TP, "llama")
+        custom.delete_namespaced_custom_object(TG, TV, ns, TP, job)
         eventually(lambda: not core.list_namespaced_pod(
             ns, label_selector=names.LABEL_PIPELINE).items, timeout=60,
             what="the job's pods gone")
