@@ -68,12 +68,40 @@ def _from_mesh(mesh: Any) -> tuple[int, int]:
     return int(mesh.get_local_rank()), int(mesh.size())
 
 
+def _from_env(rank: int | None, world_size: int | None, global_rank: int | None,
+              readers: int, env_readers: bool) -> tuple[int, int]:
+    dp_size = _env_int("DATALANE_DP_SIZE")
+    world = _env_int("WORLD_SIZE")
+    if dp_size is not None and world_size is None:
+        if world is not None and world % (dp_size * readers):
+            raise ConfigError(f"$WORLD_SIZE {world} is not a multiple of $DATALANE_DP_SIZE "
+                              f"{dp_size} x {readers} readers: the pod's environment does "
+                              f"not describe this job; pass mesh= or rank=/world_size=")
+        world_size = dp_size
+        if rank is None and global_rank is not None:
+            rank = (global_rank // readers) % dp_size
+    if world_size is None:
+        if env_readers and readers > 1:
+            raise ConfigError(f"$DATALANE_DP_READERS is {readers} but the data-parallel world "
+                              f"size is unknown (no $DATALANE_DP_SIZE, e.g. an elastic job): "
+                              f"pass mesh= or rank=/world_size=")
+        world_size = world
+    if rank is None:
+        rank = global_rank
+    if rank is None or world_size is None:
+        missing = "rank" if rank is None else "world_size"
+        raise ConfigError(f"{missing} not given: pass rank= and world_size= (the data-parallel "
+                          f"ones) or mesh=, or run under torchrun ($RANK, $WORLD_SIZE)")
+    return rank, world_size
+
+
 def resolve(rank: int | None = None, world_size: int | None = None, *, mesh: Any = None,
             readers: int | None = None, reader: int | None = None) -> DataParallel:
     """The data-parallel rank, world size, readers and reader of this process."""
     if mesh is not None and (rank is not None or world_size is not None):
         raise ConfigError("pass either mesh= or rank=/world_size=, not both")
     global_rank = _env_int("RANK")
+    env_readers = readers is None and _env_int("DATALANE_DP_READERS") is not None
     if readers is None:
         readers = _env_int("DATALANE_DP_READERS") or 1
     readers = _int(readers, "readers")
@@ -87,20 +115,7 @@ def resolve(rank: int | None = None, world_size: int | None = None, *, mesh: Any
     if mesh is not None:
         rank, world_size = _from_mesh(mesh)
     elif rank is None or world_size is None:
-        dp_size = _env_int("DATALANE_DP_SIZE")
-        if dp_size is not None and world_size is None:
-            world_size = dp_size
-            if rank is None and global_rank is not None:
-                rank = (global_rank // readers) % dp_size
-        if world_size is None:
-            world_size = _env_int("WORLD_SIZE")
-        if rank is None:
-            rank = global_rank
-        if rank is None or world_size is None:
-            missing = "rank" if rank is None else "world_size"
-            raise ConfigError(f"{missing} not given: pass rank= and world_size= (the "
-                              f"data-parallel ones) or mesh=, or run under torchrun ($RANK, "
-                              f"$WORLD_SIZE)")
+        rank, world_size = _from_env(rank, world_size, global_rank, readers, env_readers)
     rank, world_size = _int(rank, "rank"), _int(world_size, "world size")
     if world_size < 1:
         raise ConfigError(f"world size must be a positive integer, got {world_size}")

@@ -469,7 +469,7 @@ def test_torch_dataset_round_trip_mid_step_with_views_across_a_restart(sidecar, 
     for _ in range(6):  # step 1, two of four microbatches in
         next(it)
     saved = data.state_dict()
-    assert json.loads(saved["datalane"])["consumed"] == 2
+    assert json.loads(saved["lane_00004"])["consumed"] == 2
     expected = [{k: v.clone() for k, v in next(it).items()} for _ in range(5)]
     data.loader.close()
     sc.kill9()

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,8 +34,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_job(world: int, tmp: Path, tag: str, *args: str) -> list[list[list[str]]]:
-    """Run ``world`` ranks of dcp_job.py; returns each rank's recorded microbatch hashes."""
+def run_job(world: int, tmp: Path, tag: str, *args: str, job: str = JOB.name) -> list[Any]:
+    """Run ``world`` ranks of a job script beside this file (torchrun's environment on
+    loopback); returns what each rank wrote to its ``--out`` file."""
     port = _free_port()
     procs, outs = [], []
     for rank in range(world):
@@ -43,7 +45,8 @@ def run_job(world: int, tmp: Path, tag: str, *args: str) -> list[list[list[str]]
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
                "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(JOB), "--out", str(out), *args],
+        procs.append(subprocess.Popen([sys.executable, str(JOB.with_name(job)), "--out",
+                                       str(out), *args],
                                       env=env, stderr=subprocess.PIPE, text=True))
     errors = []
     for rank, p in enumerate(procs):
