@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench cluster clean
+.PHONY: setup demo demo-torchtitan test lint bench cluster clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,6 +16,11 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/datalane demo
+
+# TorchTitan's debug llama3 on CPU (gloo): DP 2, DP 2 -> 1 and DP 1 -> 2 through its checkpointer,
+# the same global batch hash at every step (a few minutes on 2 cores).
+demo-torchtitan: $(STAMP)
+	$(BIN)/python -m datalane.demo_torchtitan
 
 lint: $(STAMP)
 	$(BIN)/ruff check datalane sidecar operator tests bench

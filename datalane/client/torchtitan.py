@@ -1,0 +1,171 @@
+"""TorchTitan adapter: datalane as a TorchTitan dataloader, resharding through its checkpointer.
+
+TorchTitan (0.3.0) builds every component from its ``Trainer.Config`` tree; the dataloader is
+``config.dataloader``, a ``BaseDataLoader.Config`` whose ``build()`` the Trainer calls with
+``dp_world_size``, ``dp_rank`` (its "batch" mesh), ``tokenizer``, ``seq_len``,
+``local_batch_size`` and ``snapshot_every_n_steps``. So datalane plugs in with no fork and no
+patch: put :class:`DataLaneDataLoader.Config` there (in a config-registry function, or
+``--dataloader.recipe`` on the command line)::
+
+    config = llama3_debugmodel()
+    config.dataloader = DataLaneDataLoader.Config(recipe="recipe.yaml")   # in-process
+    config.dataloader = DataLaneDataLoader.Config()        # the pod's sidecar, $DATALANE_SOCKET
+
+Each item is TorchTitan's ``({"input": input_ids, "positions": positions}, labels)``, one
+microbatch of ``local_batch_size`` sequences of the data-parallel rank's lanes. Labels are
+``-100`` where the target is padding; padding tokens get position 0 (TorchTitan's RoPE indexes
+its cache with the positions, and block-causal masks see each padding token as a document of
+its own). The state is :class:`~datalane.client.torch.DataLaneDataset`'s: one entry per lane
+plus a ``recipe`` entry, which TorchTitan's ``CheckpointManager`` saves with
+``torch.distributed.checkpoint`` under ``dataloader.*``, so a checkpoint saved at DP degree W
+resumes at any DP degree W' that divides the lanes.
+
+Callers: TorchTitan's ``Trainer`` (through its config), :mod:`datalane.demo_torchtitan_rank`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torchtitan.components.dataloader import BaseDataLoader
+
+from datalane.client.batch import Batch
+from datalane.client.inprocess import InProcessLoader
+from datalane.client.torch import DataLaneDataset
+from datalane.spec.errors import ConfigError
+from datalane.spec.knobs import Knobs
+from datalane.spec.recipe import load_recipe
+
+if TYPE_CHECKING:
+    from datalane.client.sidecar import SidecarLoader
+
+__all__ = ["DataLaneDataLoader", "to_titan"]
+
+TitanBatch = tuple[dict[str, torch.Tensor], torch.Tensor]
+
+
+def to_titan(item: dict[str, torch.Tensor], seq_len: int) -> TitanBatch:
+    """One :class:`DataLaneDataset` item as TorchTitan's ``(input_dict, labels)``."""
+    ids = item["input_ids"]
+    if ids.shape[1] != seq_len:
+        raise ConfigError(f"the recipe's sequences have {ids.shape[1]} tokens but TorchTitan's "
+                          f"training.seq_len is {seq_len}; set --training.seq_len "
+                          f"{ids.shape[1]}")
+    return {"input": ids, "positions": item["positions"].clamp(min=0)}, item["labels"]
+
+
+class _Tap:
+    """The loader as :class:`DataLaneDataset` sees it; hands each step's lane digests (on the
+    last microbatch of the step) to ``on_step`` on the way through."""
+
+    def __init__(self, loader: InProcessLoader | SidecarLoader,
+                 on_step: Callable[[int, dict[int, bytes]], None]) -> None:
+        self.loader = loader
+        self.on_step = on_step
+
+    @property
+    def lanes(self) -> range:
+        return self.loader.lanes
+
+    @property
+    def lanes_total(self) -> int:
+        return self.loader.lanes_total
+
+    def __iter__(self) -> Iterator[Batch]:
+        for batch in self.loader:
+            if batch.lane_digests:
+                self.on_step(batch.step, batch.lane_digests)
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+
+class DataLaneDataLoader(BaseDataLoader):  # type: ignore[misc]
+    """A TorchTitan dataloader over the lanes of one data-parallel rank."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):  # type: ignore[misc]
+        recipe: str = ""
+        """Recipe file (YAML or JSON): compute this rank's lanes in the trainer process.
+        Empty: read them from the pod's sidecar."""
+
+        socket: str = ""
+        """Sidecar Unix socket when ``recipe`` is empty; default ``$DATALANE_SOCKET``."""
+
+        workers: int = 2
+        """In-process mode: threads for the map stages (decode, filter, tokenize)."""
+
+        digest_log: str = ""
+        """A folder: each data-parallel rank appends one JSON line per step to
+        ``dp<rank>.jsonl`` with the SHA-256 of each of its lane windows (their
+        ``global_hash`` in lane order is the step's global batch hash). Empty: no log."""
+
+    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, seq_len: int,
+                 local_batch_size: int, tokenizer: Any = None,
+                 snapshot_every_n_steps: int | None = None, **kwargs: Any) -> None:
+        # the tokenizer is the recipe's (datalane tokenizes); snapshots are not needed: the
+        # state is exact at every microbatch and a few hundred bytes per lane
+        del tokenizer, snapshot_every_n_steps, kwargs
+        if config.dataset or config.dataset_path:
+            raise ConfigError(f"DataLaneDataLoader reads its recipe, not a TorchTitan dataset "
+                              f"(dataset={config.dataset!r}, dataset_path="
+                              f"{config.dataset_path!r}); remove them and set "
+                              f"--dataloader.recipe or the sidecar socket")
+        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self.seq_len = seq_len
+        self.digest_log = config.digest_log
+        self.last_step: tuple[int, dict[int, bytes]] | None = None
+        """The latest step whose last microbatch was handed out, with its lane digests."""
+        self.loader = _open_loader(config, dp_rank, dp_world_size, local_batch_size)
+        self.dataset = DataLaneDataset(_Tap(self.loader, self._on_step))
+
+    def __iter__(self) -> Iterator[TitanBatch]:
+        for item in self.dataset:
+            yield to_titan(item, self.seq_len)
+
+    def _on_step(self, step: int, digests: dict[int, bytes]) -> None:
+        self.last_step = (step, digests)
+        if self.digest_log:
+            os.makedirs(self.digest_log, exist_ok=True)
+            line = {"step": step, "dp_rank": self.dp_rank, "dp_world_size": self.dp_world_size,
+                    "lanes": {str(lane): d.hex() for lane, d in sorted(digests.items())}}
+            path = os.path.join(self.digest_log, f"dp{self.dp_rank}.jsonl")
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(line) + "\n")
+
+    def state_dict(self) -> dict[str, Any]:
+        """One entry per lane of this rank plus the ``recipe`` entry (DataLaneDataset's)."""
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state_dict)
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+def _open_loader(config: DataLaneDataLoader.Config, rank: int, world_size: int,
+                 microbatch_size: int) -> InProcessLoader | SidecarLoader:
+    if config.recipe and config.socket:
+        raise ConfigError(f"set one of dataloader.recipe ({config.recipe!r}, in-process) and "
+                          f"dataloader.socket ({config.socket!r}, the sidecar), not both")
+    if config.recipe:
+        return InProcessLoader(load_recipe(config.recipe), rank, world_size, microbatch_size,
+                               Knobs(workers=config.workers))
+    if not (config.socket or os.environ.get("DATALANE_SOCKET")):
+        raise ConfigError("DataLaneDataLoader has no data source: set --dataloader.recipe "
+                          "(compute the lanes in-process) or --dataloader.socket / "
+                          "$DATALANE_SOCKET (read them from the pod's sidecar)")
+    from datalane.client.sidecar import SidecarLoader
+
+    return SidecarLoader(config.socket or None, rank=rank, world_size=world_size,
+                         microbatch_size=microbatch_size)

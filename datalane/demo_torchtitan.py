@@ -1,0 +1,201 @@
+"""The TorchTitan demo: resize a TorchTitan job between DP degrees, same global batch every step.
+
+``python -m datalane.demo_torchtitan`` (``make demo-torchtitan``) trains TorchTitan's debug
+llama3 on CPU with gloo (see :mod:`datalane.demo_torchtitan_rank`) on a generated corpus, in
+three legs of ``torchrun`` jobs:
+
+* ``DP2``: 2 ranks, uninterrupted, ``--steps`` steps;
+* ``DP2>DP1``: 2 ranks to ``--resume-at``, saved by TorchTitan's checkpointer and stopped
+  there (a preemption: the job keeps its ``training.steps`` and so its LR schedule), then 1
+  rank resumes from that checkpoint to the end;
+* ``DP1>DP2``: the other way round.
+
+Every rank logs the SHA-256 of each of its lane windows per step (the dataloader's
+``digest_log``); the step's global batch hash is ``global_hash`` over all lanes in lane order.
+The demo prints one row per step next to datalane's own stream (no TorchTitan) and exits 1 if
+any leg's hash differs from it or a step is missing. The loss columns show that the training
+itself resumed: the same to float rounding (the order of the gradient sums changes with the DP
+degree).
+``--short`` is the CI size (a few steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from datalane.corpus import make_corpus
+from datalane.spec.hashing import global_hash
+
+__all__ = ["Leg", "main", "mismatches", "step_hashes"]
+
+LANES = 8
+
+
+@dataclass
+class Leg:
+    """A run of one or two torchrun jobs sharing one dump folder (and checkpoint folder)."""
+
+    name: str
+    dps: tuple[int, ...]  # the DP degree of each job; the first stops at resume_at
+    dump: Path
+    seconds: list[float] = field(default_factory=list)
+
+
+def write_recipe(root: Path) -> Path:
+    """The demo corpus and its recipe at TorchTitan's debug size: 8 lanes, 16 x 64 tokens."""
+    corpus = make_corpus(str(root / "corpus"))
+    with open(corpus.recipe, encoding="utf-8") as f:
+        recipe = yaml.safe_load(f)
+    recipe.update(lanes=LANES, global_batch_size=16, seq_len=64)
+    path = root / "corpus" / "titan.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def torchrun(dp: int, steps: int, recipe: Path, dump: Path, part: int, log: Path,
+             preempt_after: int | None = None) -> float:
+    """One TorchTitan job of ``dp`` ranks to step ``steps`` (or preempted after a checkpoint at
+    ``preempt_after``); its wall time in seconds."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={dp}", "-m", "datalane.demo_torchtitan_rank",
+           "--module", "datalane.demo_torchtitan_rank", "--config", "llama3_debugmodel_datalane",
+           "--dump_folder", str(dump), "--hf_assets_path", str(recipe.parent),
+           "--training.steps", str(steps), "--dataloader.recipe", str(recipe),
+           "--dataloader.digest_log", str(dump / f"digests-{part}-dp{dp}")]
+    if preempt_after is not None:
+        cmd += ["--checkpoint.interval", str(preempt_after), "--preempt-after",
+                str(preempt_after)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    start = time.monotonic()
+    with open(log, "w", encoding="utf-8") as out:
+        rc = subprocess.run(cmd, check=False, env=env, stdout=out,
+                            stderr=subprocess.STDOUT).returncode
+    if rc:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+        raise SystemExit(f"torchrun (DP {dp}, {steps} steps) failed with exit code {rc}; "
+                         f"the end of {log}:\n" + "\n".join(tail))
+    return time.monotonic() - start
+
+
+def step_hashes(dump: Path) -> dict[int, str]:
+    """Global hash of every TorchTitan step (1-based) from the digest logs under ``dump``."""
+    lanes: dict[int, dict[int, str]] = {}
+    for path in sorted(dump.glob("digests-*/dp*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            seen = lanes.setdefault(rec["step"] + 1, {})
+            for lane, digest in rec["lanes"].items():
+                if seen.setdefault(int(lane), digest) != digest:
+                    raise SystemExit(f"{path}: lane {lane} of step {rec['step']} was logged "
+                                     f"twice with different digests")
+    return {step: global_hash(bytes.fromhex(d[lane]) for lane in range(LANES))
+            for step, d in sorted(lanes.items()) if sorted(d) == list(range(LANES))}
+
+
+def losses(dump: Path) -> dict[int, float]:
+    path = dump / "loss.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return {rec["step"]: rec["loss"] for rec in map(json.loads, lines)}
+
+
+def dataloader_entries(dump: Path, step: int) -> list[str]:
+    """The ``dataloader.*`` keys of TorchTitan's DCP checkpoint of ``step``."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    meta = FileSystemReader(str(dump / "checkpoint" / f"step-{step}")).read_metadata()
+    return sorted(k for k in meta.state_dict_metadata if k.startswith("dataloader."))
+
+
+def reference_hashes(recipe: Path, steps: int) -> dict[int, str]:
+    """The global hashes of datalane's own stream (one process, no TorchTitan)."""
+    from datalane import Loader, load_recipe
+
+    with Loader(load_recipe(str(recipe)), rank=0, world_size=1) as loader:
+        return {step: loader.next_step().global_hash() for step in range(1, steps + 1)}
+
+
+def mismatches(reference: dict[int, str], legs: Sequence[dict[int, str]],
+               steps: int) -> list[tuple[int, int]]:
+    """``(step, leg)`` for every step 1..steps a leg has not logged or logged another hash."""
+    return [(step, i) for step in range(1, steps + 1) for i, got in enumerate(legs)
+            if got.get(step) != reference[step]]
+
+
+def run(work: Path, steps: int, resume_at: int) -> int:
+    recipe = write_recipe(work)
+    legs = [Leg("DP2", (2,), work / "dp2"), Leg("DP2>DP1", (2, 1), work / "dp2-dp1"),
+            Leg("DP1>DP2", (1, 2), work / "dp1-dp2")]
+    started = time.monotonic()
+    for leg in legs:
+        for part, dp in enumerate(leg.dps):
+            stop = resume_at if part + 1 < len(leg.dps) else None
+            print(f"{leg.name}: torchrun DP {dp}, steps {resume_at + 1 if part else 1}.."
+                  f"{stop or steps}" + (" (checkpoint, preempted)" if stop else ""), flush=True)
+            log = work / f"{leg.dump.name}-{part}.log"
+            leg.seconds.append(torchrun(dp, steps, recipe, leg.dump, part, log, stop))
+    total = time.monotonic() - started
+
+    for leg in legs[1:]:
+        keys = dataloader_entries(leg.dump, resume_at)
+        print(f"{leg.name}: checkpoint step-{resume_at} (written at DP {leg.dps[0]}) holds "
+              f"{len(keys)} dataloader entries: {keys[0]} ... {keys[-1]}")
+    reference = reference_hashes(recipe, steps)
+    hashes = [step_hashes(leg.dump) for leg in legs]
+    bad = mismatches(reference, hashes, steps)
+    loss = [losses(leg.dump) for leg in legs]
+    print(f"\n{'step':>4}  {'datalane sha256':<17}"
+          + "".join(f"{leg.name:<19}" for leg in legs)
+          + "".join(f"{'loss ' + leg.name:>14}" for leg in legs))
+    for step in range(1, steps + 1):
+        cells = "".join(f"{(h.get(step) or 'missing')[:16]} {'X' if (step, i) in bad else '='} "
+                        for i, h in enumerate(hashes))
+        print(f"{step:>4}  {reference[step][:16]} {cells}"
+              + "".join(f"{lo.get(step, float('nan')):>14.6f}" for lo in loss)
+              + (" <- resumed" if step == resume_at + 1 else ""))
+    drift = max((abs(lo[s] - loss[0][s]) for lo in loss[1:] for s in lo if s in loss[0]),
+                default=0.0)
+    times = ", ".join(f"{leg.name} " + " + ".join(f"{s:.0f}s" for s in leg.seconds)
+                      for leg in legs)
+    print(f"\n{sum(len(leg.dps) for leg in legs)} torchrun jobs in {total:.0f}s ({times}); "
+          f"largest loss difference to DP2 {drift:.2e}")
+    if bad:
+        print(f"MISMATCH: {len(bad)} step hash(es) missing or different from datalane's "
+              f"stream: " + ", ".join(f"{legs[i].name} step {s}" for s, i in bad))
+        return 1
+    print(f"MATCH: all {steps} global batches identical in DP 2, DP 2>1 and DP 1>2 "
+          f"(resized at step {resume_at + 1}) and in datalane's own stream")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m datalane.demo_torchtitan",
+                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--steps", type=int, default=12, help="TorchTitan steps per leg")
+    p.add_argument("--resume-at", type=int, default=5,
+                   help="the step the resized legs checkpoint at")
+    p.add_argument("--short", action="store_true", help="CI size: 4 steps, resize after 2")
+    p.add_argument("--workdir", help="keep the corpus, checkpoints and logs here")
+    args = p.parse_args(argv)
+    steps, resume_at = (4, 2) if args.short else (args.steps, args.resume_at)
+    if not 0 < resume_at < steps:
+        p.error(f"--resume-at must be between 1 and --steps - 1 ({steps - 1}), got {resume_at}")
+    if args.workdir:
+        os.makedirs(args.workdir, exist_ok=True)
+        return run(Path(args.workdir), steps, resume_at)
+    with tempfile.TemporaryDirectory(prefix="datalane-titan-") as work:
+        return run(Path(work), steps, resume_at)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
