@@ -4,7 +4,8 @@
   express (the composed recipe loads, relative paths, formats that cannot be inferred, the
   endpoint fits the URI, one pipeline per workload, fields fixed for the life of a run, an
   existing workload's data-parallel world size divides the lanes and its ranks fit
-  ``spec.parallelism``);
+  ``spec.parallelism``; and the cluster :class:`~datalane_operator.policy.Policy`: the
+  operator may act on the checkpoint store, the filter predicates come from allowed modules);
 * :func:`review_workload` - a PyTorchJob at CREATE/UPDATE whose data-parallel world size
   (ranks / (TP x PP x CP)) must divide the lanes of the pipeline that references it, with
   whole TP x CP groups in each pod;
@@ -26,6 +27,7 @@ from typing import Any
 from datalane.spec.errors import ConfigError
 from datalane.spec.formats import compression_of, infer_format
 from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline
+from datalane_operator.policy import Policy, predicates_of
 from datalane_operator.storage import KNOWN_SCHEMES, scheme_of, sidecar_store_options
 from datalane_operator.workload import Topology, check_workers, topology_of
 
@@ -108,7 +110,7 @@ def dropped_nulls(obj: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _semantics(p: Pipeline, warnings: list[str]) -> None:
+def _semantics(p: Pipeline, policy: Policy, warnings: list[str]) -> None:
     if len(p.name) > MAX_NAME:
         raise ConfigError(f"metadata.name {p.name!r} has {len(p.name)} characters; at most "
                           f"{MAX_NAME} (it becomes a label value on every injected pod)")
@@ -120,30 +122,33 @@ def _semantics(p: Pipeline, warnings: list[str]) -> None:
             _check_uri(uri, where, warnings)
             if src.format is None:
                 _check_format(uri, where)
-    predicates = [f.predicate for f in [r.filters, *(s.filters for s in r.sources if s.filters)]
-                  if f is not None and f.predicate]
-    for pred in predicates:
+    policy.check_predicates(r)
+    for _where, pred in predicates_of(r):
         warnings.append(f"filter predicate {pred!r} must be importable in the sidecar image")
     ckpt = p.spec.checkpoint
     if "://" not in ckpt.uri and not os.path.isabs(ckpt.uri):
         raise ConfigError(f"spec.checkpoint.uri {ckpt.uri!r} is a relative path; use a URI "
                           f"such as s3://bucket/run or an absolute path")
     sidecar_store_options(ckpt)  # the endpoint must fit the scheme
+    policy.store_access(p.namespace, ckpt)  # never the operator's identity unless allowed
     if scheme_of(ckpt.uri) == "file":
         warnings.append(f"spec.checkpoint.uri {ckpt.uri!r} is local to each pod unless a "
                         f"shared volume is mounted there; pods cannot resume each other's lanes")
     if scheme_of(ckpt.uri) == "s3" and ckpt.secretRef is None:
         warnings.append("spec.checkpoint.secretRef is not set: the sidecars and the operator "
-                        "need ambient credentials (workload identity) for the store")
+                        "need ambient credentials (workload identity) for the store, and "
+                        "the operator acts on it with its own identity (cluster policy)")
 
 
 def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None, *,
                     others: Iterable[tuple[str, str]] = (),
-                    workload: Mapping[str, Any] | None = None) -> Verdict:
+                    workload: Mapping[str, Any] | None = None,
+                    policy: Policy | None = None) -> Verdict:
     """Verdict on a DataPipeline at CREATE (``old`` None) or UPDATE.
 
     ``others`` are ``(pipeline name, workload name)`` of the other pipelines in the namespace;
-    ``workload`` is the referenced job if it exists already.
+    ``workload`` is the referenced job if it exists already; ``policy`` is the cluster's
+    (default: the strictest, Helm's defaults).
     """
     warnings: list[str] = []
     try:
@@ -154,7 +159,7 @@ def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
                 f"null fields, so it would get the default {_value_at(new, nulls[0])!r}; use "
                 f"`kubectl apply --server-side` or `kubectl create` to keep null")
         p = load_pipeline(new)
-        _semantics(p, warnings)
+        _semantics(p, policy or Policy(), warnings)
         for other, job in others:
             if other != p.name and job == p.spec.workload.name:
                 raise ConfigError(f"spec.workload.name {job!r} is already the workload of "

@@ -51,6 +51,18 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds between looks at each checkpoint store")
     run.add_argument("--liveness", default=_env("liveness", "http://0.0.0.0:8080/healthz"),
                      help="kopf's liveness endpoint (also reports admission latency)")
+    run.add_argument("--allow-operator-identity", action="store_true",
+                     default=_env("allow-operator-identity", "false") == "true",
+                     help="let the operator list and garbage-collect checkpoint stores with "
+                          "its own identity (no secretRef, file://), under "
+                          "--operator-identity-prefixes if given (cluster policy)")
+    run.add_argument("--operator-identity-prefixes", default=_env("operator-identity-prefixes",
+                                                                  ""),
+                     help='JSON {namespace: [URI prefix, ...]} ("*": every namespace) where '
+                          "the operator's own identity may act; empty: everywhere")
+    run.add_argument("--predicate-modules", default=_env("predicate-modules", ""),
+                     help="comma-separated module prefixes that recipe filter predicates may "
+                          "come from; empty: no predicate is admitted")
     run.add_argument("--log-format", choices=["plain", "full", "json"],
                      default=_env("log-format", "full"))
     run.add_argument("--verbose", action="store_true")
@@ -73,8 +85,16 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
+    from datalane.spec.errors import ConfigError
     from datalane_operator import handlers
+    from datalane_operator.policy import Policy
 
+    try:
+        policy = Policy.from_flags(args.allow_operator_identity,
+                                   args.operator_identity_prefixes, args.predicate_modules)
+    except ConfigError as e:
+        sys.stderr.write(f"datalane-operator run: {e}\n")
+        return 2
     if not args.tls_dir:
         sys.stderr.write("datalane-operator run: --tls-dir is required (tls.crt, tls.key, "
                          "ca.crt); make them with `datalane-operator certs --out DIR --host "
@@ -89,6 +109,8 @@ def _run(args: argparse.Namespace) -> int:
     cfg.ca_file = str(tls / "ca.crt")
     cfg.webhook_configuration = args.webhook_configuration
     cfg.storage_interval = args.storage_interval
+    cfg.namespaces = tuple(args.namespace or ())
+    cfg.policy = policy
     fmt = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,
            "json": kopf.LogFormat.JSON}[args.log_format]
     kopf.configure(verbose=args.verbose, log_format=fmt)

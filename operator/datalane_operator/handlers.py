@@ -52,6 +52,7 @@ from datalane_operator.names import (
     WEBHOOK_VALIDATE_WORKLOAD,
 )
 from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline, parallelism_of
+from datalane_operator.policy import Policy
 from datalane_operator.reconcile import decide, decide_invalid
 from datalane_operator.storage import Listing, StoreView, operator_store_options
 from datalane_operator.workload import topology_of
@@ -77,6 +78,11 @@ class OperatorConfig:
     webhook_configuration: str = ""  # patch the caBundle of these configurations
     ca_file: str = ""
     ca_interval: float = 300.0
+    namespaces: tuple[str, ...] = ()  # watched namespaces; () is all
+    policy: Policy = field(default_factory=Policy)  # the administrator's rules
+
+    def watches(self, namespace: str) -> bool:
+        return not self.namespaces or namespace in self.namespaces
 
 
 @dataclass
@@ -285,13 +291,15 @@ async def validate_pipeline(body: kopf.Body, warnings: list[str], **kw: Any) -> 
     jobs: kopf.Index[Key, Any] = kw["jobs"]
     old = kw.get("old")
     namespace = body.metadata.namespace or ""
+    if not RUNTIME.config.watches(namespace):
+        return  # not this operator's namespace (the chart's namespaceSelector keeps it away)
     new = dict(body)
     workload = ((new.get("spec") or {}).get("workload") or {}).get("name", "")
     others = [(str(v["metadata"].get("name")), workload)
               for v in pipelines.get((namespace, workload), [])]
     job = _first(jobs, (namespace, workload))
-    _deny(review_pipeline(new, dict(old) if old else None, others=others, workload=job),
-          warnings)
+    _deny(review_pipeline(new, dict(old) if old else None, others=others, workload=job,
+                          policy=RUNTIME.config.policy), warnings)
 
 
 @kopf.on.mutate("", "v1", "pods", id=WEBHOOK_INJECT, operations=["CREATE"])
@@ -303,6 +311,8 @@ async def inject_sidecar(body: kopf.Body, patch: kopf.Patch, warnings: list[str]
     if not job:
         return  # not a training pod: untouched
     namespace = body.metadata.namespace or ""
+    if not RUNTIME.config.watches(namespace):
+        return
     found = await _pipeline_for(namespace, job, pipelines)
     if found is None:
         return
@@ -312,7 +322,8 @@ async def inject_sidecar(body: kopf.Body, patch: kopf.Patch, warnings: list[str]
         warnings.append(f"DataPipeline {found['metadata'].get('name')} is invalid, no sidecar "
                         f"injected: {e}")
         return
-    try:
+    try:  # a predicate stored while the webhook was off never reaches a sidecar
+        RUNTIME.config.policy.check_predicates(pipeline.recipe)
         wanted = mutate_pod(dict(body), pipeline, RUNTIME.config.sidecar_image)
     except ConfigError as e:
         raise kopf.AdmissionError(str(e), code=422) from None
@@ -405,14 +416,25 @@ async def pod_event(labels: Mapping[str, str], namespace: str | None, **kw: Any)
 
 
 async def look_at_store(rt: Runtime, pipeline: Pipeline) -> Listing:
+    """List and garbage-collect the pipeline's store, with the credentials of its own
+    namespace's Secret, or the operator's identity only where the cluster policy allows it;
+    otherwise the store is not touched (``Listing.denied``)."""
     ckpt = pipeline.spec.checkpoint
+    try:
+        access = rt.config.policy.store_access(pipeline.namespace, ckpt)
+    except ConfigError as e:
+        return Listing(ckpt.uri, error=str(e), denied=True)
     secret = None
-    if ckpt.secretRef is not None:
-        secret = await rt.k().read_secret(pipeline.namespace, ckpt.secretRef.name)
+    if access.secret is not None:
+        secret = await rt.k().read_secret(pipeline.namespace, access.secret)
         if secret is None:
-            return Listing(ckpt.uri, error=f"Secret {ckpt.secretRef.name} "
-                                           f"(spec.checkpoint.secretRef) does not exist")
-    options = operator_store_options(ckpt, secret)
+            return Listing(ckpt.uri, error=f"Secret {access.secret!r} (spec.checkpoint."
+                                           f"secretRef) does not exist in namespace "
+                                           f"{pipeline.namespace!r}", denied=True)
+    try:
+        options = operator_store_options(ckpt, secret)
+    except ConfigError as e:
+        return Listing(ckpt.uri, error=str(e), denied=True)
 
     def look() -> Listing:
         return StoreView(ckpt.uri, options).look(ckpt.keep)

@@ -13,7 +13,9 @@ Conditions:
   carries the sidecar and is ready, and the checkpoint store can be listed;
 * ``Degraded`` - something needs a human: ``WorldSizeMismatch``, ``ParallelismMismatch``
   (the ranks do not fit ``spec.parallelism``), ``RanksPerPodUnknown``, ``SidecarMissing``
-  (pods created before the pipeline), ``StorageUnavailable``, ``InvalidSpec``.
+  (pods created before the pipeline), ``StorageUnavailable``, ``StoreAccessDenied`` (the
+  cluster policy or the Secret does not let the operator act on the store: it was not
+  touched), ``InvalidSpec``.
 
 ``status.worldSize`` is the data-parallel world size, ranks / (TP x PP x CP); ``ranks`` and
 ``ranksPerPod`` count torchrun's processes.
@@ -164,7 +166,9 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
     else:
         status["lastCommittedStep"] = prev.get("lastCommittedStep")
         status["checkpoints"] = list(prev.get("checkpoints") or [])
-        if listing is not None:
+        if listing is not None and listing.denied:
+            problems.append(("StoreAccessDenied", listing.error))
+        elif listing is not None:
             problems.append(("StorageUnavailable",
                              f"cannot list {listing.uri}: {listing.error}"))
     status = {k: v for k, v in status.items() if v is not None}

@@ -3,8 +3,11 @@
 :func:`sidecar_store_options` is what the injected sidecar gets in ``DATALANE_STORE_OPTIONS``
 (no credentials: those reach the sidecar as environment variables from the Secret).
 :func:`operator_store_options` adds the credentials the operator read from the same Secret,
-in memory only. :class:`StoreView` lists committed steps and garbage-collects through
-:class:`datalane.store.CheckpointStore` (blocking I/O: the handlers call it in a thread).
+in memory only; it refuses a Secret without the keys, since the store's client would
+otherwise fall back to the operator's own identity (which the cluster policy,
+:mod:`datalane_operator.policy`, must allow first). :class:`StoreView` lists committed steps
+and garbage-collects through :class:`datalane.store.CheckpointStore` (blocking I/O: the
+handlers call it in a thread).
 
 Credentials never leave this module in any form but an fsspec options mapping: they are not
 logged, not put in events, not written to the status.
@@ -20,6 +23,7 @@ from datalane.spec.errors import ConfigError
 from datalane_operator.pipeline import CheckpointSpec
 
 __all__ = [
+    "SECRET_SCHEMES",
     "Listing",
     "StoreView",
     "operator_store_options",
@@ -30,7 +34,10 @@ __all__ = [
 # Secret keys the operator understands, per URI scheme, and the fsspec option each becomes.
 _S3_KEYS = {"AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret",
             "AWS_SESSION_TOKEN": "token"}
+_S3_REQUIRED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 KNOWN_SCHEMES = ("s3", "gs", "gcs", "file", "memory")
+SECRET_SCHEMES = ("s3",)
+"""Schemes whose credentials the operator takes from ``spec.checkpoint.secretRef``."""
 
 
 def scheme_of(uri: str) -> str:
@@ -54,9 +61,20 @@ def sidecar_store_options(ckpt: CheckpointSpec) -> dict[str, Any]:
 def operator_store_options(ckpt: CheckpointSpec, secret: Mapping[str, str] | None,
                            ) -> dict[str, Any]:
     """fsspec options for the operator's own listing: the sidecar's plus the Secret's
-    credentials (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN`` for S3)."""
+    credentials (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN`` for S3).
+
+    ``secret`` None means the operator's own identity (the caller checked the policy). A
+    Secret for S3 without both keys is a :class:`ConfigError` naming the missing ones.
+    """
     options = sidecar_store_options(ckpt)
-    if secret and scheme_of(ckpt.uri) == "s3":
+    if secret is not None and scheme_of(ckpt.uri) == "s3":
+        missing = [k for k in _S3_REQUIRED if not secret.get(k)]
+        if missing:
+            name = ckpt.secretRef.name if ckpt.secretRef else "?"
+            raise ConfigError(f"Secret {name!r} (spec.checkpoint.secretRef) has no "
+                              f"{' and no '.join(missing)}; the operator acts on "
+                              f"{ckpt.uri!r} only with the Secret's credentials: add the "
+                              f"keys to the Secret")
         for env, opt in _S3_KEYS.items():
             if secret.get(env):
                 options[opt] = secret[env]
@@ -65,12 +83,16 @@ def operator_store_options(ckpt: CheckpointSpec, secret: Mapping[str, str] | Non
 
 @dataclass(frozen=True)
 class Listing:
-    """What one look at the store found: committed steps (ascending) after any gc."""
+    """What one look at the store found: committed steps (ascending) after any gc.
+
+    ``denied``: the operator did not touch the store at all, because the cluster policy or
+    the Secret does not let it (``error`` says why and what to do)."""
 
     uri: str
     committed: list[int] = field(default_factory=list)
     deleted: list[int] = field(default_factory=list)
     error: str = ""
+    denied: bool = False
 
     @property
     def ok(self) -> bool:

@@ -28,6 +28,11 @@ OPERATOR_RULES = {
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "{name}"): {
         "get", "patch"},
 }
+# Those that are not namespaced: the ClusterRole's rules when watchNamespaces is set.
+CLUSTER_SCOPED = {"customresourcedefinitions", "mutatingwebhookconfigurations",
+                  "validatingwebhookconfigurations"}
+CLUSTER_RULES = {k: v for k, v in OPERATOR_RULES.items() if k[1] in CLUSTER_SCOPED}
+NAMESPACED_RULES = {k: v for k, v in OPERATOR_RULES.items() if k[1] not in CLUSTER_SCOPED}
 
 
 @cache

@@ -128,6 +128,9 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
                     "namespaceSelector": {"matchLabels": {
                         "kubernetes.io/metadata.name": namespace}}},
         "sidecar": {"image": SIDECAR_IMAGE},
+        # the tests' file:// stores (under workdir) are the operator's own disk: an opt-in
+        "checkpoints": {"allowOperatorIdentity": True,
+                        "operatorIdentityPrefixes": {namespace: [f"file://{workdir}/"]}},
     }
     (workdir / "values.yaml").write_text(yaml.safe_dump(values))
     cluster.helm("install", release, str(CHART), "--namespace", namespace, "--values",
@@ -142,8 +145,10 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
             "--webhook-port", str(webhook_port), "--webhook-configuration",
             f"{release}-datalane", "--liveness", f"http://127.0.0.1:{liveness_port}/healthz",
             "--storage-interval", str(storage_interval), "--log-format", "full",
-            # what the chart's Deployment passes from the value sidecar.image
-            "--sidecar-image", SIDECAR_IMAGE]
+            # what the chart's Deployment passes from the values sidecar.image, checkpoints.*
+            "--sidecar-image", SIDECAR_IMAGE, "--allow-operator-identity",
+            "--operator-identity-prefixes",
+            json.dumps(values["checkpoints"]["operatorIdentityPrefixes"])]
     stack = Stack(cluster, namespace, release, webhook_port,
                   f"http://127.0.0.1:{liveness_port}/healthz", log, argv, env)
     try:

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import pytest
 from datalane_operator import names
+from datalane_operator.policy import Policy
 
-from .helmchart import CHART, OPERATOR_RULES, ROOT, by_kind, helm, render, rules_of
+from .helmchart import (
+    CHART,
+    CLUSTER_RULES,
+    NAMESPACED_RULES,
+    OPERATOR_RULES,
+    ROOT,
+    by_kind,
+    helm,
+    render,
+    rules_of,
+)
 
 
 def test_lint_is_clean() -> None:
@@ -85,6 +96,58 @@ def test_rbac_is_least_privilege() -> None:
                                     "namespace": "datalane-system"}]
 
 
+def test_watched_namespaces_get_roles_not_cluster_wide_secrets() -> None:
+    docs = render("operator.watchNamespaces={team-a,team-b}")
+    (role,) = by_kind(docs, "ClusterRole")
+    assert rules_of(role, "dl-datalane") == CLUSTER_RULES  # no secrets, configmaps, pods
+    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")
+             if r["metadata"]["name"] == "dl-datalane"}
+    assert sorted(roles) == ["team-a", "team-b"]
+    for role in roles.values():
+        assert rules_of(role, "dl-datalane") == NAMESPACED_RULES
+    bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")
+                if b["metadata"]["name"] == "dl-datalane"}
+    assert sorted(bindings) == ["team-a", "team-b"]
+    for binding in bindings.values():
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": "dl-datalane"}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dl-datalane",
+                                        "namespace": "datalane-system"}]
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "run", "--namespace=team-a", "--namespace=team-b"]
+    # the webhooks admit only the watched namespaces (the operator could not look elsewhere)
+    confs = by_kind(docs, "MutatingWebhookConfiguration") + by_kind(
+        docs, "ValidatingWebhookConfiguration")
+    selectors = [w["namespaceSelector"] for c in confs for w in c["webhooks"]]
+    assert len(selectors) == 4 and all(sel == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In",
+         "values": ["team-a", "team-b"]}]} for sel in selectors)
+    # watching every namespace: one ClusterRole, no namespaced Role of the operator
+    docs = render()
+    assert not [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "dl-datalane"]
+    assert rules_of(by_kind(docs, "ClusterRole")[0], "dl-datalane") == OPERATOR_RULES
+
+
+def operator_policy(*sets: str) -> Policy:
+    """The policy the operator builds from the env that the chart's Deployment gives it."""
+    (dep,) = by_kind(render(*sets), "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0][
+        "env"]}
+    return Policy.from_flags(env["DATALANE_OPERATOR_ALLOW_OPERATOR_IDENTITY"] == "true",
+                             env["DATALANE_OPERATOR_OPERATOR_IDENTITY_PREFIXES"],
+                             env["DATALANE_OPERATOR_PREDICATE_MODULES"])
+
+
+def test_policy_values_reach_the_operator() -> None:
+    assert operator_policy() == Policy()  # the default: no operator identity, no predicates
+    assert operator_policy(
+        "checkpoints.allowOperatorIdentity=true",
+        "checkpoints.operatorIdentityPrefixes.team-a={s3://ckpt/team-a/,file:///mnt/a/}",
+        "recipes.predicateModules={corp.filters,corp.lang}") == Policy(
+        True, {"team-a": ("s3://ckpt/team-a/", "file:///mnt/a/")}, ("corp.filters", "corp.lang"))
+
+
 def test_operator_outside_the_cluster() -> None:
     docs = render("operator.enabled=false", "tls.mode=secret", "tls.secretName=mine",
                   "webhook.url=https://127.0.0.1:9443/", "webhook.caBundle=QUJD")
@@ -115,6 +178,11 @@ def test_cert_manager_mode() -> None:
     ("sidecar.image=repo/sidecar:latest", "/sidecar/image"),
     ("webhook.url=http://insecure", "/webhook/url"),
     ("operator.replicas=2", "replicas"),
+    ("checkpoints.operatorIdentityPrefixes.team-a={s3://b/}", "/checkpoints/allowOperatorIdentity"),
+    ("checkpoints.operatorIdentityPrefixes.team-a={relative/path}",
+     "/checkpoints/operatorIdentityPrefixes/team-a/0"),
+    ("operator.watchNamespaces={team-*}", "/operator/watchNamespaces/0"),
+    ("recipes.predicateModules={os:system}", "/recipes/predicateModules/0"),
 ])
 def test_values_schema_refuses(value: str, message: str) -> None:
     out = helm("template", "dl", str(CHART), "--set", value, check=False)

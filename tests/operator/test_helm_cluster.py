@@ -8,7 +8,7 @@ import pytest
 
 from tests.cluster.harness import Cluster
 
-from .helmchart import CHART, OPERATOR_RULES
+from .helmchart import CHART, CLUSTER_RULES, OPERATOR_RULES
 
 pytestmark = pytest.mark.cluster
 # granted to every authenticated user by the API server's default roles
@@ -18,8 +18,9 @@ DEFAULTS = {"selfsubjectreviews.authentication.k8s.io",
             "clustertrustbundles.certificates.k8s.io"}
 
 
-def can_i_list(cluster: Cluster, user: str) -> dict[tuple[str, str, str], set[str]]:
-    out = cluster.kubectl("auth", "can-i", "--list", f"--as={user}").stdout
+def can_i_list(cluster: Cluster, user: str, namespace: str = "default",
+               ) -> dict[tuple[str, str, str], set[str]]:
+    out = cluster.kubectl("auth", "can-i", "--list", f"--as={user}", "-n", namespace).stdout
     rights: dict[tuple[str, str, str], set[str]] = {}
     for line in out.splitlines()[1:]:
         if not line.strip() or line.startswith(" "):
@@ -67,3 +68,31 @@ def test_install_and_least_privilege(k8s_cluster: Cluster, k8s_namespace: str) -
                                "mutatingwebhookconfiguration,validatingwebhookconfiguration",
                                "-o", "name").stdout
     assert fullname not in left
+
+
+def test_watched_namespaces_only(k8s_cluster: Cluster, k8s_namespace: str) -> None:
+    """With operator.watchNamespaces, the operator may read Secrets and write ConfigMaps in
+    the watched namespace only: everywhere else it has just the cluster-scoped rules."""
+    release = "w" + k8s_namespace[:18].rstrip("-")
+    watched, other = f"{k8s_namespace}-w", f"{k8s_namespace}-o"
+    with k8s_cluster.namespace(watched), k8s_cluster.namespace(other):
+        k8s_cluster.helm("install", release, str(CHART), "--namespace", k8s_namespace,
+                         "--set", f"operator.watchNamespaces={{{watched}}}", "--wait",
+                         "--timeout", "120s")
+        try:
+            fullname = f"{release}-datalane"
+            sa = f"system:serviceaccount:{k8s_namespace}:{fullname}"
+            named = {(g, r, fullname if n == "{name}" else n): v
+                     for (g, r, n), v in OPERATOR_RULES.items()}
+            assert can_i_list(k8s_cluster, sa, watched) == named
+            assert can_i_list(k8s_cluster, sa, other) == {
+                (g, r, fullname if n == "{name}" else n): v
+                for (g, r, n), v in CLUSTER_RULES.items()}
+            for verb, what in (("get", "secrets"), ("create", "configmaps"),
+                               ("list", "pods"), ("watch", "datapipelines.datalane.io")):
+                for ns, answer in ((watched, "yes"), (other, "no"), (k8s_namespace, "no")):
+                    res = k8s_cluster.kubectl("auth", "can-i", verb, what, f"--as={sa}", "-n",
+                                              ns, check=False)
+                    assert res.stdout.strip() == answer, (verb, what, ns)
+        finally:
+            k8s_cluster.helm("uninstall", release, "--namespace", k8s_namespace, "--wait")

@@ -1,5 +1,6 @@
-"""The Dockerfiles, checked statically (no Docker engine here): pinned bases, multi-stage,
-non-root, read-only-rootfs friendly, entry points that exist in the package."""
+"""The Dockerfiles, checked statically (no Docker engine here): bases pinned by digest,
+dependencies installed at the exact versions of images/constraints.txt, multi-stage, non-root,
+read-only-rootfs friendly, entry points that exist in the package."""
 
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def test_dockerfile(image: str) -> None:
         ref = f.split()[0]
         ref = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], ref)
         assert "latest" not in ref
-        assert re.search(r"@sha256:[0-9a-f]{64}$", ref) or re.search(r":\d+\.\d+\.\d+", ref), (
-            f"{path}: base {ref} is not pinned to a digest or a full version")
+        assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+[\w.-]*@sha256:[0-9a-f]{64}", ref), (
+            f"{path}: base {ref} is not pinned to a full version and its digest")
     final = ins[max(i for i, (w, _) in enumerate(ins) if w == "FROM"):]
     users = [a for w, a in final if w == "USER"]
     assert users, f"{path}: the runtime stage sets no USER"
@@ -57,7 +58,9 @@ def test_dockerfile(image: str) -> None:
     assert any(w == "COPY" and a.startswith("--from=builder") for w, a in final)
     assert not any(w == "ADD" for w, _ in ins), "COPY, not ADD"
     installs = " ".join(a for w, a in ins if w == "RUN")
-    assert f'".[{extra}]"' in installs
+    assert f'--constraint constraints.txt ".[{extra}]"' in installs, (
+        f"{path}: the extra is not installed with the lock")
+    assert ("COPY", "images/constraints.txt ./constraints.txt") in ins
     assert extra in pyproject()["project"]["optional-dependencies"]  # type: ignore[index]
     # pip itself is pinned too
     assert re.search(r"pip==\d+\.\d+", installs)
@@ -98,3 +101,42 @@ def test_sidecar_image_runs_what_the_operator_injects() -> None:
     env = " ".join(a for w, a in instructions(ROOT / "images/sidecar/Dockerfile") if w == "ENV")
     assert "PATH=/opt/venv/bin:$PATH" in env
     assert "datalane-sidecar" in pyproject()["project"]["scripts"]  # type: ignore[operator]
+
+
+def _constraints() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (ROOT / "images" / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and version, f"images/constraints.txt: {line!r} is not name==version"
+            out[name] = version
+    return out
+
+
+def test_the_lock_pins_every_dependency_of_the_images_within_pyproject_ranges() -> None:
+    """Every package that datalane[sidecar] and datalane[operator] pull in is pinned exactly,
+    at a version inside pyproject.toml's ranges (a new dependency without a pin fails here:
+    run `python images/constraints.py`)."""
+    import importlib.util
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    spec = importlib.util.spec_from_file_location("lock", ROOT / "images" / "constraints.py")
+    assert spec is not None and spec.loader is not None
+    lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lock)
+    pinned = _constraints()
+    needed = lock.closure()
+    assert sorted(set(needed) - set(pinned)) == [], "not pinned in images/constraints.txt"
+    assert {"grpcio", "kopf", "kubernetes", "s3fs", "pyarrow", "tokenizers"} <= set(pinned)
+    deps = pyproject()["project"]
+    ranges = [*deps["dependencies"], *(r for extra in ("engine", "client", "sidecar", "operator")  # type: ignore[index]
+                                       for r in deps["optional-dependencies"][extra])]  # type: ignore[index]
+    for text in ranges:
+        req = Requirement(text)
+        name = canonicalize_name(req.name)
+        if name == "datalane":
+            continue
+        assert req.specifier.contains(pinned[name], prereleases=True), (
+            f"images/constraints.txt pins {name}=={pinned[name]}, outside {text!r}")

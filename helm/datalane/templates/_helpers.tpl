@@ -59,9 +59,16 @@ sideEffects: None
 matchPolicy: Equivalent
 failurePolicy: {{ .Values.webhook.failurePolicy }}
 timeoutSeconds: {{ .Values.webhook.timeoutSeconds }}
-{{- with .Values.webhook.namespaceSelector }}
+{{- if .Values.webhook.namespaceSelector }}
 namespaceSelector:
-  {{- toYaml . | nindent 2 }}
+  {{- toYaml .Values.webhook.namespaceSelector | nindent 2 }}
+{{- else if .Values.operator.watchNamespaces }}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: In
+      values:
+        {{- toYaml .Values.operator.watchNamespaces | nindent 8 }}
 {{- end }}
 {{- end -}}
 
