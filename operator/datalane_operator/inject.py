@@ -189,6 +189,9 @@ def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None) -> dict
     if side.metricsPort:
         c["ports"] = [{"name": "dl-metrics", "containerPort": side.metricsPort,
                        "protocol": "TCP"}]
+        # the pod IP, not every interface (the sidecar's default is loopback)
+        env.append({"name": "DATALANE_METRICS_ADDR", "valueFrom": {
+            "fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}})
     if pipeline.resources:
         c["resources"] = copy.deepcopy(pipeline.resources)
     # Planning a large recipe (listing sources) may take minutes: allow 30 of them to start.

@@ -49,8 +49,12 @@ def _parser() -> argparse.ArgumentParser:
                        choices=["0600", "0660"])
     serve.add_argument("--metrics-port", type=int,
                        default=int(_env("DATALANE_METRICS_PORT", "0") or 0))
-    serve.add_argument("--metrics-addr", default=_env("DATALANE_METRICS_ADDR", "0.0.0.0"))
-    serve.add_argument("--log-level", default=_env("DATALANE_LOG_LEVEL", "info"))
+    serve.add_argument("--metrics-addr", default=_env("DATALANE_METRICS_ADDR", "127.0.0.1"),
+                       help="address of the metrics port: loopback unless told (the operator "
+                            "passes the pod IP) (env DATALANE_METRICS_ADDR)")
+    serve.add_argument("--log-level", default=_env("DATALANE_LOG_LEVEL", "info"),
+                       help="credentials are redacted at every level; the storage libraries "
+                            "log at INFO at the most (env DATALANE_LOG_LEVEL)")
     probe = sub.add_parser("probe", help="exit 0 if the sidecar on the socket is serving")
     probe.add_argument("--socket", default=_env("DATALANE_SOCKET", DEFAULT_SOCKET))
     probe.add_argument("--timeout", type=float, default=2.0)
@@ -61,13 +65,13 @@ def _serve(args: argparse.Namespace) -> int:
     from datalane_sidecar.logs import setup_logging
     from datalane_sidecar.server import SidecarConfig, serve
 
-    setup_logging(args.log_level)
-    if not args.recipe:
-        raise DatalaneError("no recipe: pass --recipe or set DATALANE_RECIPE")
     try:
         options = json.loads(args.store_options)
     except json.JSONDecodeError as e:
         raise DatalaneError(f"--store-options is not JSON: {e}") from e
+    setup_logging(args.log_level, options)
+    if not args.recipe:
+        raise DatalaneError("no recipe: pass --recipe or set DATALANE_RECIPE")
     cfg = SidecarConfig(args.socket, args.recipe, args.store, options, args.pod,
                         args.ranks_per_pod, args.workers, args.prefetch,
                         int(args.socket_mode, 8), args.metrics_port, args.metrics_addr)

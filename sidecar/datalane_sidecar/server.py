@@ -1,9 +1,10 @@
 """Start the sidecar: plan the recipe, bind the Unix socket, serve until SIGTERM.
 
 The socket file is created with mode 0600 (0660 with ``--socket-mode 0660`` for a shared
-group); there is no TCP data listener. Metrics go to an optional HTTP port. On SIGTERM the
-sidecar stops accepting, writes each rank's resume point next to the socket
-(``resume-rank-<r>.json``) and exits 0.
+group); a file at the socket path that is not a socket is refused, never deleted. There is
+no TCP data listener. Metrics go to an optional HTTP port, on loopback unless an address is
+given (the operator gives the pod IP). On SIGTERM the sidecar stops accepting, writes each
+rank's resume point next to the socket (``resume-rank-<r>.json``) and exits 0.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,7 +61,18 @@ def _check_socket_path(path: str) -> None:
         raise ConfigError(f"socket path {path}: the folder {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(f"socket path {path}: the folder {folder} is not writable")
-    if os.path.exists(path):
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISSOCK(mode):
+        kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a directory"
+                if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode)
+                else "not a socket")
+        raise ConfigError(f"socket path {path} exists and is {kind}, not a socket; the "
+                          f"sidecar deletes only a stale socket of its own: remove it or pass "
+                          f"another --socket")
+    if mode is not None:
         os.unlink(path)  # a stale socket of a previous run
     # the shared-memory rings of a previous run that was killed (kill -9, OOM): each holds
     # memory of the emptyDir (a tmpfs) until it is removed, and nothing else would remove it

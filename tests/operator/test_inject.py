@@ -123,7 +123,11 @@ def test_default_image_custom_socket_dir_metrics_and_container() -> None:
     side = sidecar_of(out)
     assert side["image"] == DEFAULT_IMAGE and side["imagePullPolicy"] == "IfNotPresent"
     assert side["ports"] == [{"name": "dl-metrics", "containerPort": 9400, "protocol": "TCP"}]
+    # metrics on the pod IP (downward API), never on every interface
+    (addr,) = [e for e in side["env"] if e["name"] == "DATALANE_METRICS_ADDR"]
+    assert addr["valueFrom"] == {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}
     assert env_of(side)["DATALANE_SOCKET_MODE"] == "0660"
+    assert "DATALANE_METRICS_ADDR" not in {e["name"] for e in sidecar_of(inject(pod()))["env"]}
     assert env_of(out["spec"]["containers"][0])["DATALANE_SOCKET"] == "/run/dl/datalane.sock"
     assert "resources" not in side  # none in the spec: none on the sidecar
 
