@@ -110,7 +110,8 @@ def dropped_nulls(obj: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _semantics(p: Pipeline, policy: Policy, warnings: list[str]) -> None:
+def _semantics(p: Pipeline, policy: Policy | None, warnings: list[str]) -> None:
+    """The checks beyond the schema; ``policy`` None skips the cluster policy's."""
     if len(p.name) > MAX_NAME:
         raise ConfigError(f"metadata.name {p.name!r} has {len(p.name)} characters; at most "
                           f"{MAX_NAME} (it becomes a label value on every injected pod)")
@@ -122,7 +123,8 @@ def _semantics(p: Pipeline, policy: Policy, warnings: list[str]) -> None:
             _check_uri(uri, where, warnings)
             if src.format is None:
                 _check_format(uri, where)
-    policy.check_predicates(r)
+    if policy is not None:
+        policy.check_predicates(r)
     for _where, pred in predicates_of(r):
         warnings.append(f"filter predicate {pred!r} must be importable in the sidecar image")
     ckpt = p.spec.checkpoint
@@ -130,7 +132,8 @@ def _semantics(p: Pipeline, policy: Policy, warnings: list[str]) -> None:
         raise ConfigError(f"spec.checkpoint.uri {ckpt.uri!r} is a relative path; use a URI "
                           f"such as s3://bucket/run or an absolute path")
     sidecar_store_options(ckpt)  # the endpoint must fit the scheme
-    policy.store_access(p.namespace, ckpt)  # never the operator's identity unless allowed
+    if policy is not None:  # never the operator's identity unless allowed
+        policy.store_access(p.namespace, ckpt)
     if scheme_of(ckpt.uri) == "file":
         warnings.append(f"spec.checkpoint.uri {ckpt.uri!r} is local to each pod unless a "
                         f"shared volume is mounted there; pods cannot resume each other's lanes")
@@ -159,7 +162,11 @@ def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
                 f"null fields, so it would get the default {_value_at(new, nulls[0])!r}; use "
                 f"`kubectl apply --server-side` or `kubectl create` to keep null")
         p = load_pipeline(new)
-        _semantics(p, policy or Policy(), warnings)
+        # An update that leaves the spec alone (kopf's annotations, labels) is not refused for
+        # the policy: a pipeline stored before it is never acted on anyway (the store look
+        # re-checks), and refusing would wedge every metadata change of it.
+        same_spec = old is not None and old.get("spec") == new.get("spec")
+        _semantics(p, None if same_spec else policy or Policy(), warnings)
         for other, job in others:
             if other != p.name and job == p.spec.workload.name:
                 raise ConfigError(f"spec.workload.name {job!r} is already the workload of "

@@ -16,6 +16,10 @@ events                                     create
 mutating/validatingwebhookconfigurations   get, patch (the chart's own, by name)
 =========================================  =====================================
 
+Watching a list of namespaces (``--namespace``), the chart grants the namespaced rows only in
+those namespaces (a Role each); customresourcedefinitions and the webhook configurations stay
+cluster-wide.
+
 The synchronous ``kubernetes`` client runs in worker threads (:func:`asyncio.to_thread`);
 responses are decoded straight from JSON (``_preload_content=False``), which is much faster
 than the client's model objects for a job of a thousand pods.

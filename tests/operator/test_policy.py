@@ -133,6 +133,18 @@ def test_the_opt_in_policy_admits_only_its_prefixes_per_namespace() -> None:
     assert v.allowed, v.message
 
 
+def test_an_update_that_keeps_the_spec_is_not_refused_for_the_policy() -> None:
+    """A pipeline stored before the policy (or with the webhook off) still takes kopf's
+    annotation patches and label changes; a change of its spec is refused."""
+    old = pipeline_on("s3://ckpt/team-b/run")
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"] = {"datalane.io/last-handled-configuration": "{}"}
+    assert review_pipeline(new, old).allowed
+    new["spec"]["checkpoint"]["keep"] = 5
+    v = review_pipeline(new, old)
+    assert not v.allowed and "with its own identity" in v.message
+
+
 def test_a_secret_ref_to_another_namespace_is_impossible() -> None:
     body = pipeline_on("s3://ckpt/run", secret="creds")
     body["spec"]["checkpoint"]["secretRef"]["namespace"] = "team-b"
