@@ -5,17 +5,21 @@
                 only if every step hash agrees.
 * ``demo``    - the elastic demo with one OS process per rank (see :mod:`datalane.demo`).
 * ``inspect`` - a resume point in human form.
+* ``audit``   - the ledger of a checkpoint store, hash chain (and, with ``--key``, the
+                manifests' HMAC signatures) verified.
+
+Every refused input is one line on stderr naming the value, exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
-from datalane.spec.errors import DatalaneError
+from datalane.spec.errors import ConfigError, DatalaneError
 from datalane.spec.knobs import Knobs
 from datalane.spec.state import Checkpoint, Counters
 
@@ -33,14 +37,40 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
-    return value
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is not at least {low}")
+        return value
+
+    parse.__name__ = "integer"  # what argparse calls the type in its messages
+    return parse
+
+
+_positive = _at_least(1)
+_natural = _at_least(0)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors as one line naming the value (exit code 2), like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _check_state_out(path: str) -> None:
+    """Refuse an output file that could not be written, before the run rather than after."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"--state-out {path} is a directory; name a file in it")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--state-out {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"--state-out {path}: the folder {folder} is not writable")
 
 
 def _knobs(args: argparse.Namespace, workers: int | None = None) -> Knobs:
@@ -71,11 +101,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from datalane.runner import run_world
     from datalane.spec.recipe import load_recipe
 
+    if (args.save_state_at is None) != (args.state_out is None):
+        raise ConfigError("--save-state-at and --state-out go together")
+    if args.state_out is not None:
+        _check_state_out(args.state_out)
     recipe = load_recipe(args.recipe)
     start = Checkpoint.load(args.resume) if args.resume else None
     save_at = frozenset([args.save_state_at]) if args.save_state_at is not None else frozenset()
-    if (args.save_state_at is None) != (args.state_out is None):
-        raise DatalaneError("--save-state-at and --state-out go together")
+    first = start.step if start else 0
+    if args.save_state_at is not None and not (
+            first <= args.save_state_at <= first + (args.steps or args.save_state_at)):
+        last = "the end of the data" if args.steps is None else str(first + args.steps)
+        raise ConfigError(f"--save-state-at {args.save_state_at} lies outside this run, which "
+                          f"saves boundaries {first} to {last}")
     result = run_world(recipe, args.world, _knobs(args), args.steps, start=start,
                        save_at=save_at,
                        on_step=lambda s, h: print(f"step={s} sha256={h}", flush=True))
@@ -124,10 +162,15 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from datalane.store import CheckpointStore
+    from datalane.spec.integrity import parse_json
+    from datalane.store import CheckpointStore, read_ledger_key
 
-    options = json.loads(args.store_options) if args.store_options else None
-    report = CheckpointStore(args.store, options).audit()
+    options = (parse_json(args.store_options, "--store-options") if args.store_options
+               else None)
+    if options is not None and not isinstance(options, dict):
+        raise ConfigError(f"--store-options must be a JSON object, got {args.store_options}")
+    key = read_ledger_key(args.key) if args.key else None
+    report = CheckpointStore(args.store, options).audit(key=key)
     print(report.text())
     return 0 if report.ok else 1
 
@@ -146,7 +189,7 @@ def _cmd_rank(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="datalane", description=__doc__.splitlines()[0])
+    p = _Parser(prog="datalane", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     def knobs(sp: argparse.ArgumentParser) -> None:
@@ -155,10 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run one world and print per-step global hashes")
     run.add_argument("recipe")
-    run.add_argument("--world", type=int, default=1, help="data-parallel world size")
-    run.add_argument("--steps", type=int, default=None,
+    run.add_argument("--world", type=_positive, default=1, help="data-parallel world size")
+    run.add_argument("--steps", type=_positive, default=None,
                      help="steps to run (default: until every lane runs out of data)")
-    run.add_argument("--save-state-at", type=int, default=None, metavar="S",
+    run.add_argument("--save-state-at", type=_natural, default=None, metavar="S",
                      help="save the resume point at the boundary before step S")
     run.add_argument("--state-out", default=None, metavar="FILE")
     run.add_argument("--resume", default=None, metavar="FILE", help="resume from a state file")
@@ -176,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="elastic demo: 4 ranks, resume on 2, then on 8")
     demo.add_argument("--dir", default=None, help="work folder (default: a temporary one)")
-    demo.add_argument("--steps", type=int, default=8, help="steps per phase")
+    demo.add_argument("--steps", type=_positive, default=8, help="steps per phase")
     demo.add_argument("--keep", action="store_true", help="keep the work folder")
     demo.add_argument("--sidecars", action="store_true",
                       help="through sidecar processes, Unix sockets and a checkpoint store: "
@@ -191,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("store")
     audit.add_argument("--store-options", default=os.environ.get("DATALANE_STORE_OPTIONS"),
                        help="fsspec storage options as JSON")
+    audit.add_argument("--key", default=None, metavar="FILE",
+                       help="ledger key file: every manifest must carry a valid HMAC signature "
+                            "made with it (see docs/checkpoint-format.md)")
     audit.set_defaults(fn=_cmd_audit)
 
     trainer = sub.add_parser("_trainer", help=argparse.SUPPRESS)  # a demo trainer process
@@ -199,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--world", type=int, required=True)
     trainer.add_argument("--steps", type=int, required=True)
     trainer.add_argument("--microbatch", type=int, default=2)
-    trainer.add_argument("--resume-step", type=int, default=None)
+    trainer.add_argument("--resume-step", type=_natural, default=None)
     trainer.set_defaults(fn=_cmd_trainer)
 
     ins = sub.add_parser("inspect", help="print a state file in human form")

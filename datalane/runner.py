@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from datalane.engine.loader import Loader, Step
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
+from datalane.spec.errors import ConfigError
 from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
+from datalane.spec.lanes import check_world_size
 from datalane.spec.recipe import Recipe
 from datalane.spec.state import Checkpoint, Counters, merge_checkpoints
 
@@ -39,6 +41,11 @@ def run_world(recipe: Recipe, world_size: int, knobs: Knobs, steps: int | None,
               save_at: frozenset[int] = frozenset(),
               on_step: Callable[[int, str], None] | None = None) -> WorldRun:
     """Run ``steps`` steps (None: until every lane has ended) on ``world_size`` ranks."""
+    check_world_size(recipe.lanes, world_size)
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                              or steps < 1):
+        raise ConfigError(f"steps must be a positive integer or None (until the data ends), "
+                          f"got {steps!r}")
     plan = plan or Plan.build(recipe)
     out = WorldRun()
     with TaskPool(knobs.workers) as pool:

@@ -8,8 +8,11 @@ reason and nothing else is lost.
 
 from __future__ import annotations
 
+import copy
 import gzip
+import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +30,7 @@ from tokenizers import Tokenizer
 from datalane import (
     ConfigError,
     DataError,
+    DatalaneError,
     Knobs,
     Loader,
     MismatchError,
@@ -35,7 +39,8 @@ from datalane import (
     load_recipe,
 )
 from datalane.corpus import DemoCorpus, tokenizer_path
-from datalane.spec.state import Counters
+from datalane.engine.plan import Plan
+from datalane.spec.state import Checkpoint, Counters
 from tests.conftest import base_recipe_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -389,6 +394,7 @@ def _restore_error(r: Recipe, state: dict[str, Any], rank: int = 0, world: int =
     with Loader(r, rank, world, Knobs(workers=1)) as loader, \
             pytest.raises(MismatchError) as info:
         loader.load_state_dict(state)
+        loader.next_step()  # the lanes open, and check their states, at the first step
     return str(info.value)
 
 
@@ -418,7 +424,35 @@ def test_restore_after_a_source_file_changed(tmp_path: Path, tok: str) -> None:
         f.write(good_line(0) + b"\n")
     message = _restore_error(recipe(tok, [path]), state)
     [line] = [ln for ln in message.splitlines() if ln.startswith("  ")]
-    assert line.startswith(f"  files.s: saved [[{path!r}, ")
+    [[_, size, ident]] = state["fingerprint_doc"]["files"]["s"]
+    [[_, new_size, new_ident]] = Plan.build(recipe(tok, [path])).fingerprint_doc["files"]["s"]
+    assert new_size == size + len(good_line(0)) + 1
+    assert line == (f"  files.s: 1 of 1 file changed: {path} (the first: saved "
+                    f"{[size, ident]!r}, now {[new_size, new_ident]!r})")
+
+
+def test_restore_names_the_changed_files_among_a_thousand(tmp_path: Path, tok: str) -> None:
+    """Issue 9, defect 10: one changed file among many listed every file, twice."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    paths = [jsonl(folder / f"f{i:04d}.jsonl", [good_line(i % 3)]) for i in range(1000)]
+    state = _state_after(recipe(tok, [f"{folder}/*.jsonl"]), 1)
+    with open(paths[500], "ab") as f:
+        f.write(good_line(1) + b"\n")
+    os.remove(paths[17])
+    added = [jsonl(folder / f"g{i}.jsonl", [good_line(0)]) for i in range(5)]
+    message = _restore_error(recipe(tok, [f"{folder}/*.jsonl"]), state)
+    lines = [ln for ln in message.splitlines() if ln.startswith("  ")]
+    [[_, size, ident]] = [f for f in state["fingerprint_doc"]["files"]["s"] if f[0] == paths[500]]
+    new = next(f for f in Plan.build(recipe(tok, [f"{folder}/*.jsonl"])).fingerprint_doc[
+        "files"]["s"] if f[0] == paths[500])
+    assert lines == [
+        f"  files.s: 1 of 1000 files changed: {paths[500]} (the first: saved "
+        f"{[size, ident]!r}, now {new[1:]!r})",
+        f"  files.s: 5 files added: {added[0]}, {added[1]}, {added[2]} and 2 more",
+        f"  files.s: 1 file removed: {paths[17]}",
+    ]
+    assert len(message) < 1500  # not a thousand file names
 
 
 def test_restore_with_another_tokenizer_file(tmp_path: Path, tok: str) -> None:
@@ -450,12 +484,15 @@ def test_restore_rejects_a_tampered_or_foreign_state(make_recipe: Callable[..., 
     r = make_recipe()
     state = _state_after(r, 1)
     state["lanes"]["3"]["seqs"] = 5
+    assert _restore_error(r, state).startswith(
+        "checkpoint fails its integrity check: it carries sha256 ")
+    del state["sha256"]  # a state without a seal (an older datalane's) is checked field by field
     assert _restore_error(r, state) == (
         "lane 3 of the checkpoint is 5 sequences in, but step 1 is 2")
     assert _restore_error(r, {"format": "zephon/v2", "step": 1}) == (
         "checkpoint is not a datalane checkpoint (format 'zephon/v2', expected "
         "'datalane.checkpoint/v1')")
-    broken = _state_after(r, 1)
+    broken = _unsealed(_state_after(r, 1))
     del broken["lanes"]["0"]["src"]
     assert _restore_error(r, broken) == "checkpoint lane 0 lacks the key 'src'"
 
@@ -560,3 +597,146 @@ def test_a_key_given_twice_in_a_recipe_file_is_an_error(tmp_path) -> None:
     empty.write_text("")
     with pytest.raises(ConfigError, match=f"recipe {empty} is empty"):
         load_recipe(empty)
+
+
+# -- persisted states: sealed, range-checked, bounded (issue 9, defects 6 and 9) ------------------
+
+
+def test_a_state_carries_a_sha256_of_its_content_and_unsealed_ones_still_load(
+        make_recipe: Callable[..., Recipe]) -> None:
+    r = make_recipe()
+    state = _state_after(r, 3)
+    assert list(state)[-1] == "sha256"
+    body = {k: v for k, v in state.items() if k not in ("sha256", "fingerprint_doc")}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    assert state["sha256"] == hashlib.sha256(canonical.encode()).hexdigest()
+    unsealed = {k: v for k, v in state.items() if k != "sha256"}  # as datalane 0.1 wrote it
+    assert Checkpoint.from_json(unsealed).to_json() == state
+
+
+def test_every_single_bit_flip_of_a_state_file_is_refused(
+        make_recipe: Callable[..., Recipe], tmp_path: Path) -> None:
+    """Issue 9, defect 6: 13 of 44 single-bit flips of a resume point changed the stream."""
+    data = Checkpoint.from_json(_state_after(make_recipe(), 2)).dumps().encode()
+    path = tmp_path / "s.json"
+    accepted = []
+    for offset in range(len(data)):
+        for bit in (0, 7):  # a digit or letter changes, or the byte is no longer UTF-8
+            flipped = bytearray(data)
+            flipped[offset] ^= 1 << bit
+            path.write_bytes(bytes(flipped))
+            try:
+                Checkpoint.load(str(path))
+            except DatalaneError:
+                continue
+            accepted.append((offset, bit, data[offset - 10:offset + 10]))
+    assert accepted == []
+
+
+def _unsealed(state: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(state)
+    out.pop("sha256", None)  # (states of older versions carry none)
+    return out
+
+
+def _lane_1(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda s: s["lanes"]["1"].__setitem__(key, value)
+
+
+OUT_OF_RANGE = {
+    "negative step": (lambda s: s.__setitem__("step", -1),
+                      "checkpoint: step must be at least 0, got -1"),
+    "step past the layout": (lambda s: s.__setitem__("step", 10**12),
+                             "checkpoint: step must be at most 999999999999, got 1000000000000"),
+    "no lanes at all": (lambda s: s.__setitem__("lanes_total", 0),
+                        "checkpoint: lanes_total must be at least 1, got 0"),
+    "lanes as a list": (lambda s: s.__setitem__("lanes", [1, 2]),
+                        "checkpoint: lanes must be an object of lane number -> lane state, "
+                        "got list [1, 2]"),
+    "lane outside lanes_total": (lambda s: s["lanes"].__setitem__("8", s["lanes"].pop("1")),
+                                 "checkpoint holds lane 8, outside 0..7 of its 8 lanes"),
+    "negative sequences": (_lane_1("seqs", -2), "checkpoint lane 1.seqs must be at least 0, "
+                                                "got -2"),
+    "cursor before the chunk": (lambda s: s["lanes"]["1"]["src"].__setitem__(0, [0, 0, 0, -2, 0]),
+                                "checkpoint lane 1.src[0] pos must be at least -1, got -2"),
+    "negative epoch": (lambda s: s["lanes"]["1"]["src"].__setitem__(1, [-1, 0, 0, -1, 0]),
+                       "checkpoint lane 1.src[1] epoch must be at least 0, got -1"),
+    "mixture past int64": (_lane_1("mix", [2**64, 0]),
+                           "checkpoint lane 1.mix[0] must be at most 2^63 - 1, got "
+                           "18446744073709551616"),
+    "negative token counter": (_lane_1("n", [1, 1, -5, 0, {}]),
+                               "checkpoint lane 1.n tokens must be at least 0, got -5"),
+    "cursor as a number": (_lane_1("src", 7), "checkpoint lane 1.src must be a list, got int 7"),
+    "end flag of 2": (_lane_1("end", 2), "checkpoint lane 1.end must be 1 when present, got 2"),
+    "unknown top-level key": (lambda s: s.__setitem__("stepp", 1),
+                              "checkpoint has unknown keys ['stepp']"),
+    "edited fingerprint document": (
+        lambda s: s["fingerprint_doc"]["recipe"].__setitem__("seed", 6),
+        "checkpoint: its fingerprint document does not hash to its fingerprint"),
+}
+
+
+@pytest.fixture(scope="module")
+def saved_state(corpus: DemoCorpus) -> dict[str, Any]:
+    return _state_after(load_recipe(base_recipe_dict(corpus)), 3)
+
+
+@pytest.mark.parametrize("case", sorted(OUT_OF_RANGE))
+def test_a_damaged_unsealed_state_is_refused_naming_the_value(saved_state: dict[str, Any],
+                                                               case: str) -> None:
+    change, message = OUT_OF_RANGE[case]
+    bad = _unsealed(saved_state)
+    change(bad)
+    with pytest.raises(MismatchError) as info:
+        Checkpoint.from_json(bad)
+    assert str(info.value).startswith(message)
+
+
+def test_a_carry_over_no_lane_could_hold_is_refused(make_recipe: Callable[..., Recipe],
+                                                    saved_state: dict[str, Any]) -> None:
+    """Issue 9, defect 9: 20,000 carried pieces were each re-read, for over a minute."""
+    bad = _unsealed(saved_state)
+    bad["lanes"]["1"]["carry"] = [[[0, 0, 0, 0, 1]] * 20_000]
+    assert _restore_error(make_recipe(), bad) == (
+        "lane 1 state: open sequence 0 of the packer's carry-over holds 20000 pieces of 20000 "
+        "tokens, more than a sequence of 129 tokens can hold; the state is damaged")
+    r = make_recipe(packing={"algorithm": "bestfit", "bestfit_bins": 2})
+    state = _unsealed(_state_after(r, 3))
+    state["lanes"]["1"]["carry"] = [[[0, 0, 0, 0, 1]]] * 3
+    assert _restore_error(r, state) == (
+        "lane 1 state: the packer's carry-over has 3 open sequences; the recipe's packing "
+        "keeps at most 2")
+
+
+def test_state_files_that_are_not_utf8_or_too_deep(tmp_path: Path,
+                                                   saved_state: dict[str, Any]) -> None:
+    text = json.dumps(saved_state).encode()
+    path = tmp_path / "s.json"
+    path.write_bytes(text.replace(b'"fingerprint"', b'"fingerpr\xefnt"', 1))
+    offset = text.index(b'"fingerprint"') + 9
+    with pytest.raises(MismatchError) as info:
+        Checkpoint.load(str(path))
+    assert str(info.value) == f"state file {path} is not UTF-8 text: byte 0xef at offset {offset}"
+    for depth in (100, 100_000):
+        path.write_text("[" * depth + "]" * depth)
+        with pytest.raises(MismatchError) as info:
+            Checkpoint.load(str(path))
+        assert str(info.value) == (f"state file {path} is nested deeper than 64 levels; no "
+                                   f"datalane file is")
+
+
+def test_recipe_files_that_are_not_utf8_or_too_deep(tmp_path: Path, tok: str) -> None:
+    yaml_path = tmp_path / "r.yaml"
+    yaml_path.write_bytes(b"lanes: 1\nseed: 0\n# caf\xe9\n")
+    with pytest.raises(ConfigError) as info:
+        load_recipe(yaml_path)
+    assert str(info.value) == f"recipe {yaml_path} is not UTF-8 text: byte 0xe9 at offset 22"
+    json_path = tmp_path / "r.json"
+    for path, text in ((json_path, '{"lanes": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+                       (yaml_path, "lanes: " + "[" * 100_000 + "]" * 100_000 + "\n"),
+                       (yaml_path, "lanes: " + "[" * 80 + "]" * 80 + "\n")):
+        path.write_text(text)
+        with pytest.raises(ConfigError) as info:
+            load_recipe(path)
+        assert str(info.value) == (f"recipe {path} is nested deeper than 64 levels; no "
+                                   f"datalane file is")

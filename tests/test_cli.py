@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -85,3 +86,86 @@ def test_demo_matches_across_4_2_and_8_rank_processes(tmp_path) -> None:
     lines = proc.stdout.strip().splitlines()
     assert lines[-1] == "MATCH"
     assert sum(1 for line in lines if line.rstrip().endswith("=")) == 6
+
+
+# -- bad inputs: one line naming the value, exit code 2, nothing run (issue 9, defect 9) -------
+
+
+def _refused(proc: subprocess.CompletedProcess[str]) -> str:
+    """The one error line of a refused command (no traceback, no step run)."""
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--world", "0"), ("--world", "-2"),
+                                             ("--steps", "0"), ("--steps", "-1")])
+def test_run_refuses_a_world_or_step_count_below_one(write_recipe, flag, value) -> None:
+    line = _refused(datalane("run", write_recipe(), flag, value, check=False))
+    assert line == (f"datalane run: error: argument {flag}: {value} is not at least 1 (see "
+                    f"datalane run --help)")
+
+
+def test_run_checks_the_state_output_before_running(write_recipe, tmp_path) -> None:
+    missing = tmp_path / "no-such-folder" / "s.json"
+    line = _refused(datalane("run", write_recipe(), "--steps", "3", "--save-state-at", "3",
+                             "--state-out", str(missing), check=False))
+    assert line == (f"datalane run: error: --state-out {missing}: the folder {missing.parent} "
+                    f"does not exist")
+    line = _refused(datalane("run", write_recipe(), "--steps", "3", "--save-state-at", "5",
+                             "--state-out", str(tmp_path / "s.json"), check=False))
+    assert line == ("datalane run: error: --save-state-at 5 lies outside this run, which saves "
+                    "boundaries 0 to 3")
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_run_refuses_damaged_state_files_in_one_line(write_recipe, tmp_path) -> None:
+    state = tmp_path / "s.json"
+    datalane("run", write_recipe(), "--steps", "2", "--save-state-at", "2",
+             "--state-out", str(state))
+    unsealed = json.loads(state.read_text())
+    del unsealed["sha256"]
+    cases = {
+        "lanes-list.json": json.dumps({**unsealed, "lanes": [1, 2]}),
+        "deep.json": "[" * 100_000 + "]" * 100_000,
+        "step.json": state.read_text().replace('"step":2', '"step":-1'),
+    }
+    expected = {
+        "lanes-list.json": ": lanes must be an object of lane number -> lane state, "
+                           "got list [1, 2]",
+        "deep.json": "is nested deeper than 64 levels; no datalane file is",
+        "step.json": "fails its integrity check: it carries sha256 ",
+    }
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        line = _refused(datalane("run", write_recipe(), "--steps", "1", "--resume", str(path),
+                                 check=False))
+        assert line.startswith(f"datalane run: error: state file {path}"), line
+        assert expected[name] in line, line
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes(state.read_bytes().replace(b'"step"', b'"st\xe9p"'))
+    line = _refused(datalane("inspect", str(latin), check=False))
+    offset = state.read_bytes().index(b'"step"') + 3
+    assert line == (f"datalane inspect: error: state file {latin} is not UTF-8 text: byte 0xe9 "
+                    f"at offset {offset}")
+
+
+def test_demo_trainer_refuses_a_negative_resume_step() -> None:
+    line = _refused(datalane("_trainer", "--socket", "/nonexistent", "--rank", "0", "--world",
+                             "1", "--steps", "1", "--resume-step", "-1", check=False))
+    assert line == ("datalane _trainer: error: argument --resume-step: -1 is not at least 0 "
+                    "(see datalane _trainer --help)")
+
+
+def test_audit_of_a_store_that_does_not_exist_fails_naming_it(tmp_path) -> None:
+    """Issue 9, defect 10: it printed 'OK: 0 checkpoints verified' and exited 0."""
+    proc = datalane("audit", str(tmp_path / "typo"), check=False)
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[-2:] == [
+        f"problem: there is no checkpoint store at file://{tmp_path}/typo: nothing is stored "
+        f"under it (check the URI, and the bucket and prefix)",
+        "FAILED: 1 problems"]
+    assert "OK" not in proc.stdout

@@ -19,7 +19,7 @@ from datalane.engine.pool import TaskPool
 from datalane.spec.errors import MismatchError
 from datalane.spec.hashing import window_digest
 from datalane.spec.knobs import Knobs
-from datalane.spec.state import Counters, LaneState, Piece
+from datalane.spec.state import Counters, LaneState, Piece, check_carry
 
 __all__ = ["LaneStream", "Window"]
 
@@ -88,6 +88,8 @@ class LaneStream:
                     c.chunk and c.chunk >= len(chunks)) or c.offset >= recipe.shuffle.block_size:
                 raise MismatchError(f"lane {self.lane} state: cursor {c.encode()} of source "
                                     f"{i} points outside the source")
+        bins = recipe.packing.bestfit_bins if recipe.packing.algorithm == "bestfit" else None
+        check_carry(state, recipe.sequence_tokens, bins, f"lane {self.lane} state")
         pieces = [p for group in state.carry for p in group]
         if state.pending is not None:
             if recipe.packing.algorithm == "wrap":

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from datalane.spec import model
 from datalane.spec.errors import ConfigError
+from datalane.spec.integrity import MAX_DEPTH, check_depth, parse_json, parse_text, read_bytes
 from datalane.spec.lanes import nearest_multiples
 from datalane.spec.model import doc
 
@@ -31,6 +32,13 @@ __all__ = [
 ]
 
 RECIPE_VERSION = 1
+MAX_SEQ_LEN = 1 << 20
+"""Upper bound of ``seq_len`` (1,048,576 tokens)."""
+MAX_GLOBAL_BATCH = 1 << 20
+"""Upper bound of ``global_batch_size`` (1,048,576 sequences), hence of ``lanes`` too."""
+MAX_STEP_TOKENS = 1 << 30
+"""Upper bound of ``global_batch_size x (seq_len + 1)``, the tokens of one step (2^30: 8 GiB
+of ``input_ids`` and ``positions`` for a process that serves every lane)."""
 _NAME = r"[a-z0-9]([a-z0-9_-]{0,62})?"
 
 
@@ -155,6 +163,18 @@ class Recipe:
         return source.filters if source.filters is not None else self.filters
 
     def validate(self, where: str) -> None:
+        for name, value, top, unit in (
+                ("seq_len", self.seq_len, MAX_SEQ_LEN, "tokens"),
+                ("global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH, "sequences")):
+            if value > top:
+                raise ConfigError(f"{_at(where, name)} {value} is above the limit of {top:,} "
+                                  f"{unit}")
+        tokens = self.global_batch_size * self.sequence_tokens
+        if tokens > MAX_STEP_TOKENS:
+            raise ConfigError(
+                f"{_at(where, 'global_batch_size')} {self.global_batch_size} x "
+                f"({_at(where, 'seq_len')} {self.seq_len} + 1) = {tokens:,} tokens per step is "
+                f"above the limit of {MAX_STEP_TOKENS:,}; use a smaller batch or sequence length")
         if self.global_batch_size % self.lanes:
             options = " or ".join(str(m) for m in
                                   nearest_multiples(self.global_batch_size, self.lanes))
@@ -191,19 +211,14 @@ def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any]) -> Recipe:
     if isinstance(source, Mapping):
         return model.load(Recipe, source)
     path = os.fspath(source)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"cannot read recipe {path}: {e.strerror or e}") from e
+    raw = read_bytes(path, "recipe")
     data: Any
     if path.endswith(".json"):
-        try:
-            data = json.loads(text, object_pairs_hook=_no_duplicates(path))
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"recipe {path} is not valid JSON: {e}") from e
+        data = parse_json(raw, f"recipe {path}", object_pairs_hook=_no_duplicates(path))
     else:
+        text = parse_text(raw, f"recipe {path}")
         data = _load_yaml(text, path)
+        check_depth(data, f"recipe {path}")
     if data is None:
         raise ConfigError(f"recipe {path} is empty")
     recipe = model.load(Recipe, data)
@@ -243,6 +258,9 @@ def _load_yaml(text: str, path: str) -> Any:
         return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: safe
     except yaml.YAMLError as e:
         raise ConfigError(f"recipe {path} is not valid YAML: {e}") from e
+    except RecursionError:
+        raise ConfigError(f"recipe {path} is nested deeper than {MAX_DEPTH} levels; no "
+                          f"datalane file is") from None
 
 
 def _resolve_relative(recipe: Recipe, base: str) -> Recipe:

@@ -6,17 +6,21 @@ never tokens: per-source cursors, the mixture's token counters, the packer's car
 and small (a few hundred bytes for ``wrap``).
 
 A :class:`Checkpoint` bundles the lane states of one step with the recipe fingerprint and the
-fingerprint document, so a restore with another recipe can say which fields differ.
+fingerprint document, so a restore with another recipe can say which fields differ. Its JSON
+carries a ``sha256`` of its own content (:func:`checkpoint_sha256`) and every number is
+range-checked when read, so a damaged state is refused naming the value, never used.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from datalane.spec.errors import ConfigError, MismatchError
+from datalane.spec.fingerprint import fingerprint_of
+from datalane.spec.integrity import check_seal, content_sha256, parse_json, read_bytes
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -26,11 +30,29 @@ __all__ = [
     "LaneState",
     "Piece",
     "SourceCursor",
+    "check_carry",
+    "check_step",
+    "checkpoint_sha256",
+    "checkpoint_text",
     "merge_checkpoints",
 ]
 
 LANE_STATE_VERSION = 1
 CHECKPOINT_FORMAT = "datalane.checkpoint/v1"
+MAX_STEP = 10**12  # steps are 12 digits in the store's layout
+_MAX_INT = 2**63 - 1  # every count and position fits an int64
+_CHECKPOINT_KEYS = frozenset({"format", "step", "fingerprint", "lanes_total", "lanes",
+                              "fingerprint_doc", "sha256"})
+_UNSEALED = ("fingerprint_doc",)  # bound by the fingerprint (its SHA-256) instead
+
+
+def check_step(step: Any, where: str = "step") -> int:
+    """``step`` if it is an integer in ``[0, 10^12)``; ConfigError naming ``where`` otherwise.
+
+    For every step a caller names (``resume_step``, ``--save-state-at``, a store's step)."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < MAX_STEP:
+        raise ConfigError(f"{where} must be an integer in [0, 10^12), got {step!r}")
+    return step
 
 
 @dataclass(frozen=True)
@@ -50,8 +72,8 @@ class SourceCursor:
 
     @classmethod
     def decode(cls, data: Any, where: str) -> SourceCursor:
-        ints = _ints(data, 5, where)
-        return cls(*ints)
+        # pos -1 stands for the chunk's start
+        return cls(*_ints(data, where, ("epoch", "block", "chunk", "pos", "offset"), {"pos": -1}))
 
 
 @dataclass(frozen=True)
@@ -69,7 +91,15 @@ class Piece:
 
     @classmethod
     def decode(cls, data: Any, where: str) -> Piece:
-        return cls(*_ints(data, 5, where))
+        piece = cls(*_ints(data, where, ("source", "file", "pos", "start", "stop")))
+        if piece.start >= piece.stop:
+            raise MismatchError(f"{where} {piece.encode()} is an empty token range "
+                                f"[{piece.start}, {piece.stop})")
+        return piece
+
+    @property
+    def tokens(self) -> int:
+        return self.stop - self.start
 
 
 @dataclass
@@ -100,8 +130,8 @@ class Counters:
     def decode(cls, data: Any, where: str) -> Counters:
         if not isinstance(data, list) or len(data) != 5 or not isinstance(data[4], dict):
             raise MismatchError(f"{where} must be [docs, kept, tokens, padding, {{reason: n}}]")
-        docs, kept, tokens, padding = _ints(data[:4], 4, where)
-        skipped = {str(k): _int(v, f"{where} skipped {k!r}") for k, v in data[4].items()}
+        docs, kept, tokens, padding = _ints(data[:4], where, ("docs", "kept", "tokens", "padding"))
+        skipped = {str(k): _int(v, f"{where} skipped {k!r}", lo=0) for k, v in data[4].items()}
         return cls(docs, kept, tokens, padding, skipped)
 
 
@@ -153,22 +183,28 @@ class LaneState:
         if extra:
             raise MismatchError(f"{where} has unknown keys {extra}")
         try:
+            sources = tuple(SourceCursor.decode(c, f"{where}.src[{i}]")
+                            for i, c in enumerate(_list(data["src"], f"{where}.src")))
+            mixture = tuple(_int(m, f"{where}.mix[{i}]", lo=0)
+                            for i, m in enumerate(_list(data["mix"], f"{where}.mix")))
+            carry = tuple(tuple(Piece.decode(p, f"{where}.carry[{g}][{i}]")
+                                for i, p in enumerate(_list(group, f"{where}.carry[{g}]")))
+                          for g, group in enumerate(_list(data["carry"], f"{where}.carry")))
+            end = data.get("end", 0)
+            if end not in (0, 1) or isinstance(end, float):
+                raise MismatchError(f"{where}.end must be 1 when present, got {end!r}")
             return cls(
-                lane=_int(data["lane"], f"{where}.lane"),
-                sequences=_int(data["seqs"], f"{where}.seqs"),
-                sources=tuple(SourceCursor.decode(c, f"{where}.src[{i}]")
-                              for i, c in enumerate(data["src"])),
-                mixture=tuple(_int(m, f"{where}.mix") for m in data["mix"]),
-                carry=tuple(tuple(Piece.decode(p, f"{where}.carry") for p in g)
-                            for g in data["carry"]),
+                lane=_int(data["lane"], f"{where}.lane", lo=0),
+                sequences=_int(data["seqs"], f"{where}.seqs", lo=0),
+                sources=sources,
+                mixture=mixture,
+                carry=carry,
                 pending=Piece.decode(data["pend"], f"{where}.pend") if "pend" in data else None,
-                ended=bool(data.get("end", 0)),
+                ended=bool(end),
                 counters=Counters.decode(data["n"], f"{where}.n"),
             )
         except KeyError as e:
             raise MismatchError(f"{where} lacks the key {e.args[0]!r}") from e
-        except TypeError as e:
-            raise MismatchError(f"{where} is malformed: {e}") from e
 
     def encoded_size(self) -> int:
         """Bytes of the compact JSON form (the figure the 1 KiB target is about)."""
@@ -186,7 +222,8 @@ class Checkpoint:
     lanes_total: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """The JSON form, sealed: ``sha256`` (the last key) is :func:`checkpoint_sha256`."""
+        out: dict[str, Any] = {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
             "fingerprint": self.fingerprint,
@@ -194,41 +231,125 @@ class Checkpoint:
             "lanes": {str(k): v.to_json() for k, v in sorted(self.lanes.items())},
             "fingerprint_doc": self.fingerprint_doc,
         }
+        out["sha256"] = checkpoint_sha256(out)
+        return out
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def from_json(cls, data: Any, where: str = "checkpoint") -> Checkpoint:
+        """Parse and verify a checkpoint's JSON; MismatchError naming ``where`` and the value.
+
+        A ``sha256`` that does not match the content is refused; a checkpoint without one (as
+        datalane before 0.2 wrote them) is accepted. The fingerprint document must hash to
+        the fingerprint, and every number must lie in its range.
+        """
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
             got = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise MismatchError(f"{where} is not a datalane checkpoint (format {got!r}, "
                                 f"expected {CHECKPOINT_FORMAT!r})")
-        try:
-            lanes = {int(k): LaneState.from_json(v, f"{where} lane {k}")
-                     for k, v in data["lanes"].items()}
-            ckpt = cls(_int(data["step"], f"{where}.step"), str(data["fingerprint"]),
-                       data.get("fingerprint_doc"), lanes,
-                       _int(data["lanes_total"], f"{where}.lanes_total"))
-        except KeyError as e:
-            raise MismatchError(f"{where} lacks the key {e.args[0]!r}") from e
-        except ValueError as e:  # a lane key that is not a number
-            raise MismatchError(f"{where} has a lane key that is not a lane number: {e}") from e
-        for k, lane in lanes.items():
-            if lane.lane != k:
-                raise MismatchError(f"{where}: lane {k} holds the state of lane {lane.lane}")
-        return ckpt
+        extra = sorted(set(data) - _CHECKPOINT_KEYS)
+        if extra:
+            raise MismatchError(f"{where} has unknown keys {extra}")
+        missing = sorted({"step", "fingerprint", "lanes_total", "lanes"} - set(data))
+        if missing:
+            raise MismatchError(f"{where} lacks the key {missing[0]!r}")
+        check_seal(data, where, _UNSEALED)
+        step = _int(data["step"], f"{where}: step", lo=0, hi=MAX_STEP - 1)
+        lanes_total = _int(data["lanes_total"], f"{where}: lanes_total", lo=1)
+        fingerprint = data["fingerprint"]
+        if not isinstance(fingerprint, str) or not fingerprint:
+            raise MismatchError(f"{where}: fingerprint must be a non-empty string, got "
+                                f"{fingerprint!r}")
+        doc = data.get("fingerprint_doc")
+        if doc is not None:
+            if not isinstance(doc, dict):
+                raise MismatchError(f"{where}: fingerprint_doc must be an object or null, got "
+                                    f"{type(doc).__name__}")
+            if fingerprint_of(doc) != fingerprint:
+                raise MismatchError(f"{where}: its fingerprint document does not hash to its "
+                                    f"fingerprint {fingerprint[:16]}...; it was altered or "
+                                    f"damaged and will not be used")
+        raw = data["lanes"]
+        if not isinstance(raw, dict):
+            raise MismatchError(f"{where}: lanes must be an object of lane number -> lane "
+                                f"state, got {type(raw).__name__} {_short(raw)}")
+        lanes: dict[int, LaneState] = {}
+        for key, value in raw.items():
+            if not (isinstance(key, str) and key.isascii() and key.isdigit()
+                    and str(int(key)) == key):
+                raise MismatchError(f"{where} has the lane key {key!r}, which is not a lane "
+                                    f"number")
+            lane = int(key)
+            if lane >= lanes_total:
+                raise MismatchError(f"{where} holds lane {lane}, outside 0..{lanes_total - 1} "
+                                    f"of its {lanes_total} lanes")
+            state = LaneState.from_json(value, f"{where} lane {key}")
+            if state.lane != lane:
+                raise MismatchError(f"{where}: lane {lane} holds the state of lane "
+                                    f"{state.lane}")
+            lanes[lane] = state
+        return cls(step, fingerprint, doc, lanes, lanes_total)
 
     @classmethod
     def load(cls, path: str) -> Checkpoint:
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except OSError as e:
-            raise ConfigError(f"cannot read state file {path}: {e.strerror or e}") from e
-        except json.JSONDecodeError as e:
-            raise MismatchError(f"state file {path} is not valid JSON: {e}") from e
+        """Read and verify a state file (``datalane run --state-out``)."""
+        data = parse_json(read_bytes(path, "state file"), f"state file {path}", MismatchError)
         return cls.from_json(data, f"state file {path}")
+
+
+def checkpoint_sha256(data: dict[str, Any]) -> str:
+    """The ``sha256`` a checkpoint's JSON carries: SHA-256 of the canonical JSON (sorted keys,
+    no whitespace) of every field but ``sha256`` and ``fingerprint_doc`` (which is bound by
+    ``fingerprint``, its own SHA-256). Writers that build the JSON by hand (the sidecar) add
+    ``"sha256": checkpoint_sha256(doc)``; lane states may be given as parsed JSON."""
+    return content_sha256(data, _UNSEALED)
+
+
+def checkpoint_text(step: int, fingerprint: str, lanes_total: int,
+                    lanes: Iterable[tuple[int, str]], fingerprint_doc_json: str) -> str:
+    """``json.dumps(checkpoint.to_json(), separators=(",", ":"))``, byte for byte, from lane
+    states already in that compact form and the fingerprint document serialized once.
+
+    For writers that keep lane states as text and must not serialize a large fingerprint
+    document per checkpoint (the sidecar's kept step boundaries); the seal is computed over
+    the lane states, so its cost does not grow with the number of source files.
+    """
+    lanes = list(lanes)
+    parsed = {str(k): json.loads(text) for k, text in lanes}
+    sha = checkpoint_sha256({"format": CHECKPOINT_FORMAT, "step": step,
+                             "fingerprint": fingerprint, "lanes_total": lanes_total,
+                             "lanes": parsed})
+    body = ",".join(f'"{k}":{text}' for k, text in lanes)
+    return (f'{{"format":{json.dumps(CHECKPOINT_FORMAT)},"step":{step},'
+            f'"fingerprint":{json.dumps(fingerprint)},"lanes_total":{lanes_total},'
+            f'"lanes":{{{body}}},"fingerprint_doc":{fingerprint_doc_json},"sha256":"{sha}"}}')
+
+
+def check_carry(state: LaneState, sequence_tokens: int, bestfit_bins: int | None,
+                where: str) -> None:
+    """Refuse a carry-over that no packer could have left (MismatchError naming ``where``).
+
+    ``bestfit_bins`` is None for ``wrap``. A carry-over is what the open sequences hold: for
+    ``wrap`` one group, whose pieces but the last fit in one sequence of ``sequence_tokens``;
+    for ``bestfit`` at most ``bestfit_bins`` groups of at most ``sequence_tokens`` each. So a
+    restore never re-reads more documents than a lane can hold (a damaged state with
+    thousands of pieces would take minutes).
+    """
+    groups = state.carry
+    bins = 1 if bestfit_bins is None else bestfit_bins
+    if len(groups) > bins:
+        raise MismatchError(f"{where}: the packer's carry-over has {len(groups)} open "
+                            f"sequences; the recipe's packing keeps at most {bins}")
+    for g, group in enumerate(groups):
+        held = group[:-1] if bestfit_bins is None else group
+        tokens = sum(p.tokens for p in held)
+        if tokens > sequence_tokens:
+            raise MismatchError(
+                f"{where}: open sequence {g} of the packer's carry-over holds {len(group)} "
+                f"pieces of {sum(p.tokens for p in group)} tokens, more than a sequence of "
+                f"{sequence_tokens} tokens can hold; the state is damaged")
 
 
 def merge_checkpoints(parts: Iterable[Checkpoint]) -> Checkpoint:
@@ -249,13 +370,33 @@ def merge_checkpoints(parts: Iterable[Checkpoint]) -> Checkpoint:
     return Checkpoint(head.step, head.fingerprint, head.fingerprint_doc, lanes, head.lanes_total)
 
 
-def _int(v: Any, where: str) -> int:
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int(v: Any, where: str, lo: int = 0, hi: int = _MAX_INT) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise MismatchError(f"{where} must be an integer, got {v!r}")
+        raise MismatchError(f"{where} must be an integer, got {_short(v)}")
+    if v < lo:
+        raise MismatchError(f"{where} must be at least {lo}, got {v}")
+    if v > hi:
+        top = "2^63 - 1" if hi == _MAX_INT else str(hi)
+        raise MismatchError(f"{where} must be at most {top}, got {_short(v)}")
     return v
 
 
-def _ints(data: Any, n: int, where: str) -> list[int]:
-    if not isinstance(data, list) or len(data) != n:
-        raise MismatchError(f"{where} must be a list of {n} integers, got {data!r}")
-    return [_int(v, where) for v in data]
+def _list(data: Any, where: str) -> list[Any]:
+    if not isinstance(data, list):
+        raise MismatchError(f"{where} must be a list, got {type(data).__name__} {_short(data)}")
+    return data
+
+
+def _ints(data: Any, where: str, names: tuple[str, ...],
+          lows: Mapping[str, int] | None = None) -> list[int]:
+    """The integers ``names``, each at least 0 (or its entry in ``lows``)."""
+    if not isinstance(data, list) or len(data) != len(names):
+        raise MismatchError(f"{where} must be a list of {len(names)} integers "
+                            f"[{', '.join(names)}], got {_short(data)}")
+    return [_int(v, f"{where} {name}", lo=(lows or {}).get(name, 0))
+            for v, name in zip(data, names, strict=True)]

@@ -9,6 +9,7 @@ Storage layout under the base URI (details in ``docs/checkpoint-format.md``)::
 
     <base>/steps/<step:012d>/pod-<pod_id>.json   one object per pod per step
     <base>/steps/<step:012d>/MANIFEST.json       the commit marker
+    <base>/steps/<step:012d>/MANIFEST.sig        its HMAC signature (with a ledger key)
 
 A step is committed iff its manifest exists and verifies: it lists every lane ``0..L-1``
 with the SHA-256 of its state, every pod object with the SHA-256 of its bytes, the ledger of
@@ -31,11 +32,21 @@ from datalane.store.audit import AuditEntry, AuditReport
 from datalane.store.manifest import MANIFEST_FORMAT, LaneEntry, Manifest
 from datalane.store.objects import is_transient
 from datalane.store.podstate import POD_STATE_FORMAT
+from datalane.store.signing import (
+    LEDGER_KEY_ENV,
+    LEDGER_KEY_FILE_ENV,
+    SIGNATURE_FORMAT,
+    ledger_key_from_env,
+    read_ledger_key,
+)
 from datalane.store.store import CheckpointStore, NoCheckpointError
 
 __all__ = [
+    "LEDGER_KEY_ENV",
+    "LEDGER_KEY_FILE_ENV",
     "MANIFEST_FORMAT",
     "POD_STATE_FORMAT",
+    "SIGNATURE_FORMAT",
     "AuditEntry",
     "AuditReport",
     "CheckpointStore",
@@ -43,4 +54,6 @@ __all__ = [
     "Manifest",
     "NoCheckpointError",
     "is_transient",
+    "ledger_key_from_env",
+    "read_ledger_key",
 ]

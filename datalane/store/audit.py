@@ -13,6 +13,9 @@ manifests of a store in step order (as read and verified by
   list the same step agree on its hash; the union of the ledgers covers every step from the
   first entry up to the newest checkpoint, with no gap.
 
+* **signatures** (with a ledger key): every manifest carries a valid HMAC signature
+  (:mod:`datalane.store.signing`); the store reports the ones that do not.
+
 Steps committed out of order (a manifest linking past a step that was committed later) are
 reported as notes, not failures. :class:`AuditReport` has a JSON form and the text that
 ``datalane audit STORE`` prints, ledger included. Pure functions, no I/O.
@@ -41,6 +44,8 @@ class ManifestRecord:
     """The decoded manifest; None if it cannot even be parsed."""
     problem: str | None
     """Why the manifest does not verify against its objects; None if it does."""
+    signature: str | None = None
+    """Why its HMAC signature does not vouch for it (audits with a key); None if it does."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,8 @@ class AuditReport:
     """Store-wide problems: ledger gaps and conflicts."""
     uncommitted: tuple[int, ...]
     """Steps with pod objects but no manifest (in progress or abandoned)."""
+    key_id: str | None = None
+    """The id of the ledger key every manifest's signature was checked with (None: unchecked)."""
 
     @property
     def ok(self) -> bool:
@@ -90,7 +97,7 @@ class AuditReport:
     def to_json(self) -> dict[str, Any]:
         return {"uri": self.uri, "ok": self.ok, "entries": [e.to_json() for e in self.entries],
                 "ledger": [[s, h] for s, h in self.ledger], "problems": list(self.problems),
-                "uncommitted": list(self.uncommitted)}
+                "uncommitted": list(self.uncommitted), "key_id": self.key_id}
 
     def text(self, ledger: bool = True) -> str:
         """Human report: one line per checkpoint, the ledger, and a verdict."""
@@ -114,8 +121,10 @@ class AuditReport:
         if self.ok:
             span = _span([s for s, _ in self.ledger])
             cover = f", ledger continuous over steps {span}" if span else ", ledger empty"
+            signed = (f", every manifest signed with ledger key {self.key_id}"
+                      if self.key_id is not None else "")
             lines.append(f"OK: {len(self.entries)} checkpoints verified, hash chain intact"
-                         f"{cover}")
+                         f"{signed}{cover}")
         else:
             lines.append(f"FAILED: {len(self.all_problems())} problems")
         return "\n".join(lines)
@@ -161,16 +170,20 @@ def _chain(rec: ManifestRecord, m: Manifest, by_step: dict[int, ManifestRecord],
 
 
 def audit_records(uri: str, records: Sequence[ManifestRecord],
-                  uncommitted: Sequence[int] = ()) -> AuditReport:
-    """Audit manifests given in ascending step order."""
+                  uncommitted: Sequence[int] = (), *, key_id: str | None = None,
+                  missing: str | None = None) -> AuditReport:
+    """Audit manifests given in ascending step order.
+
+    ``key_id`` names the ledger key the records' signatures were checked with; ``missing``
+    says why there is no store to audit at all (a store-wide problem)."""
     by_step = {r.step: r for r in records}
     oldest = records[0].step if records else 0
     union: dict[int, tuple[str, int]] = {}
-    store_problems: list[str] = []
+    store_problems: list[str] = [missing] if missing else []
     entries = []
     earlier: list[int] = []
     for rec in records:
-        problems = [rec.problem] if rec.problem else []
+        problems = [p for p in (rec.problem, rec.signature) if p]
         notes: list[str] = []
         m = rec.manifest
         if m is None:
@@ -199,4 +212,5 @@ def audit_records(uri: str, records: Sequence[ManifestRecord],
         if gaps:
             store_problems.append(f"ledger gap: no global batch hash for steps {_runs(gaps)}")
     ledger = tuple((s, union[s][0]) for s in sorted(union))
-    return AuditReport(uri, tuple(entries), ledger, tuple(store_problems), tuple(uncommitted))
+    return AuditReport(uri, tuple(entries), ledger, tuple(store_problems), tuple(uncommitted),
+                       key_id)

@@ -4,6 +4,7 @@ One base URI (any fsspec URI) holds one training run's checkpoints::
 
     <base>/steps/<step:012d>/pod-<pod_id>.json   lane states of one pod at one step
     <base>/steps/<step:012d>/MANIFEST.json       the commit marker of the step
+    <base>/steps/<step:012d>/MANIFEST.sig        its HMAC signature (with a ledger key only)
 
 Steps are zero-padded to 12 digits so that a lexicographic listing is also numeric order.
 A step is *committed* iff its ``MANIFEST.json`` exists and verifies; pod objects without a
@@ -21,6 +22,7 @@ from __future__ import annotations
 import re
 
 from datalane.spec.errors import ConfigError
+from datalane.spec.state import check_step as spec_check_step
 
 __all__ = [
     "MANIFEST_NAME",
@@ -28,6 +30,7 @@ __all__ = [
     "manifest_path",
     "pod_object_name",
     "pod_path",
+    "signature_path",
     "step_dir",
     "step_of_dir",
     "step_of_manifest",
@@ -35,6 +38,7 @@ __all__ = [
 
 STEPS_DIR = "steps"
 MANIFEST_NAME = "MANIFEST.json"
+SIGNATURE_NAME = "MANIFEST.sig"
 STEP_DIGITS = 12
 
 _POD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -44,10 +48,7 @@ _STEP_DIR = re.compile(rf"^[0-9]{{{STEP_DIGITS}}}$")
 
 def check_step(step: int) -> int:
     """``step`` if it is a non-negative int that fits the layout; ConfigError otherwise."""
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 10**STEP_DIGITS:
-        raise ConfigError(f"a checkpoint step must be an integer in [0, 10^{STEP_DIGITS}), "
-                          f"got {step!r}")
-    return step
+    return spec_check_step(step, "a checkpoint step")  # 10^12 = 10^STEP_DIGITS
 
 
 def pod_object_name(pod_id: str | int) -> str:
@@ -90,6 +91,11 @@ def pod_path(base: str, step: int, pod_id: str | int) -> str:
 def manifest_path(base: str, step: int) -> str:
     """Path of the commit marker of ``step``."""
     return f"{step_dir(base, step)}/{MANIFEST_NAME}"
+
+
+def signature_path(base: str, step: int) -> str:
+    """Path of the HMAC signature of ``step``'s manifest (see :mod:`datalane.store.signing`)."""
+    return f"{step_dir(base, step)}/{SIGNATURE_NAME}"
 
 
 def basename(path: str) -> str:

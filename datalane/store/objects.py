@@ -13,7 +13,8 @@ few verbs the checkpoint store needs - read, write, list, delete - with two guar
   throttling, ``EIO``) are retried with exponential backoff up to ``retries`` times and then
   raised as ``StorageError(transient=True)``; permanent ones (missing object, permission,
   bad request) are raised at once as ``StorageError(transient=False)``. Both name the object
-  by URI and chain the original exception.
+  by URI and chain the original exception. A deleted bucket is named as such, never taken
+  for a missing object (which reads as "no checkpoint yet").
 
 Dependencies: fsspec and the standard library only; botocore errors are recognised by their
 response fields and class names, not imported. Callers: :mod:`datalane.store.store`.
@@ -126,7 +127,30 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def missing_bucket(exc: BaseException) -> str | None:
+    """The bucket named by an S3 ``NoSuchBucket`` error in ``exc``'s causes, else None.
+
+    s3fs reports a deleted bucket as a plain FileNotFoundError, like a missing object; only
+    the botocore cause tells them apart."""
+    for e in _causes(exc):
+        response = getattr(e, "response", None)
+        error = response.get("Error") if isinstance(response, dict) else None
+        if isinstance(error, dict) and error.get("Code") == "NoSuchBucket":
+            return str(error.get("BucketName") or "?")
+    return None
+
+
+def _absent(exc: FileNotFoundError) -> FileNotFoundError:
+    """``exc`` if it means "no such object" (an answer); raised again if the bucket is gone."""
+    if missing_bucket(exc) is not None:
+        raise exc
+    return exc
+
+
 def _describe(exc: BaseException) -> str:
+    bucket = missing_bucket(exc)
+    if bucket is not None:
+        return f"the bucket {bucket!r} does not exist (deleted, or a typo in the URI?)"
     if isinstance(exc, FileNotFoundError):
         return "the object does not exist"
     if isinstance(exc, PermissionError):
@@ -212,7 +236,8 @@ class ObjectIO:
         def attempt() -> bytes | None:
             try:
                 return bytes(self.fs.cat_file(path))
-            except FileNotFoundError:
+            except FileNotFoundError as e:
+                _absent(e)
                 return None
         return self._call("read", path, attempt)
 
@@ -243,7 +268,8 @@ class ObjectIO:
                 self.fs.invalidate_cache(prefix)
             try:
                 found = self.fs.find(prefix)
-            except FileNotFoundError:
+            except FileNotFoundError as e:
+                _absent(e)
                 return []
             return sorted(str(p).rstrip("/") for p in found)
         return self._call("list", prefix, attempt)
@@ -251,13 +277,17 @@ class ObjectIO:
     def delete(self, path: str) -> None:
         """Delete one object; a missing object is not an error."""
         def attempt() -> None:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 self.fs.rm(path)
+            except FileNotFoundError as e:
+                _absent(e)
         self._call("delete", path, attempt)
 
     def delete_tree(self, prefix: str) -> None:
         """Delete every object under ``prefix`` (and the directory, where there is one)."""
         def attempt() -> None:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 self.fs.rm(prefix, recursive=True)
+            except FileNotFoundError as e:
+                _absent(e)
         self._call("delete", prefix, attempt)

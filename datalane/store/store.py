@@ -45,6 +45,7 @@ from datalane.store.layout import (
     manifest_path,
     pod_object_name,
     pod_path,
+    signature_path,
     step_dir,
     step_of_dir,
     steps_root,
@@ -52,6 +53,13 @@ from datalane.store.layout import (
 from datalane.store.manifest import Manifest, PodRead, build_manifest, missing_lanes
 from datalane.store.objects import FileSystem, ObjectIO
 from datalane.store.podstate import PodObject, lane_sha256, sha256_hex
+from datalane.store.signing import (
+    check_key,
+    key_id,
+    ledger_key_from_env,
+    sign_manifest,
+    signature_problem,
+)
 
 __all__ = ["CheckpointStore", "NoCheckpointError"]
 
@@ -79,12 +87,16 @@ class CheckpointStore:
     failure of one object operation is retried (with exponential backoff starting at
     ``backoff`` seconds) before it is raised as ``StorageError(transient=True)``.
     ``filesystem`` replaces the filesystem fsspec would build for ``uri`` (tests wrap the
-    real one to inject faults); paths are still taken from ``uri``.
+    real one to inject faults); paths are still taken from ``uri``. ``ledger_key`` signs
+    every manifest this store commits (HMAC-SHA256, :mod:`datalane.store.signing`); None
+    takes it from ``$DATALANE_LEDGER_KEY_FILE`` or ``$DATALANE_LEDGER_KEY``, and without
+    either the store does not sign.
     """
 
     def __init__(self, uri: str, storage_options: Mapping[str, Any] | None = None,
                  retries: int = 3, *, backoff: float = 0.2,
-                 filesystem: FileSystem | None = None) -> None:
+                 filesystem: FileSystem | None = None,
+                 ledger_key: bytes | None = None) -> None:
         try:
             fs, path = fsspec.core.url_to_fs(uri, **dict(storage_options or {}))
         except (ValueError, ImportError) as e:
@@ -96,6 +108,8 @@ class CheckpointStore:
         self._io = ObjectIO(filesystem if filesystem is not None else fs, base, self.uri,
                             retries=retries, backoff=backoff)
         self._verified: set[int] = set()  # committed steps gc has verified (immutable once so)
+        self._key = (ledger_key_from_env() if ledger_key is None
+                     else check_key(ledger_key, "ledger_key"))
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.uri!r})"
@@ -167,7 +181,10 @@ class CheckpointStore:
             log.info("step %d not committed yet: %d pod objects, lanes %s missing", step,
                      len(reads), _ranges(missing) if reads else "all")
             return None
-        self._io.write(mpath, manifest.encode())
+        data = manifest.encode()
+        if self._key is not None:  # first: a manifest is never visible unsigned
+            self._io.write(signature_path(self._base, step), sign_manifest(self._key, step, data))
+        self._io.write(mpath, data)
         log.info("committed step %d in %s (%d lanes in %d objects, %d ledger entries)", step,
                  self.uri, manifest.lanes_total, len(manifest.objects), len(manifest.ledger))
         return manifest
@@ -403,9 +420,20 @@ class CheckpointStore:
                      format_steps(sorted(kept)), format_steps(doomed))
         return doomed
 
-    def audit(self) -> AuditReport:
-        """Verify every committed checkpoint, the hash chain and the ledger's continuity."""
+    def audit(self, key: bytes | None = None) -> AuditReport:
+        """Verify every committed checkpoint, the hash chain and the ledger's continuity.
+
+        With ``key`` (a ledger key), every manifest must also carry a valid HMAC signature
+        made with it; an unsigned or forged one is a problem of its step. A store with no
+        object at all is a problem too (a wrong URI must not audit as "OK").
+        """
+        if key is not None:
+            check_key(key, "the audit's key")
         scan = self._scan()
+        if not scan and not self._io.list_files(self._base):
+            return audit_records(self.uri, [], [], missing=(
+                f"there is no checkpoint store at {self.uri}: nothing is stored under it "
+                f"(check the URI, and the bucket and prefix)"))
         records = []
         for step in sorted(s for s, f in scan.items() if f.has_manifest):
             uri = self._io.uri(manifest_path(self._base, step))
@@ -424,9 +452,16 @@ class CheckpointStore:
                     manifest = Manifest.decode(data, uri)
                 except (StorageError, MismatchError):
                     manifest = None
-            records.append(ManifestRecord(step, uri, sha256_hex(data), manifest, problem))
+            signature = None
+            if key is not None:
+                spath = signature_path(self._base, step)
+                signature = signature_problem(key, step, data, self._io.read_optional(spath),
+                                              self._io.uri(spath))
+            records.append(ManifestRecord(step, uri, sha256_hex(data), manifest, problem,
+                                          signature))
         uncommitted = sorted(s for s, f in scan.items() if not f.has_manifest)
-        return audit_records(self.uri, records, uncommitted)
+        return audit_records(self.uri, records, uncommitted,
+                             key_id=key_id(key) if key is not None else None)
 
 
 def _ranges(lanes: list[int]) -> str:

@@ -12,7 +12,7 @@ from datalane.store import is_transient
 
 from .conftest import Backend
 from .faults import KINDS, FaultyFS, make_fault
-from .support import LANES, lane_state, write_pod, write_step
+from .support import LANES, commit_steps, lane_state, write_pod, write_step
 
 EXPECTED = {lane: lane_state(lane, 10) for lane in range(LANES)}
 
@@ -158,7 +158,37 @@ def test_missing_bucket_is_permanent(s3_bucket: object, s3: Backend) -> None:
     with pytest.raises(StorageError) as err:
         write_pod(store, 1, 0, 2, None)
     assert err.value.transient is False
-    assert "s3://no-such-bucket-datalane/run/steps/000000000001/pod-0.json" in str(err.value)
+    # the write first checks for a committed manifest: the bucket, not an object, is missing
+    assert str(err.value) == (
+        "cannot read s3://no-such-bucket-datalane/run/steps/000000000001/MANIFEST.json: the "
+        "bucket 'no-such-bucket-datalane' does not exist (deleted, or a typo in the URI?)")
+
+
+def test_a_deleted_bucket_is_named_not_taken_for_a_missing_checkpoint(s3_bucket: object,
+                                                                       s3: Backend) -> None:
+    """Issue 9, defect 10: the store said "the object does not exist" (or "no committed
+    checkpoint") when the whole bucket had been deleted."""
+    store = s3.store()
+    commit_steps(store, [10])
+    bucket = s3.base.split("/", 1)[0]
+    s3.fs.rm(bucket, recursive=True)  # every object, then the bucket itself
+    s3.fs.invalidate_cache()
+    assert not s3.fs.exists(bucket)
+    gone = f"the bucket {bucket!r} does not exist (deleted, or a typo in the URI?)"
+    steps = f"{store.uri}/steps"
+    calls = {
+        "list": (store.committed_steps, f"cannot list {steps}: {gone}"),
+        "load": (lambda: store.load(10),
+                 f"cannot read {steps}/000000000010/MANIFEST.json: {gone}"),
+        "audit": (store.audit, f"cannot list {steps}: {gone}"),
+        "write": (lambda: write_pod(store, 20, 0, 2, 10),
+                  f"cannot read {steps}/000000000020/MANIFEST.json: {gone}"),
+        "gc": (lambda: store.gc(keep=1), f"cannot list {steps}: {gone}"),
+    }
+    for verb, (call, message) in calls.items():
+        with pytest.raises(StorageError) as err:
+            call()
+        assert (verb, str(err.value), err.value.transient) == (verb, message, False)
 
 
 @pytest.mark.parametrize(("exc", "transient"), [

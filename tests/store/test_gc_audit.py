@@ -121,7 +121,13 @@ def test_audit_detects_ledger_gap(local: Backend) -> None:
     assert report.problems == ("ledger gap: no global batch hash for steps 10-14",)
 
 
-def test_audit_of_empty_store(local: Backend) -> None:
-    report = local.store().audit()
-    assert report.ok and report.entries == () and report.ledger == ()
-    assert "0 committed checkpoints" in report.text()
+def test_audit_of_a_store_that_does_not_exist_fails_naming_it(backend: Backend) -> None:
+    """Issue 9, defect 10: a wrong URI audited as 'OK: 0 checkpoints verified'."""
+    store = backend.store()  # nothing was ever written under it
+    report = store.audit()
+    problem = (f"there is no checkpoint store at {store.uri}: nothing is stored under it "
+               f"(check the URI, and the bucket and prefix)")
+    assert not report.ok and report.entries == () and report.problems == (problem,)
+    assert report.text().splitlines()[-2:] == [f"problem: {problem}", "FAILED: 1 problems"]
+    commit_steps(store, [10])  # once a checkpoint is there, it audits fine
+    assert store.audit().ok

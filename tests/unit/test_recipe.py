@@ -250,6 +250,31 @@ def test_bounds(data: dict[str, Any], message: str) -> None:
     assert error_of(data) == message
 
 
+@pytest.mark.parametrize(("data", "message"), [
+    (minimal(seq_len=2**20 + 1, global_batch_size=8),
+     "seq_len 1048577 is above the limit of 1,048,576 tokens"),
+    (minimal(seq_len=10**12, global_batch_size=8),
+     "seq_len 1000000000000 is above the limit of 1,048,576 tokens"),
+    (minimal(global_batch_size=2**20 + 8, seq_len=1),
+     "global_batch_size 1048584 is above the limit of 1,048,576 sequences"),
+    (minimal(global_batch_size=1024, seq_len=2**20),
+     "global_batch_size 1024 x (seq_len 1048576 + 1) = 1,073,742,848 tokens per step is above "
+     "the limit of 1,073,741,824; use a smaller batch or sequence length"),
+    (minimal(global_batch_size=2**20, seq_len=1024),
+     "global_batch_size 1048576 x (seq_len 1024 + 1) = 1,074,790,400 tokens per step is above "
+     "the limit of 1,073,741,824; use a smaller batch or sequence length"),
+])
+def test_upper_bounds_of_sizes(data: dict[str, Any], message: str) -> None:
+    """Issue 9, defect 9: numpy raised MemoryError (or ran for minutes) on the first step."""
+    assert error_of(data) == message
+
+
+def test_the_largest_sizes_within_the_bounds_load() -> None:
+    assert load_recipe(minimal(lanes=1, global_batch_size=1023, seq_len=2**20)).seq_len == 2**20
+    recipe = load_recipe(minimal(global_batch_size=2**20, seq_len=1023))
+    assert recipe.global_batch_size * recipe.sequence_tokens == 2**30
+
+
 @pytest.mark.parametrize("weight", [math.nan, math.inf, -math.inf])
 def test_non_finite_weight_is_rejected(weight: float) -> None:
     # NaN compares false with every bound, and NaN/Infinity are not JSON: the canonical form
