@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from datalane.engine.plan import Plan
-from datalane.spec.state import CHECKPOINT_FORMAT, LaneState
+from datalane.spec.state import LaneState, checkpoint_text
 
 __all__ = ["Boundary", "CheckpointText", "lane_json"]
 
@@ -54,13 +54,10 @@ class CheckpointText:
     """Checkpoint JSON (``datalane.checkpoint/v1``) of the boundaries of one plan."""
 
     def __init__(self, plan: Plan) -> None:
-        self._fingerprint = json.dumps(plan.fingerprint)
+        self._fingerprint = plan.fingerprint
         self._lanes_total = plan.recipe.lanes
         self._doc = json.dumps(plan.fingerprint_doc, separators=_COMPACT)  # once per plan
 
     def text(self, boundary: Boundary) -> str:
-        # the key order of Checkpoint.to_json(); a test compares with the loader's own dump
-        lanes = ",".join(f'"{k}":{text}' for k, text in boundary.lanes)
-        return (f'{{"format":{json.dumps(CHECKPOINT_FORMAT)},"step":{boundary.step},'
-                f'"fingerprint":{self._fingerprint},"lanes_total":{self._lanes_total},'
-                f'"lanes":{{{lanes}}},"fingerprint_doc":{self._doc}}}')
+        return checkpoint_text(boundary.step, self._fingerprint, self._lanes_total,
+                               boundary.lanes, self._doc)

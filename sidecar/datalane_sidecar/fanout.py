@@ -3,12 +3,14 @@
 With tensor, context or pipeline parallelism several trainer ranks read one data-parallel rank;
 they must get byte-identical microbatches, and the sidecar must not compute them twice. A
 :class:`Fanout` holds what a session's producer made, numbered from 0 (the session's first
-microbatch), and one cursor per declared reader: the next microbatch to send it. A microbatch is
-dropped once every reader was sent past it; the producer waits while it is ``prefetch`` ahead
-of the slowest reader. A reader that has not attached yet counts as being at 0; a reader that
-closed counts no more. Each (re-)attachment gets a new generation, so the stream of a reader
-that was opened again stops taking microbatches. Used by :mod:`datalane_sidecar.session` under
-the session's lock (the ``cond`` passed in).
+microbatch), and one cursor per declared reader: the next microbatch to send it. The producer
+waits while it is ``prefetch`` ahead of the slowest reader. A microbatch is dropped once every
+reader was sent past it and, within ``hold`` microbatches of its cursor, its client
+acknowledged it too: what was sent but not yet handed to the trainer stays, so a reader whose
+stream broke can attach again at its exact position. A reader that has not attached yet counts
+as being at 0; a reader that closed counts no more. Each (re-)attachment gets a new
+generation, so the stream of a reader that was opened again stops taking microbatches. Used by
+:mod:`datalane_sidecar.session` under the session's lock (the ``cond`` passed in).
 """
 
 from __future__ import annotations
@@ -28,17 +30,20 @@ class ReaderSlot:
     """Where one declared reader stands."""
 
     cursor: int | None = 0  # next microbatch to send; None: closed (holds nothing back)
+    acked: int = 0  # microbatches its client reported handed to the trainer
     generation: int = 0  # bumped at each attachment; 0: never attached
     sent: tuple[int, int] | None = None  # (step, index) of the last microbatch sent
-    acked: tuple[int, int] | None = None  # (step, consumed) its client reported
+    position: tuple[int, int] | None = None  # (step, consumed) its client reported
 
 
 class Fanout(Generic[T]):
     """Produced items and the readers' cursors; every method expects ``cond`` held."""
 
-    def __init__(self, readers: int, prefetch: int, cond: threading.Condition) -> None:
+    def __init__(self, readers: int, prefetch: int, hold: int,
+                 cond: threading.Condition) -> None:
         self.slots = [ReaderSlot() for _ in range(readers)]
         self.prefetch = prefetch
+        self.hold = hold
         self._cond = cond
         self._items: deque[T] = deque()
         self.base = 0  # number of the oldest item held
@@ -53,9 +58,14 @@ class Fanout(Generic[T]):
         cursors = [s.cursor for s in self.slots if s.cursor is not None]
         return min(cursors) if cursors else self.produced
 
+    def _kept_from(self) -> int:
+        points = [min(s.cursor, max(s.acked, s.cursor - self.hold))
+                  for s in self.slots if s.cursor is not None]
+        return min(points) if points else self.produced
+
     def _drop(self) -> None:
-        slowest = self.slowest()
-        while self._items and self.base < slowest:
+        kept = self._kept_from()
+        while self._items and self.base < kept:
             self._items.popleft()
             self.base += 1
 
@@ -100,11 +110,18 @@ class Fanout(Generic[T]):
         if at < self.base:
             return None
         slot = self.slots[reader]
-        slot.cursor = at
+        slot.cursor = slot.acked = at
         slot.generation += 1
-        slot.sent = slot.acked = None
+        slot.sent = slot.position = None
         self._cond.notify_all()
         return slot.generation
+
+    def ack(self, reader: int, generation: int, done: int) -> None:
+        """The reader's client handed ``done`` microbatches (counted from 0) to its trainer."""
+        slot = self.slots[reader]
+        if slot.generation == generation and done > slot.acked:
+            slot.acked = done
+            self._drop()
 
     def detach(self, reader: int, generation: int) -> None:
         """The reader's stream closed: it holds nothing back any more."""

@@ -458,6 +458,7 @@ class DataLaneService(pbg.DataLaneServicer):
                               "acked": list(s.acked) if s.acked else None,
                               "readers": s.readers, "attached": s.attached(),
                               "reader_positions": s.reader_positions(),
+                              "kept_boundaries": s.kept_boundaries(),
                               "waited_seconds": round(s.waited_seconds, 4),
                               "counters": s.loader.counters().encode()}
                         for sid, s in self.sessions.items()}

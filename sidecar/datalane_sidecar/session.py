@@ -98,7 +98,11 @@ class Session:
         self.first_step = self.loader.step
         self._skip = skip_microbatches
         self._lock = threading.Condition()
-        self._fanout: Fanout[Prepared] = Fanout(readers, prefetch, self._lock)
+        # a client acknowledges its position at least once per step and once per quarter of
+        # its ring (64 slots at most): unacknowledged microbatches are kept that far back
+        # for a reader that may attach again; a single reader never does
+        hold = prefetch + 2 * per_step + 64 if readers > 1 else 0
+        self._fanout: Fanout[Prepared] = Fanout(readers, prefetch, hold, self._lock)
         self._boundaries: OrderedDict[int, Boundary] = OrderedDict()
         self.digests: OrderedDict[int, dict[int, bytes]] = OrderedDict()
         self._stop = threading.Event()
@@ -217,9 +221,12 @@ class Session:
 
     def acked_by(self, reader: int, generation: int, position: tuple[int, int]) -> None:
         """Record the (step, consumed) the reader's client reported."""
+        step, consumed = position
+        done = (step - self.first_step) * self.per_step + consumed - self.first_skip
         with self._lock:
             if self._fanout.slots[reader].generation == generation:
-                self._fanout.slots[reader].acked = position
+                self._fanout.slots[reader].position = position
+                self._fanout.ack(reader, generation, done)
 
     @property
     def sent(self) -> tuple[int, int] | None:
@@ -231,13 +238,13 @@ class Session:
     def acked(self) -> tuple[int, int] | None:
         """The slowest reader's acknowledged position (every reader can resume from it)."""
         with self._lock:
-            return min((s.acked for s in self._fanout.slots if s.acked), default=None)
+            return min((s.position for s in self._fanout.slots if s.position), default=None)
 
     def reader_positions(self) -> list[dict[str, Any]]:
         with self._lock:
             return [{"attached": bool(s.generation and s.cursor is not None),
                      "sent": list(s.sent) if s.sent else None,
-                     "acked": list(s.acked) if s.acked else None,
+                     "acked": list(s.position) if s.position else None,
                      "ready": self._fanout.ready(k)}
                     for k, s in enumerate(self._fanout.slots)]
 
@@ -249,9 +256,11 @@ class Session:
             return self._fanout.ready(reader)
 
     # -- boundaries --------------------------------------------------------------------------
-    def kept_boundaries(self) -> list[Boundary]:
+    def kept_boundaries(self) -> dict[str, int]:
+        """How many step boundaries the session keeps, and their bytes."""
         with self._lock:
-            return list(self._boundaries.values())
+            return {"count": len(self._boundaries),
+                    "bytes": sum(b.nbytes() for b in self._boundaries.values())}
 
     def state_at(self, step: int, timeout: float = 60.0) -> str:
         """The checkpoint JSON of this rank's lanes at the boundary before ``step``."""
