@@ -309,6 +309,10 @@ class ReplayEngine:
         self._i = 0
         self._state = states[0]
 
+    @property
+    def step(self) -> int:  # the next step (InProcessLoader compares it with its position)
+        return self._i
+
     def next_step(self) -> Any:
         k, r = divmod(self._i, len(self.steps))
         self._i += 1
