@@ -19,13 +19,13 @@ Plain JSON, no torch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
 from datalane.client.position import CLIENT_STATE_FORMAT
 from datalane.spec.errors import ConfigError, MismatchError
+from datalane.spec.integrity import SEAL_KEY, check_seal, parse_json, seal
 from datalane.spec.state import CHECKPOINT_FORMAT
 
 __all__ = ["LANE_ENTRY_FORMAT", "RECIPE_ENTRY_FORMAT", "RECIPE_KEY", "join", "lane_key", "split"]
@@ -41,13 +41,8 @@ def lane_key(lane: int) -> str:
     return f"lane_{lane:05d}"
 
 
-def _digest(body: Mapping[str, Any]) -> str:
-    canon = json.dumps(body, separators=(",", ":"), sort_keys=True)
-    return hashlib.sha256(canon.encode()).hexdigest()
-
-
 def _seal(body: dict[str, Any]) -> str:
-    return json.dumps({**body, "sha256": _digest(body)}, separators=(",", ":"), sort_keys=True)
+    return json.dumps(seal(body), separators=(",", ":"), sort_keys=True)
 
 
 def _open(raw: Any, fmt: str, where: str) -> dict[str, Any]:
@@ -56,18 +51,13 @@ def _open(raw: Any, fmt: str, where: str) -> dict[str, Any]:
         raw = raw.decode("utf-8", errors="replace")
     if not isinstance(raw, str):
         raise MismatchError(f"{where} must be a JSON string, got {type(raw).__name__}")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise MismatchError(f"{where} is not valid JSON: {e}") from None
+    data = parse_json(raw, where, MismatchError)
     if not isinstance(data, dict) or data.get("format") != fmt:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise MismatchError(f"{where} is not a datalane entry (format {got!r}, expected "
                             f"{fmt!r})")
-    body = {k: v for k, v in data.items() if k != "sha256"}
-    if data.get("sha256") != _digest(body):
-        raise MismatchError(f"{where} is damaged: its content does not match its SHA-256")
-    return body
+    check_seal(data, where, required=True)
+    return {k: v for k, v in data.items() if k != SEAL_KEY}
 
 
 def split(state: Mapping[str, Any], lanes: range, lanes_total: int) -> dict[str, str]:

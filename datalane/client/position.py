@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from datalane.spec.errors import ConfigError, MismatchError
+from datalane.spec.state import check_step
 
 __all__ = ["CLIENT_STATE_FORMAT", "Position"]
 
@@ -65,8 +66,28 @@ class Position:
             got = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise MismatchError(f"not a datalane client state (format {got!r}, expected "
                                 f"{CLIENT_STATE_FORMAT!r})")
+        unknown = sorted(set(data) - _KEYS)
+        if unknown:
+            raise MismatchError(f"the client state has unknown keys {unknown}")
+        try:
+            step = check_step(data["step"], "the client state's step")
+            consumed, world, mbs = (_count(data.get(k) or 0, k)
+                                    for k in ("consumed", "world_size", "microbatch_size"))
+        except KeyError as e:
+            raise MismatchError(f"the client state lacks the key {e.args[0]!r}") from None
         state = data.get("state")
-        return cls(int(data["step"]), int(data["consumed"]),
+        if state is not None and not isinstance(state, dict):
+            raise MismatchError(f"the client state's lane states must be an object or null, "
+                                f"got {type(state).__name__}")
+        return cls(step, consumed,
                    json.dumps(state, separators=(",", ":")) if state is not None else None,
-                   str(data.get("fingerprint", "")), int(data.get("world_size") or 0),
-                   int(data.get("microbatch_size") or 0))
+                   str(data.get("fingerprint", "")), world, mbs)
+
+
+_KEYS = {"format", "step", "consumed", "fingerprint", "state", "world_size", "microbatch_size"}
+
+
+def _count(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 31:
+        raise MismatchError(f"the client state's {key} must be a count, got {value!r}")
+    return value

@@ -28,6 +28,7 @@ from datalane.client.batch import Batch
 from datalane.client.position import Position
 from datalane.spec.errors import ConfigError, DatalaneError, MismatchError, StorageError
 from datalane.spec.lanes import lanes_of_rank
+from datalane.spec.state import check_step
 from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
@@ -91,7 +92,8 @@ class SidecarLoader:
         self.reconnect_timeout = reconnect_timeout
         self.open_timeout = open_timeout
         self.position = Position(world_size=self.world_size, microbatch_size=microbatch_size)
-        self._resume_step = resume_step
+        self._resume_step = None if resume_step is None else check_step(resume_step,
+                                                                          "resume_step")
         self._channel: grpc.Channel | None = None
         self._stub: pbg.DataLaneStub | None = None
         self._session = ""

@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from datalane.spec.errors import StorageError
 from datalane.spec.state import Checkpoint
 
 __all__ = ["PodCheckpoints", "Saved"]
@@ -71,6 +72,18 @@ class PodCheckpoints:
                 f"{self.pod} asked for a checkpoint within {timeout:.0f} s"))
         assert pending.result is not None  # set before done
         return pending.result
+
+    def abort(self, reason: str) -> None:
+        """End every wait for the pod's other ranks (the sidecar is stopping): each waiting
+        request gets a transient error, so its client asks the restarted sidecar again. A
+        wait left blocked would keep the process from exiting on SIGTERM."""
+        with self._lock:
+            waiting = [(step, p) for step, p in self._pending.items() if not p.done.is_set()]
+        for step, pending in waiting:
+            if pending.result is None:
+                pending.result = Saved(step, error=StorageError(
+                    f"step {step}: {reason}; ask again", transient=True))
+            pending.done.set()
 
     def _write(self, step: int, pending: _Pending) -> None:
         store = self.store

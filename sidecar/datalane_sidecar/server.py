@@ -26,6 +26,7 @@ import grpc
 
 from datalane.engine.plan import Plan
 from datalane.spec.errors import ConfigError
+from datalane.spec.integrity import seal
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import load_recipe
 from datalane.wire import datalane_pb2_grpc as pbg
@@ -80,6 +81,9 @@ def _check_socket_path(path: str) -> None:
         if _STALE_RING.match(name):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(folder, name))
+
+
+RESUME_POINT_FORMAT = "datalane.resume-point/v1"
 
 
 def _bind(server: grpc.Server, path: str, mode: int) -> None:
@@ -142,7 +146,8 @@ def serve(cfg: SidecarConfig, ready: threading.Event | None = None,
         path = os.path.join(folder, f"resume-rank-{rank}.json")
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(point, f, separators=(",", ":"))
+            # sealed: a damaged file is refused by whoever reads it (check_seal)
+            json.dump(seal({"format": RESUME_POINT_FORMAT, **point}), f, separators=(",", ":"))
         os.replace(tmp, path)
         log.info("resume point saved", extra={"rank": rank, "path": path})
     server.stop(grace=2).wait()

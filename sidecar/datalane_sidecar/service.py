@@ -33,6 +33,7 @@ from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
 from datalane.spec.errors import ConfigError, DatalaneError, MismatchError, StorageError
 from datalane.spec.fingerprint import check_fingerprint
+from datalane.spec.integrity import parse_json
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import check_world_size
 from datalane.spec.state import Checkpoint, LaneState
@@ -116,10 +117,7 @@ class DataLaneService(pbg.DataLaneServicer):
                                   "with --store")
             return self.store.load(request.from_step)  # type: ignore[no-any-return]
         if which == "state_json":
-            try:
-                data = json.loads(request.state_json)
-            except json.JSONDecodeError as e:
-                raise MismatchError(f"state_json is not valid JSON: {e}") from e
+            data = parse_json(request.state_json, "state_json", MismatchError)
             return Checkpoint.from_json(data, "state_json")
         return None
 
@@ -471,6 +469,7 @@ class DataLaneService(pbg.DataLaneServicer):
         knows: the last position the client acknowledged (it may lag the trainer by the
         acknowledgements in flight; the client's own ``state_dict`` is always exact)."""
         self.serving = False
+        self.checkpoints.abort("the sidecar is shutting down")
         out: dict[int, dict[str, Any]] = {}
         with self._lock:
             sessions = list(self.sessions.items())

@@ -37,7 +37,7 @@ import numpy as np
 from datalane.engine.loader import Loader
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
-from datalane.spec.errors import ConfigError, MismatchError
+from datalane.spec.errors import ConfigError, MismatchError, StorageError
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import microbatches_per_step
 from datalane.spec.state import Checkpoint
@@ -273,6 +273,10 @@ class Session:
             return self.texts.text(boundary)
         if not ok:
             raise ConfigError(f"step {step} was not reached within {timeout:.0f} s")
+        if self._stop.is_set():  # replaced or closed while the request waited: ask again
+            raise StorageError(f"the session of rank {self.rank} closed before step {step} "
+                               f"was reached; open one at your position and ask again",
+                               transient=True)
         first = min(self._boundaries) if self._boundaries else self.first_step
         raise ConfigError(f"step {step} is no longer held by the session (it keeps boundaries "
                           f"from step {first} on); checkpoint at the current step")

@@ -24,8 +24,8 @@ from tests.sidecar.test_edges import _reference, _same, _take
 
 def test_a_graceful_sigterm_restart_is_ridden_through_like_a_kill9(sidecar,
                                                                    repeat_recipe) -> None:
-    """The trainer keeps reading while the sidecar drains: re-opens during the drain met
-    'the sidecar is shutting down' as a mismatch and crashed the trainer (kill -9 did not)."""
+    """The trainer keeps reading while a real sidecar process drains and restarts (the
+    drain window itself is held open deterministically in the next test)."""
     sc = sidecar(repeat_recipe)
     recipe = load_recipe(repeat_recipe)
     loader = SidecarLoader(sc.socket, rank=0, world_size=2, microbatch_size=2,
@@ -180,3 +180,52 @@ def test_retries_are_decided_by_cause(error, retry) -> None:
     assert _retryable(error) is retry
 
 
+
+
+def test_a_draining_sidecar_is_waited_for_not_a_mismatch(repeat_recipe, tmp_path) -> None:
+    """Open against a sidecar that is draining (kubelet's SIGTERM): the client waits for it
+    to serve again. It got 'MismatchError: the sidecar is shutting down' and crashed the
+    trainer. The servicer runs in-process on a real gRPC server so the drain can be held."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from datalane_sidecar.metrics import Metrics
+    from datalane_sidecar.service import DataLaneService
+
+    from datalane.engine.plan import Plan
+    from datalane.spec.knobs import Knobs
+    from datalane.wire import datalane_pb2_grpc as pbg
+
+    recipe = load_recipe(repeat_recipe)
+    service = DataLaneService(Plan.build(recipe), Knobs(workers=1), 8, None, "pod", 1,
+                              str(tmp_path), Metrics())
+    server = grpc.server(ThreadPoolExecutor(max_workers=8))
+    pbg.add_DataLaneServicer_to_server(service, server)
+    sock = str(tmp_path / "dl.sock")
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    try:
+        service.serving = False  # draining: the socket answers, the sidecar does not serve
+        loader = SidecarLoader(sock, rank=0, world_size=2, microbatch_size=2,
+                               transport="inline", open_timeout=60)
+        out: dict[str, Any] = {}
+
+        def read() -> None:
+            try:
+                it = iter(loader)
+                out["got"] = _take(it, 4)
+            except BaseException as e:
+                out["error"] = e
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(1.0)
+        assert reader.is_alive(), out  # still waiting, not failed
+        service.serving = True  # "the restarted sidecar"
+        reader.join(60)
+        assert "error" not in out, out.get("error")
+        assert loader.reconnects >= 1
+        _same(out["got"], _reference(recipe, 0, 2, 2, 4))
+        loader.close()
+    finally:
+        server.stop(0)
+        service.pool.shutdown(wait=False)

@@ -21,6 +21,7 @@ import pytest
 
 from datalane import ConfigError, MismatchError, StorageError, load_recipe
 from datalane.client import InProcessLoader, SidecarLoader
+from datalane.spec.integrity import check_seal
 
 
 def _take(loader, n: int) -> list:
@@ -125,6 +126,11 @@ def test_sigterm_persists_resume_points_and_exits_zero(sidecar, repeat_recipe) -
     assert sc.terminate() == 0
     with open(os.path.join(os.path.dirname(sc.socket), "resume-rank-0.json")) as f:
         point = json.load(f)
+    # sealed: the file verifies, and one changed number does not
+    assert point["format"] == "datalane.resume-point/v1"
+    assert check_seal(point, "the resume point", required=True)
+    with pytest.raises(MismatchError, match="fails its integrity check"):
+        check_seal({**point, "skip_microbatches": point["skip_microbatches"] + 1}, "it")
     assert point["world_size"] == 2
     # 5 microbatches handed out (2 steps of 4 and 1): the sidecar knows the client's last
     # acknowledged position, which never runs ahead of the trainer

@@ -59,7 +59,7 @@ def test_a_damaged_entry_is_refused_by_name(make_recipe) -> None:
     body = json.loads(entries[lane_key(3)])
     body["state"]["seqs"] += 1  # one number changed, the SHA-256 left alone
     entries[lane_key(3)] = json.dumps(body)
-    with pytest.raises(MismatchError, match=r"entry 'lane_00003' is damaged"):
+    with pytest.raises(MismatchError, match=r"entry .lane_00003. fails its integrity check"):
         join(entries, range(8), 8)
 
 
@@ -79,3 +79,29 @@ def test_a_missing_lane_and_another_lane_count_are_named(make_recipe) -> None:
         join(entries, range(0, 8), 8)
     with pytest.raises(MismatchError, match=r"saved with 8 lanes; this recipe has 16"):
         join(entries, range(0, 4), 16)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"step": -1}, r"step must be an integer in \[0, 10\^12\), got -1"),
+    ({"consumed": True}, r"consumed must be a count, got True"),
+    ({"world_size": -2}, r"world_size must be a count, got -2"),
+    ({"stepp": 3}, r"unknown keys \['stepp'\]"),
+    ({"state": [1]}, r"lane states must be an object or null, got list"),
+])
+def test_a_client_state_with_a_bad_value_is_refused_naming_it(make_recipe, change,
+                                                               message) -> None:
+    from datalane import ConfigError
+
+    loader = InProcessLoader(make_recipe(), 0, 1, 2)
+    state = {**loader.state_dict(), **change}
+    with pytest.raises((MismatchError, ConfigError), match=message):
+        loader.load_state_dict(state)
+
+
+def test_a_negative_resume_step_is_refused_before_any_call() -> None:
+    from datalane import ConfigError
+    from datalane.client import SidecarLoader
+
+    with pytest.raises(ConfigError, match=r"resume_step must be an integer in \[0, 10\^12\), "
+                                          r"got -3"):
+        SidecarLoader("/nonexistent.sock", rank=0, world_size=1, resume_step=-3)
