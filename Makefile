@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-torchtitan test lint bench cluster clean
+.PHONY: setup demo demo-torchtitan check test lint bench cluster clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check datalane sidecar operator tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The fast tier for the edit loop: lint, types, import contracts, then the unit, wire and golden
+# tests (no sidecar processes, no control plane).
+check: lint
+	$(BIN)/python -m pytest -q tests/unit tests/wire tests/test_golden.py tests/test_bad_inputs.py \
+	    tests/test_engine_edges.py tests/operator/test_admission.py tests/operator/test_workload.py \
+	    tests/operator/test_inject.py tests/operator/test_reconcile.py tests/operator/test_policy.py
 
 # The test control plane (kube-apiserver, etcd, kwok, helm, ...) built from Go modules into
 # ~/.cache/datalane/cluster: ~25 min on a fresh 2-core machine, seconds once cached.

@@ -102,6 +102,7 @@ class SidecarLoader:
         self.per_step = 0
         self.reconnects = 0
         self._active: tuple[Any, queue.Queue[pb.Ack | None]] | None = None
+        self._streaming = ""  # the session the data stream reads from
         _LIVE.add(self)
 
     @property
@@ -253,6 +254,7 @@ class SidecarLoader:
         pending: list[int] = []
         calls = self._stub.Stream(requests())
         self._active = (calls, acks)
+        self._streaming = reply.session_id
         held: int | None = None
         try:
             for msg in chain.from_iterable(d.items for d in calls):  # deliveries hold several
@@ -287,6 +289,7 @@ class SidecarLoader:
                 yield batch
         finally:
             self._active = None
+            self._streaming = ""
             acks.put(None)
             # a generator left open finalizes at interpreter exit, when gRPC's threads are
             # gone and a cancel can block forever; the atexit hook has cancelled it already
@@ -327,6 +330,16 @@ class SidecarLoader:
         if self._stub is None:
             raise ConfigError("not connected: iterate the loader first")
         deadline = time.monotonic() + timeout
+        pos = self.position
+        if self._session != self._streaming and (pos.step, pos.consumed) == (step, 0):
+            # the session was opened by an earlier checkpoint after a restart, while the data
+            # stream still drained what the old sidecar had sent: nobody reads it, so it is
+            # parked a prefetch past where it started. Open one at this boundary instead.
+            try:
+                self._open()
+            except StorageError as e:
+                if not e.transient:
+                    raise
         while True:
             try:
                 reply = self._checkpoint(step, max(0.1, deadline - time.monotonic()))
