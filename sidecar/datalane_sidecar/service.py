@@ -406,6 +406,15 @@ class DataLaneService(pbg.DataLaneServicer):
                     self.last_checkpoint[session.id] = since
                     session.forget_before(since)
             digests = session.digests_between(since, request.step)
+            with self._lock:
+                closed = not self.serving or session.id not in self.sessions
+            if closed:
+                # closed (the sidecar stopping, the rank opened again) while this request
+                # waited: its ledger start is gone with it, and an object written now would
+                # commit the step with a gap in the ledger. The client asks again.
+                raise StorageError(f"the session of rank {session.rank} closed while the "
+                                   f"checkpoint of step {request.step} waited; ask again",
+                                   transient=True)
             saved = self.checkpoints.save(request.step, session.id, state, digests)
         except DatalaneError as e:
             _abort(context, e)
