@@ -102,7 +102,7 @@ class SidecarLoader:
         self.per_step = 0
         self.reconnects = 0
         self._active: tuple[Any, queue.Queue[pb.Ack | None]] | None = None
-        self._streaming = ""  # the session the data stream reads from
+        self._parked = ""  # a session checkpoint() opened, that no stream reads from yet
         _LIVE.add(self)
 
     @property
@@ -207,6 +207,7 @@ class SidecarLoader:
             try:
                 self._connect(deadline)
                 reply = self._open()
+                self._parked = ""
                 # the stream is endless; if it finishes without an error anyway (a sidecar
                 # of an older version that stops serving), re-open at the position rather
                 # than end the trainer's data as if it had run out
@@ -254,7 +255,6 @@ class SidecarLoader:
         pending: list[int] = []
         calls = self._stub.Stream(requests())
         self._active = (calls, acks)
-        self._streaming = reply.session_id
         held: int | None = None
         try:
             for msg in chain.from_iterable(d.items for d in calls):  # deliveries hold several
@@ -289,7 +289,6 @@ class SidecarLoader:
                 yield batch
         finally:
             self._active = None
-            self._streaming = ""
             acks.put(None)
             # a generator left open finalizes at interpreter exit, when gRPC's threads are
             # gone and a cancel can block forever; the atexit hook has cancelled it already
@@ -331,12 +330,13 @@ class SidecarLoader:
             raise ConfigError("not connected: iterate the loader first")
         deadline = time.monotonic() + timeout
         pos = self.position
-        if self._session != self._streaming and (pos.step, pos.consumed) == (step, 0):
+        if self._session == self._parked and (pos.step, pos.consumed) == (step, 0):
             # the session was opened by an earlier checkpoint after a restart, while the data
             # stream still drained what the old sidecar had sent: nobody reads it, so it is
             # parked a prefetch past where it started. Open one at this boundary instead.
             try:
                 self._open()
+                self._parked = self._session
             except StorageError as e:
                 if not e.transient:
                     raise
@@ -355,6 +355,7 @@ class SidecarLoader:
                 if _no_session(e):
                     try:
                         self._open()
+                        self._parked = self._session
                     except DatalaneError as oe:
                         if not getattr(oe, "transient", False):
                             raise

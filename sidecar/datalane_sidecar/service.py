@@ -107,6 +107,7 @@ class DataLaneService(pbg.DataLaneServicer):
         self.uncommitted: set[str] = set()  # sessions whose last checkpoint is not committed
         self.serving = True
         self._lock = threading.Lock()
+        self._open_locks: dict[int, threading.Lock] = {}
 
     # -- sessions ----------------------------------------------------------------------------
     def _resume(self, request: pb.OpenRequest) -> Checkpoint | None:
@@ -146,14 +147,21 @@ class DataLaneService(pbg.DataLaneServicer):
                                   f"{readers} readers of rank {request.rank}; the reader index "
                                   f"must be below readers")
             hid = uuid.uuid4().hex[:16]
-            if readers > 1:
-                attached = self._attach(request, hid, start, readers)
-                if attached is not None:
-                    return attached
-            return self._open(request, hid, start, readers)
+            # one Open of a rank at a time: two readers opening at once must not each find no
+            # session, build one, and replace the other's
+            with self._rank_lock(request.rank):
+                if readers > 1:
+                    attached = self._attach(request, hid, start, readers)
+                    if attached is not None:
+                        return attached
+                return self._open(request, hid, start, readers)
         except DatalaneError as e:
             _abort(context, e)
             raise  # unreachable: abort raises
+
+    def _rank_lock(self, rank: int) -> threading.Lock:
+        with self._lock:
+            return self._open_locks.setdefault(rank, threading.Lock())
 
     def _open(self, request: pb.OpenRequest, hid: str, start: Checkpoint | None,
               readers: int) -> pb.OpenReply:

@@ -38,8 +38,9 @@ def main() -> int:
     it = iter(DataLaneDataset(loader))
     hashes = [hashlib.sha256(next(it)["input_ids"].numpy().tobytes()).hexdigest()
               for _ in range(args.take)]
+    dist.barrier()  # every session is open ...
     stats = loader.stats()
-    dist.barrier()  # every reader has read before any closes
+    dist.barrier()  # ... and still open while each rank looks
     with open(args.out, "w") as f:
         json.dump({"dp": [loader.rank, loader.world_size],
                    "reader": [loader.reader, loader.readers], "hashes": hashes,
