@@ -46,6 +46,7 @@ class InProcessLoader:
                                  world_size=dp.world_size, microbatch_size=microbatch_size)
         self._start = self._loader.state_dict()  # step 0, for an iterator started again
         self._generation = 0
+        self._at_boundary = True  # the engine stands at the position's step boundary
 
     @property
     def lanes(self) -> range:
@@ -63,9 +64,11 @@ class InProcessLoader:
         generation = self._generation
         loader = self._loader
         pos = self.position
-        if loader.step != pos.step or pos.consumed:  # the engine ran ahead of the position
+        if not self._at_boundary and (loader.step != pos.step or pos.consumed):
+            # the engine ran ahead of the position (an earlier iterator stopped inside a step)
             loader.load_state_dict(json.loads(pos.state_json) if pos.state_json is not None
                                    else self._start)
+        self._at_boundary = False
         skip = pos.consumed
         m = self.microbatch_size
         while True:
@@ -106,6 +109,7 @@ class InProcessLoader:
         self._generation += 1  # an open iterator is at the old position
         self._loader.load_state_dict(json.loads(pos.state_json) if pos.state_json is not None
                                      else self._start)
+        self._at_boundary = True
 
     def close(self) -> None:
         self._loader.close()
