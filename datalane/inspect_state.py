@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
-from datalane.spec.state import Checkpoint, LaneState
+from datalane.spec.errors import MismatchError
+from datalane.spec.state import Checkpoint, LaneState, Piece
 
 __all__ = ["describe"]
 
@@ -33,22 +35,37 @@ def _lane(state: LaneState, names: list[str], files: dict[str, list[Any]]) -> li
                      f"chunk #{c.chunk}, {where}), {c.offset} shuffled records consumed")
     mix = ", ".join(f"{name(i)}={t}" for i, t in enumerate(state.mixture))
     lines.append(f"  mixture tokens consumed: {mix}")
-    groups = [g for g in state.carry if g]
-    if not groups and state.pending is None:
-        lines.append("  carry-over: none")
-    for gi, group in enumerate(groups):
-        pieces = "; ".join(f"{name(p.source)} {file(p.source, p.file)} @{p.pos} tokens "
-                           f"{p.start}-{p.stop}" for p in group)
-        lines.append(f"  carry-over {gi}: {pieces}")
-    if state.pending is not None:
-        p = state.pending
-        lines.append(f"  pending: {name(p.source)} {file(p.source, p.file)} @{p.pos} tokens "
-                     f"{p.start}-{p.stop}")
+    pk = state.packer
+    label = pk.name or "version-1 carry-over"
+    held = list(_pieces(pk.data, ""))
+    if not held:
+        lines.append(f"  packer ({label}): holds nothing")
+    else:
+        lines.append(f"  packer ({label}):")
+    for where, p in held:
+        doc = (f"{file(p.source, p.ref[0])} @{p.ref[1]}" if len(p.ref) == 2
+               else f"document {list(p.ref)}")
+        lines.append(f"    {where}: {name(p.source)} {doc} tokens {p.start}-{p.stop}")
     n = state.counters
     skipped = ", ".join(f"{k}={v}" for k, v in sorted(n.skipped.items())) or "none"
     lines.append(f"  counters: documents read {n.docs}, packed {n.kept}, tokens {n.tokens}, "
                  f"padding {n.padding}, skipped {skipped}")
     return lines
+
+
+def _pieces(value: Any, where: str) -> Iterator[tuple[str, Piece]]:
+    """Every piece in a packer's JSON state, with where it sits (``bins[0][1]``)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _pieces(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        try:
+            yield where, Piece.decode(value, where)
+            return
+        except MismatchError:
+            pass
+        for i, v in enumerate(value):
+            yield from _pieces(v, f"{where}[{i}]")
 
 
 def describe(ckpt: Checkpoint, raw: bool = False) -> str:

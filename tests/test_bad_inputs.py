@@ -696,13 +696,14 @@ def test_a_carry_over_no_lane_could_hold_is_refused(make_recipe: Callable[..., R
                                                     saved_state: dict[str, Any]) -> None:
     """Issue 9, defect 9: 20,000 carried pieces were each re-read, for over a minute."""
     bad = _unsealed(saved_state)
-    bad["lanes"]["1"]["carry"] = [[[0, 0, 0, 0, 1]] * 20_000]
+    bad["lanes"]["1"]["pack"] = {"wrap": {"held": [[0, [0, 0], 0, 1]] * 20_000}}
     assert _restore_error(make_recipe(), bad) == (
         "lane 1 state: open sequence 0 of the packer's carry-over holds 20000 pieces of 20000 "
         "tokens, more than a sequence of 129 tokens can hold; the state is damaged")
     r = make_recipe(packing={"algorithm": "bestfit", "bestfit_bins": 2})
     state = _unsealed(_state_after(r, 3))
-    state["lanes"]["1"]["carry"] = [[[0, 0, 0, 0, 1]]] * 3
+    state["lanes"]["1"]["pack"] = {"bestfit": {"bins": [[[0, [0, 0], 0, 1]]] * 3,
+                                               "pending": None}}
     assert _restore_error(r, state) == (
         "lane 1 state: the packer's carry-over has 3 open sequences; the recipe's packing "
         "keeps at most 2")

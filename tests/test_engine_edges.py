@@ -330,7 +330,7 @@ def saved(mixed) -> tuple[Any, Plan, dict[str, Any]]:
         for _ in range(10):
             ld.next_step()
         state = ld.state_dict()
-    assert state["lanes"]["1"]["carry"], "the test needs a lane with a carry-over"
+    assert state["lanes"]["1"]["pack"]["wrap"]["held"], "the test needs a lane with a carry-over"
     return recipe, plan, state
 
 
@@ -338,17 +338,44 @@ def _lane1(key: str, value: Any) -> Any:
     return lambda s: s["lanes"]["1"].__setitem__(key, value)
 
 
+def _held(*pieces: Any) -> Any:
+    return _lane1("pack", {"wrap": {"held": list(pieces)}})
+
+
+def _v1(key: str, value: Any) -> Any:
+    """The lane state rewritten in lane-state version 1 (carry/pend), then ``key`` set."""
+    def change(s: Any) -> None:
+        lane = s["lanes"]["1"]
+        lane.pop("pack")
+        lane.update({"v": 1, "carry": [], key: value})
+    return change
+
+
 TAMPERED = {
-    "carry of an unknown source": (_lane1("carry", [[[9, 0, 0, 0, 5]]]),
-                                   "carried piece [9, 0, 0, 0, 5] is not a token range"),
-    "carry of an unknown file": (_lane1("carry", [[[0, 99, 0, 0, 5]]]),
-                                 "carried piece [0, 99, 0, 0, 5] is not a token range"),
-    "carry past its document": (_lane1("carry", [[[0, 0, 0, 0, 10**6]]]),
-                                "carried piece [0, 0, 0, 0, 1000000] ends after its document's"),
-    "empty carried range": (_lane1("carry", [[[0, 0, 0, 5, 2]]]),
-                            "carry[0][0] [0, 0, 0, 5, 2] is an empty token range [5, 2)"),
-    "pending piece under wrap": (_lane1("pend", [0, 0, 0, 0, 3]),
-                                 "lane 1 state has a pending piece, which only 'bestfit'"),
+    "carry of an unknown source": (_held([9, [0, 0], 0, 5]),
+                                   "carried piece of source 9, document [0, 0], is not a "
+                                   "document of the recipe"),
+    "carry of an unknown file": (_held([0, [99, 0], 0, 5]),
+                                 "carried piece of source 0, document [99, 0], is not a "
+                                 "document of the recipe"),
+    "carry of a reference of another format": (_held([0, [0, 0, 7], 0, 5]),
+                                               "document [0, 0, 7], is not a document"),
+    "carry past its document": (_held([0, [0, 0], 0, 10**6]),
+                                "carried piece [0, [0, 0], 0, 1000000] ends after its "
+                                "document's"),
+    "empty carried range": (_held([0, [0, 0], 5, 2]),
+                            "held[0] [0, [0, 0], 5, 2] is an empty token range [5, 2)"),
+    "carry of another packer": (_lane1("pack", {"bestfit": {"bins": [], "pending": None}}),
+                                "lane 1 state was packed by 'bestfit'; the recipe packs with "
+                                "'wrap'"),
+    "unknown key in the packer's state": (_lane1("pack", {"wrap": {"held": [], "x": 1}}),
+                                          "lane 1 state.pack.wrap has unknown keys ['x']"),
+    "v1: carry past its document": (_v1("carry", [[[0, 0, 0, 0, 10**6]]]),
+                                    "carried piece [0, [0, 0], 0, 1000000] ends after"),
+    "v1: empty carried range": (_v1("carry", [[[0, 0, 0, 5, 2]]]),
+                                "carry[0][0] [0, [0, 0], 5, 2] is an empty token range [5, 2)"),
+    "v1: pending piece under wrap": (_v1("pend", [0, 0, 0, 0, 3]),
+                                     "lane 1 state has a pending piece, which only 'bestfit'"),
     "cursor past the lane's chunks": (
         lambda s: s["lanes"]["1"]["src"].__setitem__(0, [0, 0, 99, 0, 0]),
         "cursor [0, 0, 99, 0, 0] of source 0 points outside the source"),

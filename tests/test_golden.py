@@ -1,10 +1,12 @@
 """Golden outputs: any change to the stream or to the state format must be deliberate.
 
 ``tests/golden/hashes.json`` holds the first global step hashes of a fixed recipe over the
-deterministic test corpus, for both packers. ``tests/golden/checkpoint-v1.json`` is a
-checkpoint written by datalane 0.1 (state schema v1); it must keep loading and must continue
-the stream exactly. To accept an intended change, run
-``python -m tests.test_golden --update`` and explain the change in the commit message.
+deterministic test corpus, for both packers. ``tests/golden/checkpoint-v1.json`` (wrap,
+written by datalane 0.1) and ``checkpoint-v1-bestfit.json`` (bestfit: open sequences and
+pending pieces) are checkpoints of lane-state schema v1; they must keep loading and must
+continue the stream exactly. Golden files are append-only: ``python -m tests.test_golden
+--update`` rewrites the hashes (explain the change in the commit message) and *adds* a
+checkpoint of today's lane-state version when none exists; it never rewrites an old one.
 """
 
 from __future__ import annotations
@@ -40,12 +42,25 @@ def test_golden_step_hashes(corpus, packing) -> None:
     assert [hashes[s] for s in range(STEPS)] == golden
 
 
-def test_golden_checkpoint_still_restores(corpus) -> None:
-    with open(os.path.join(HERE, "checkpoint-v1.json")) as f:
+def _checkpoints() -> list[tuple[str, str]]:
+    """(file, packing) of every golden checkpoint; the packing is in the name."""
+    names = sorted(n for n in os.listdir(HERE) if n.startswith("checkpoint-"))
+    return [(n, "bestfit" if "bestfit" in n else "wrap") for n in names]
+
+
+def test_golden_checkpoints_cover_both_packers_and_versions() -> None:
+    got = _checkpoints()
+    assert ("checkpoint-v1.json", "wrap") in got
+    assert ("checkpoint-v1-bestfit.json", "bestfit") in got
+
+
+@pytest.mark.parametrize(("name", "packing"), _checkpoints())
+def test_golden_checkpoint_still_restores(corpus, name, packing) -> None:
+    with open(os.path.join(HERE, name)) as f:
         saved = json.load(f)
     with open(os.path.join(HERE, "hashes.json")) as f:
-        golden = json.load(f)["wrap"]
-    recipe = _recipe(corpus, "wrap")
+        golden = json.load(f)[packing]
+    recipe = _recipe(corpus, packing)
     ckpt = Checkpoint.from_json(saved)
     # the file identities differ on this machine; the lane states are what is checked here
     from datalane.engine.plan import Plan
@@ -65,13 +80,19 @@ def _update() -> None:
         out[packing] = [hashes[s] for s in range(STEPS)]
     with open(os.path.join(HERE, "hashes.json"), "w") as f:
         json.dump(out, f, indent=1)
-    run = run_world(_recipe(corpus, "wrap"), 1, Knobs(), SAVED_AT,
-                    save_at=frozenset([SAVED_AT]))
-    ckpt = run.checkpoints[SAVED_AT]
-    ckpt.fingerprint_doc = None
-    with open(os.path.join(HERE, "checkpoint-v1.json"), "w") as f:
-        json.dump(ckpt.to_json(), f, indent=1, sort_keys=True)
-    print("golden files rewritten; review `git diff tests/golden`")
+    from datalane.spec.state import LANE_STATE_VERSION
+
+    for packing in ("wrap", "bestfit"):
+        path = os.path.join(HERE, f"checkpoint-v{LANE_STATE_VERSION}-{packing}.json")
+        if os.path.exists(path) or (LANE_STATE_VERSION == 1 and packing == "wrap"):
+            continue  # append-only: a checkpoint once written is the fixture forever
+        run = run_world(_recipe(corpus, packing), 1, Knobs(), SAVED_AT,
+                        save_at=frozenset([SAVED_AT]))
+        ckpt = run.checkpoints[SAVED_AT]
+        ckpt.fingerprint_doc = None
+        with open(path, "w") as f:
+            json.dump(ckpt.to_json(), f, indent=1, sort_keys=True)
+    print("golden hashes rewritten; review `git diff tests/golden`")
 
 
 if __name__ == "__main__":

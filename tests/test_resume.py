@@ -51,7 +51,7 @@ def pool() -> Iterator[TaskPool]:
 
 
 def _stages(plan: Plan) -> list[MapStage]:
-    return [MapStage(sp.spec.text_field, sp.filters, plan.tokenizer) for sp in plan.sources]
+    return plan.map_stages()
 
 
 KNOBS = Knobs(workers=3, prefetch=2, task_docs=5)
@@ -70,7 +70,7 @@ def test_doc_stream_resumes_anywhere(make_recipe, pool) -> None:
 
     def advance(s: DocStream) -> Any:
         got = s.next_doc()
-        return None if got is None else (got[0].tobytes(), got[1])
+        return None if got is None else (got.columns[0].tobytes(), got.ref)
 
     total = 0
     probe = make(None)
@@ -94,7 +94,7 @@ def test_mixture_resumes_anywhere(make_recipe, pool) -> None:
 
     def advance(m: Mixture) -> Any:
         got = m.next_doc()
-        return None if got is None else (got[0], got[1], got[2], got[3].tobytes())
+        return None if got is None else (got.source, got.ref, got.columns[0].tobytes())
 
     def save(m: Mixture) -> Any:
         return {"cursors": [s.cursor.encode() for s in m.streams], "consumed": m.consumed}

@@ -19,10 +19,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from datalane.engine.chunks import Chunk, RecordReader
-from datalane.engine.mapstage import ALWAYS_FAIL, BAD_RECORD_REASONS, MapResult, MapStage, Record
+from datalane.engine.documents.base import Doc
+from datalane.engine.formats import FORMATS
+from datalane.engine.mapstage import ALWAYS_FAIL, MapResult, MapStage, Record
 from datalane.engine.plan import SourcePlan
 from datalane.engine.pool import TaskPool
 from datalane.engine.rng import permutation
@@ -69,7 +69,7 @@ class DocStream:
         self._policy = policy
         self._counters = counters
         self._reader = RecordReader(source.files, source.spec.text_field)
-        self._jsonl = [f.format == "jsonl" for f in source.files]
+        self._formats = [FORMATS[f.format] for f in source.files]
         cur = cursor or SourceCursor(0, 0, 0, -1, 0)
         # reader side (ahead of the consumer)
         self._r_epoch = cur.epoch
@@ -192,7 +192,7 @@ class DocStream:
             piece = block.records[start:start + size]
             block.submitted += len(piece)
             future = self._pool.submit_ahead(self._queued_docs, self._stage.run, piece,
-                                             self._jsonl)
+                                             self._formats)
             self._queued_docs += len(piece)
             self._tasks.append(_Task(block, start, len(piece), future))
 
@@ -201,8 +201,8 @@ class DocStream:
         self._fill()
 
     # -- consuming ---------------------------------------------------------------------------
-    def next_doc(self) -> tuple[np.ndarray, tuple[int, int]] | None:
-        """The next kept document's tokens and its ``(file, position)``, or None at the end."""
+    def next_doc(self) -> Doc | None:
+        """The next kept document, or None at the end."""
         while True:
             if self._cur is None:
                 self._fill()
@@ -239,8 +239,9 @@ class DocStream:
                 self._kept_this_epoch = True
                 if end_of_epoch:
                     self._end_of_epoch(block.epoch)
-                return res.tokens[res.offsets[i]:res.offsets[i + 1]], (file, pos)
-            if reason in ALWAYS_FAIL or (reason in BAD_RECORD_REASONS and self._policy == "fail"):
+                return self._doc(res, i, file, pos)
+            if reason in ALWAYS_FAIL or (reason in self._stage.bad_reasons
+                                         and self._policy == "fail"):
                 raise DataError(f"source {self.source.spec.name!r}: {res.detail[i]} in "
                                 f"{self._where(file, pos)} (bad_records is 'fail')")
             self._counters.skip(reason)
@@ -264,20 +265,24 @@ class DocStream:
                             f"document in {self._dry_epochs} epochs in a row; every record is "
                             f"bad or filtered (skipped so far: {skipped or 'none'})")
 
-    def _where(self, file: int, pos: int) -> str:
-        sf = self.source.files[file]
-        unit = "row" if sf.format == "parquet" else "byte"
-        return f"{sf.uri} at {unit} {pos}"
+    def _doc(self, res: MapResult, i: int, file: int, pos: int) -> Doc:
+        lo, hi = res.offsets[i], res.offsets[i + 1]
+        return Doc(self.source.index, (file, pos),
+                   tuple(res.columns[c.name][lo:hi] for c in self._stage.columns))
 
-    def fetch(self, file: int, pos: int) -> np.ndarray:
+    def _where(self, file: int, pos: int) -> str:
+        return f"{self.source.files[file].uri} at {self._formats[file].unit} {pos}"
+
+    def fetch(self, ref: tuple[int, ...]) -> Doc:
         """Re-read and map one document by reference (restoring a packer's carry-over)."""
+        file, pos = ref
         raw = self._reader.read_one(file, pos)
-        res = self._stage.run([(file, pos, raw)], self._jsonl)
+        res = self._stage.run([(file, pos, raw)], self._formats)
         if res.status[0] is not None:
             raise DataError(f"source {self.source.spec.name!r}: the carried document at "
                             f"{self._where(file, pos)} no longer maps to tokens "
                             f"({res.status[0]}); did the file change?")
-        return res.tokens
+        return self._doc(res, 0, file, pos)
 
     @property
     def cursor(self) -> SourceCursor:

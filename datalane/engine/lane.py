@@ -11,31 +11,40 @@ from __future__ import annotations
 import numpy as np
 
 from datalane.engine.docstream import DocStream
+from datalane.engine.documents.base import Doc
 from datalane.engine.mapstage import MapStage
 from datalane.engine.mixture import Mixture
-from datalane.engine.packing import BestFitPacker, Packer, WrapPacker
+from datalane.engine.packers import PACKERS, PackContext, Packer
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
 from datalane.spec.errors import MismatchError
 from datalane.spec.hashing import window_digest
 from datalane.spec.knobs import Knobs
-from datalane.spec.state import Counters, LaneState, Piece, check_carry
+from datalane.spec.schema import SampleSchema
+from datalane.spec.state import Counters, LaneState, PackerState
 
 __all__ = ["LaneStream", "Window"]
 
 
 class Window:
-    """One lane's share of one step."""
+    """One lane's share of one step: its sequences' columns, in schema order."""
 
-    __slots__ = ("digest", "ended", "input_ids", "lane", "positions")
+    __slots__ = ("columns", "digest", "ended", "lane")
 
-    def __init__(self, lane: int, input_ids: np.ndarray, positions: np.ndarray,
+    def __init__(self, lane: int, schema: SampleSchema, columns: dict[str, np.ndarray],
                  ended: bool) -> None:
         self.lane = lane
-        self.input_ids = input_ids
-        self.positions = positions
+        self.columns = columns
         self.ended = ended
-        self.digest = window_digest(input_ids, positions)
+        self.digest = window_digest(schema, columns)
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.columns["input_ids"]
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self.columns["positions"]
 
 
 class LaneStream:
@@ -59,17 +68,10 @@ class LaneStream:
         ]
         self.mixture = Mixture(self.streams, [s.weight for s in recipe.sources],
                                list(state.mixture) if state is not None else None)
-        size = recipe.sequence_tokens
-        pad = plan.tokenizer.pad_id
-        carry = state.carry if state is not None else ()
-        self.packer: Packer
-        if recipe.packing.algorithm == "wrap":
-            self.packer = WrapPacker(self.mixture, size, pad, self.counters, carry, self._fetch)
-        else:
-            self.packer = BestFitPacker(self.mixture, size, pad, self.counters,
-                                        recipe.packing.bestfit_bins, carry,
-                                        state.pending if state is not None else None,
-                                        self._fetch)
+        ctx = PackContext(self.mixture.next_doc, self._fetch, recipe.sequence_tokens,
+                          plan.schema, self.counters, recipe.packing, f"lane {lane} state")
+        self.packer: Packer = PACKERS[recipe.packing.algorithm](
+            ctx, state.packer if state is not None else None)
         self.sequences = state.sequences if state is not None else 0
         self.ended = state.ended if state is not None else False
 
@@ -88,30 +90,18 @@ class LaneStream:
                     c.chunk and c.chunk >= len(chunks)) or c.offset >= recipe.shuffle.block_size:
                 raise MismatchError(f"lane {self.lane} state: cursor {c.encode()} of source "
                                     f"{i} points outside the source")
-        bins = recipe.packing.bestfit_bins if recipe.packing.algorithm == "bestfit" else None
-        check_carry(state, recipe.sequence_tokens, bins, f"lane {self.lane} state")
-        pieces = [p for group in state.carry for p in group]
-        if state.pending is not None:
-            if recipe.packing.algorithm == "wrap":
-                raise MismatchError(f"lane {self.lane} state has a pending piece, which only "
-                                    f"'bestfit' packing keeps; the recipe packs with 'wrap'")
-            pieces.append(state.pending)
-        for p in pieces:
-            if not (0 <= p.source < len(recipe.sources)
-                    and 0 <= p.file < len(self.plan.sources[p.source].files)
-                    and p.pos >= 0 and 0 <= p.start < p.stop):
-                raise MismatchError(f"lane {self.lane} state: carried piece {p.encode()} "
-                                    f"is not a token range of a document of the recipe")
         if state.sequences % recipe.lane_batch:
             raise MismatchError(f"lane {self.lane} state is {state.sequences} sequences in, not "
                                 f"on a step boundary of {recipe.lane_batch} sequences")
 
-    def _fetch(self, piece: Piece) -> np.ndarray:
-        tokens = self.streams[piece.source].fetch(piece.file, piece.pos)
-        if piece.stop > len(tokens):
-            raise MismatchError(f"lane {self.lane} state: carried piece {piece.encode()} ends "
-                                f"after its document's {len(tokens)} tokens")
-        return tokens
+    def _fetch(self, source: int, ref: tuple[int, ...]) -> Doc:
+        """A carried document, by reference; MismatchError for one the recipe cannot hold."""
+        ok = 0 <= source < len(self.plan.sources) and len(ref) == 2 and \
+            0 <= ref[0] < len(self.plan.sources[source].files) and ref[1] >= 0
+        if not ok:
+            raise MismatchError(f"lane {self.lane} state: carried piece of source {source}, "
+                                f"document {list(ref)}, is not a document of the recipe")
+        return self.streams[source].fetch(ref)
 
     def prime(self) -> None:
         """Start reading and tokenizing every source before the first window is asked for."""
@@ -126,23 +116,23 @@ class LaneStream:
         recipe = self.plan.recipe
         rows = recipe.lane_batch
         size = recipe.sequence_tokens
-        ids = np.empty((rows, size), dtype=np.int32)
-        positions = np.empty((rows, size), dtype=np.int32)
+        schema = self.plan.schema
+        columns = {c.name: np.empty(c.shape(rows, size), dtype=c.np_dtype) for c in schema}
         for r in range(rows):
             seq = None if self.ended else self.packer.next_sequence()
             if seq is None:
                 self.ended = True
-                ids[r] = self.plan.tokenizer.pad_id
-                positions[r] = -1
+                for c in schema:
+                    columns[c.name][r] = c.pad
                 self.counters.padding += size
             else:
-                ids[r], positions[r] = seq
+                for name, a in columns.items():
+                    a[r] = seq[name]
         self.sequences += rows
-        return Window(self.lane, ids, positions, self.ended)
+        return Window(self.lane, schema, columns, self.ended)
 
     def state(self) -> LaneState:
         """The resume point between two steps (call it only after a whole window)."""
-        carry, pending = self.packer.carry()
         counters = Counters()
         counters.add(self.counters)
         return LaneState(
@@ -150,8 +140,7 @@ class LaneStream:
             sequences=self.sequences,
             sources=tuple(s.cursor for s in self.streams),
             mixture=tuple(self.mixture.consumed),
-            carry=carry,
-            pending=pending,
+            packer=PackerState(self.packer.name, self.packer.state()),
             ended=self.ended,
             counters=counters,
         )

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from datalane.engine.lane import LaneStream
-from datalane.engine.mapstage import MapStage
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
 from datalane.spec.errors import MismatchError
@@ -26,6 +25,7 @@ from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import lanes_of_rank, microbatches_per_step
 from datalane.spec.recipe import Recipe
+from datalane.spec.schema import SampleSchema
 from datalane.spec.state import Checkpoint, Counters, LaneState
 
 __all__ = ["Loader", "Microbatch", "Step"]
@@ -38,14 +38,29 @@ class Step:
     """A rank's local batch of one step: its lanes' windows, in lane order."""
 
     step: int
-    input_ids: np.ndarray  # (B/W, seq_len + 1) int32
-    positions: np.ndarray  # (B/W, seq_len + 1) int32; -1 marks padding
+    columns: dict[str, np.ndarray]  # schema order; per-token columns (B/W, seq_len + 1)
     lane_digests: dict[int, bytes]  # window digest of each lane this rank owns
     ended: bool  # every lane of this rank has run out of data (later steps are padding)
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.columns["input_ids"]
+
+    @property
+    def positions(self) -> np.ndarray:
+        """Position of each token in its document; -1 marks padding."""
+        return self.columns["positions"]
 
     def global_hash(self) -> str:
         """The global step hash; valid only when this step holds every lane (W = 1)."""
         return global_hash(self.lane_digests[k] for k in sorted(self.lane_digests))
+
+    def microbatch(self, index: int, size: int) -> Microbatch:
+        """Sequences ``index*size .. (index+1)*size - 1`` of the step, as views: the one
+        place a step is cut into microbatches (the loader, the sidecar, in-process clients)."""
+        rows = slice(index * size, (index + 1) * size)
+        return Microbatch(self.step, index, {k: v[rows] for k, v in self.columns.items()},
+                          self.ended)
 
 
 @dataclass
@@ -54,9 +69,16 @@ class Microbatch:
 
     step: int
     index: int
-    input_ids: np.ndarray
-    positions: np.ndarray
+    columns: dict[str, np.ndarray]  # schema order
     ended: bool  # the step's ``ended``: this rank's lanes have run out of data
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.columns["input_ids"]
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self.columns["positions"]
 
 
 class Loader:
@@ -73,13 +95,17 @@ class Loader:
         self.plan = plan if plan is not None else Plan.build(recipe)
         self._own_pool = pool is None
         self._pool = pool or TaskPool(self.knobs.workers)
-        self._stages = [MapStage(sp.spec.text_field, sp.filters, self.plan.tokenizer)
-                        for sp in self.plan.sources]
+        self._stages = self.plan.map_stages()
         self._streams: list[LaneStream] | None = None
         self._restore: Checkpoint | None = None
         self._step = 0
 
     # -- state -------------------------------------------------------------------------------
+    @property
+    def schema(self) -> SampleSchema:
+        """The columns of every sequence this loader produces."""
+        return self.plan.schema
+
     @property
     def step(self) -> int:
         """The next step this loader will produce."""
@@ -156,8 +182,8 @@ class Loader:
         windows = [s.next_window() for s in self._open()]
         step = Step(
             step=self._step,
-            input_ids=np.concatenate([w.input_ids for w in windows]),
-            positions=np.concatenate([w.positions for w in windows]),
+            columns={c.name: np.concatenate([w.columns[c.name] for w in windows])
+                     for c in self.plan.schema},
             lane_digests={w.lane: w.digest for w in windows},
             ended=all(w.ended for w in windows),
         )
@@ -174,9 +200,7 @@ class Loader:
         per_step = microbatches_per_step(self.recipe.global_batch_size, self.world_size, size)
         for step in self:
             for i in range(per_step):
-                sl = slice(i * size, (i + 1) * size)
-                yield Microbatch(step.step, i, step.input_ids[sl], step.positions[sl],
-                                 step.ended)
+                yield step.microbatch(i, size)
 
     def counters(self) -> Counters:
         total = Counters()

@@ -1,31 +1,37 @@
-"""The stateless map stages of a lane: decode, filter, tokenize (DESIGN section 3.3).
+"""The stateless map stages of a lane: decode, render, filter, tokenize (DESIGN section 3.3).
 
 A map task takes a slice of raw records (already in shuffled order) and returns, for each,
-either its tokens or the reason it was set aside. Tasks run on any worker thread in any order;
-the results are consumed in order by :mod:`datalane.engine.docstream`, which is where counters
-are kept and where the ``fail`` policy raises, so both are deterministic.
+either its token columns or the reason it was set aside. The record's *format* decodes the
+field's value (:mod:`datalane.engine.formats`), the source's *document kind* renders it
+(plain text, a chat conversation: :mod:`datalane.engine.documents`), the filters look at the
+rendered text, and the kind tokenizes the kept documents in one batch. Tasks run on any
+worker thread in any order; the results are consumed in order by
+:mod:`datalane.engine.docstream`, which is where counters are kept and where the ``fail``
+policy raises, so both are deterministic.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from datalane.engine.chunks import MISSING
-from datalane.engine.tokenize import TokenizerHandle
+from datalane.engine.documents.base import DocumentKind, Rendered
+from datalane.engine.documents.text import TextKind
+from datalane.engine.formats import FORMATS, Format
 from datalane.spec.errors import ConfigError
 from datalane.spec.recipe import Filters
+from datalane.spec.schema import Column
 
-__all__ = ["BAD_RECORD_REASONS", "MapResult", "MapStage", "Record"]
+__all__ = ["ALWAYS_FAIL", "BAD_RECORD_REASONS", "MapResult", "MapStage", "Record"]
 
-#: Reasons a record is malformed (``bad_records`` policy applies); other reasons are filters.
-BAD_RECORD_REASONS = frozenset(
-    {"malformed_json", "non_utf8", "missing_field", "not_text", "empty_text"})
+#: Reasons the built-in formats and plain text give for a malformed record (the
+#: ``bad_records`` policy applies to them); a stage's own set adds its kind's reasons.
+BAD_RECORD_REASONS = frozenset().union(TextKind.bad_reasons,
+                                       *(f.bad_reasons for f in FORMATS.values()))
 
 #: Reasons that stop the stream whatever the policy: a bug in user code is not bad data.
 ALWAYS_FAIL = frozenset({"predicate_error"})
@@ -35,12 +41,19 @@ Record = tuple[int, int, Any]  # (file index, position, raw value)
 
 @dataclass
 class MapResult:
-    """Tokens of a slice of records; ``status[i]`` is None for kept documents."""
+    """Token columns of a slice of records; ``status[i]`` is None for kept documents.
 
-    tokens: np.ndarray
+    ``columns[name][offsets[i]:offsets[i+1]]`` is record ``i``'s column ``name`` (empty for
+    records set aside), for every document column of the recipe's schema."""
+
+    columns: dict[str, np.ndarray]
     offsets: np.ndarray
     status: list[str | None]
     detail: list[str | None]
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.columns["input_ids"]
 
 
 def _load_predicate(path: str) -> Callable[[str], bool]:
@@ -53,50 +66,20 @@ def _load_predicate(path: str) -> Callable[[str], bool]:
         raise ConfigError(f"filters.predicate {path!r} is not callable")
     return fn  # type: ignore[no-any-return]
 
+_TEXT_COLUMNS = (Column("input_ids", "int32", 0),)
+
 
 class MapStage:
-    """Decode + filter + tokenize for one source; thread-safe and stateless."""
+    """Decode + render + filter + tokenize for one source; thread-safe and stateless."""
 
-    def __init__(self, text_field: str, filters: Filters, tokenizer: TokenizerHandle) -> None:
-        self.field = text_field
+    def __init__(self, field: str, filters: Filters, kind: DocumentKind,
+                 columns: Sequence[Column] = _TEXT_COLUMNS) -> None:
+        self.field = field
         self.filters = filters
-        self.tokenizer = tokenizer
+        self.kind = kind
+        self.columns = tuple(columns)  # the schema's document columns, input_ids first
         self.predicate = _load_predicate(filters.predicate) if filters.predicate else None
-
-    def decode(self, raw: Any) -> tuple[str | None, str | None, str | None]:
-        """``(text, reason, detail)``: the text, or why there is none."""
-        if raw is MISSING or raw is None:
-            return None, "missing_field", f"no value in field {self.field!r}"
-        if isinstance(raw, bytes):
-            try:
-                raw = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return None, "non_utf8", f"invalid UTF-8 at byte {e.start} of the value"
-        if not isinstance(raw, str):
-            return None, "not_text", f"field {self.field!r} holds {type(raw).__name__}"
-        if not raw:
-            return None, "empty_text", f"field {self.field!r} is empty"
-        return raw, None, None
-
-    def _decode_json(self, line: bytes) -> tuple[str | None, str | None, str | None]:
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return None, "non_utf8", f"invalid UTF-8 at byte {e.start} of the line"
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            return None, "malformed_json", f"malformed JSON ({e.msg}: column {e.colno})"
-        if not isinstance(obj, dict):
-            return None, "malformed_json", f"a JSON {type(obj).__name__}, not an object"
-        if self.field not in obj or obj[self.field] is None:
-            return None, "missing_field", f"no field {self.field!r}"
-        value = obj[self.field]
-        if not isinstance(value, str):
-            return None, "not_text", f"field {self.field!r} holds {type(value).__name__}"
-        if not value:
-            return None, "empty_text", f"field {self.field!r} is empty"
-        return value, None, None
+        self.bad_reasons = kind.bad_reasons | BAD_RECORD_REASONS
 
     def _char_filter(self, text: str) -> str | None:
         f = self.filters
@@ -113,32 +96,33 @@ class MapStage:
                 return "predicate"
         return None
 
-    def run(self, records: list[Record], jsonl: list[bool]) -> MapResult:
-        """Map a slice of records; ``jsonl[file]`` says whether a file's records are lines."""
+    def run(self, records: list[Record], formats: Sequence[Format]) -> MapResult:
+        """Map a slice of records; ``formats[file]`` is the format of each file."""
         n = len(records)
         status: list[str | None] = [None] * n
         detail: list[str | None] = [None] * n
-        texts: list[str] = []
+        docs: list[Rendered] = []
         keep: list[int] = []
         for i, (file, _, raw) in enumerate(records):
-            if jsonl[file]:
-                text, reason, why = self._decode_json(raw)
-            else:
-                text, reason, why = self.decode(raw)
-            if text is not None:
-                reason = self._char_filter(text)
+            value, reason, why = formats[file].decode(raw, self.field)
+            doc = None
+            if reason is None:
+                doc, reason, why = self.kind.render(value)
+            if doc is not None:
+                reason = self._char_filter(doc.text)
                 if reason is not None and reason.startswith("predicate_error:"):
                     reason, why = "predicate_error", (
                         f"filters.predicate {self.filters.predicate!r} raised "
                         f"{reason.split(':', 1)[1].strip()}")
-            if reason is not None or text is None:
+            if reason is not None or doc is None:
                 status[i], detail[i] = reason, why
                 continue
-            texts.append(text)
+            docs.append(doc)
             keep.append(i)
         lengths = np.zeros(n, dtype=np.int64)
-        if texts:
-            flat, offs, raw_lens = self.tokenizer.encode(texts)
+        columns: dict[str, np.ndarray]
+        if docs:
+            got, offs, raw_lens = self.kind.tokenize(docs)
             f = self.filters
             for k, i in enumerate(keep):
                 length = int(raw_lens[k])
@@ -150,13 +134,20 @@ class MapStage:
                     status[i] = "max_tokens"
             kept = np.array([status[i] is None for i in keep], dtype=bool)
             doc_lens = np.diff(offs)
-            if not kept.all():
-                starts = offs[:-1][kept]
-                pieces = [flat[s:s + ln] for s, ln in zip(starts, doc_lens[kept], strict=True)]
-                flat = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+            columns = {}
+            for c in self.columns:
+                flat = got.get(c.name)
+                if flat is None:  # a column this kind does not fill: its default
+                    flat = np.full(int(offs[-1]), c.default, dtype=c.np_dtype)
+                if not kept.all():
+                    starts = offs[:-1][kept]
+                    pieces = [flat[s:s + ln] for s, ln in zip(starts, doc_lens[kept],
+                                                              strict=True)]
+                    flat = np.concatenate(pieces) if pieces else np.zeros(0, c.np_dtype)
+                columns[c.name] = flat
             lengths[np.array(keep, dtype=np.int64)[kept]] = doc_lens[kept]
         else:
-            flat = np.zeros(0, dtype=np.int32)
+            columns = {c.name: np.zeros(0, dtype=c.np_dtype) for c in self.columns}
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        return MapResult(flat, offsets, status, detail)
+        return MapResult(columns, offsets, status, detail)

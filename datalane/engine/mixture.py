@@ -7,25 +7,30 @@ out is skipped from then on (its cursor says so, so nothing else needs saving).
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Sequence
+from typing import Protocol
 
-from datalane.engine.docstream import DocStream
+from datalane.engine.documents.base import Doc
 
 __all__ = ["Mixture"]
+
+
+class DocSource(Protocol):
+    def next_doc(self) -> Doc | None: ...
 
 
 class Mixture:
     """Single ordered accumulator choosing which source feeds the packer next."""
 
-    def __init__(self, streams: list[DocStream], weights: list[float],
+    def __init__(self, streams: Sequence[DocSource], weights: list[float],
                  consumed: list[int] | None = None) -> None:
         self.streams = streams
         self.weights = weights
         self.consumed = list(consumed) if consumed is not None else [0] * len(streams)
         self._done = [False] * len(streams)
 
-    def next_doc(self) -> tuple[int, int, int, np.ndarray] | None:
-        """``(source, file, position, tokens)`` of the next document, or None when all ended."""
+    def next_doc(self) -> Doc | None:
+        """The next document, or None when every source has ended."""
         while True:
             best = -1
             best_key = 0.0
@@ -41,6 +46,5 @@ class Mixture:
             if got is None:
                 self._done[best] = True
                 continue
-            tokens, (file, pos) = got
-            self.consumed[best] += len(tokens)
-            return best, file, pos, tokens
+            self.consumed[best] += len(got)
+            return got

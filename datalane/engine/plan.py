@@ -12,12 +12,16 @@ import os
 from dataclasses import dataclass, field
 
 from datalane.engine.chunks import Chunk, cut_file
+from datalane.engine.documents import DocumentKind, kind_for, kind_name
 from datalane.engine.files import SourceFile, compression_of, expand, format_of
+from datalane.engine.formats import FORMATS
+from datalane.engine.mapstage import MapStage
 from datalane.engine.rng import permutation
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.errors import ConfigError
 from datalane.spec.fingerprint import fingerprint_of
 from datalane.spec.recipe import Filters, Recipe, Source
+from datalane.spec.schema import Column, SampleSchema, text_schema
 
 __all__ = ["Plan", "SourcePlan"]
 
@@ -33,6 +37,7 @@ class SourcePlan:
     chunks: list[Chunk]
     seed: int
     lanes: int
+    kind: DocumentKind
     _perms: dict[int, list[int]] = field(default_factory=dict, repr=False)
 
     def _perm(self, epoch: int) -> list[int]:
@@ -60,23 +65,40 @@ class Plan:
     recipe: Recipe
     sources: list[SourcePlan]
     tokenizer: TokenizerHandle
+    schema: SampleSchema
     fingerprint_doc: dict[str, object]
     fingerprint: str
 
     @classmethod
     def build(cls, recipe: Recipe) -> Plan:
         tokenizer = TokenizerHandle.load(recipe.tokenizer)
-        sources = [_plan_source(i, s, recipe) for i, s in enumerate(recipe.sources)]
+        kinds = [kind_for(s, tokenizer, f"sources[{i}]") for i, s in enumerate(recipe.sources)]
+        sources = [_plan_source(i, s, recipe, kinds[i]) for i, s in enumerate(recipe.sources)]
+        extra: dict[str, Column] = {}
+        for kind in kinds:
+            for c in kind.columns:
+                extra.setdefault(c.name, c)
         doc: dict[str, object] = {
             "recipe": recipe.to_dict(),
             "files": {sp.spec.name: [[f.uri, f.size, f.ident] for f in sp.files]
                       for sp in sources},
             "tokenizer_sha256": tokenizer.sha256,
         }
-        return cls(recipe, sources, tokenizer, doc, fingerprint_of(doc))
+        identities = {sp.spec.name: {"kind": kind_name(sp.spec), **sp.kind.identity()}
+                      for sp in sources if kind_name(sp.spec) != "text"}
+        if identities:  # text recipes keep the fingerprint they always had
+            doc["documents"] = identities
+        schema = text_schema(tokenizer.pad_id, tuple(extra.values()))
+        return cls(recipe, sources, tokenizer, schema, doc, fingerprint_of(doc))
+
+    def map_stages(self) -> list[MapStage]:
+        """One map stage per source (stateless: a loader's lanes share them)."""
+        columns = self.schema.document_columns()
+        return [MapStage(sp.spec.text_field, sp.filters, sp.kind, columns)
+                for sp in self.sources]
 
 
-def _plan_source(index: int, spec: Source, recipe: Recipe) -> SourcePlan:
+def _plan_source(index: int, spec: Source, recipe: Recipe, kind: DocumentKind) -> SourcePlan:
     where = f"sources[{index}]"
     files: list[SourceFile] = []
     seen: set[str] = set()
@@ -97,15 +119,12 @@ def _plan_source(index: int, spec: Source, recipe: Recipe) -> SourcePlan:
             f"{where} {spec.name!r} has no data: its {len(files)} file(s) are empty "
             f"({', '.join(f.uri for f in files[:3])}{', ...' if len(files) > 3 else ''})")
     if len(chunks) < recipe.lanes:
-        if all(f.format == "jsonl" and f.compression is not None for f in files):
-            smaller = "compressed files are one chunk each: split them into more files"
-        else:
-            knob = "chunk_rows" if all(f.format == "parquet" for f in files) else "chunk_bytes"
-            smaller = f"set a smaller {where}.{knob}, add files"
+        hints = dict.fromkeys(FORMATS[f.format].fewer_chunks_hint(files, where) for f in files)
+        smaller = "; or ".join(hints)
         raise ConfigError(
             f"{where} {spec.name!r} has {len(chunks)} chunk(s) in {len(files)} file(s), but "
             f"{recipe.lanes} lanes each need at least one per epoch; {smaller}, or use fewer "
             f"lanes")
     return SourcePlan(index, spec, recipe.filters_for(spec), files, chunks, recipe.seed,
-                      recipe.lanes)
+                      recipe.lanes, kind)
 

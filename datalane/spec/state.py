@@ -1,9 +1,11 @@
 """Persisted state schemas: lane resume points and checkpoints (DESIGN section 4).
 
 A :class:`LaneState` is the compact state of one lane between two steps. It holds references,
-never tokens: per-source cursors, the mixture's token counters, the packer's carry-over as
-``(source, file, position, token range)`` pieces, and counters. Its JSON form is versioned
-and small (a few hundred bytes for ``wrap``).
+never tokens: per-source cursors, the mixture's token counters, the packer's own state (its
+carry-over as :class:`Piece` s: a token range of a document named by the reference its
+format defines) nested under the packer's name, and counters. Its JSON form is versioned and
+small (a few hundred bytes for ``wrap``). Version 1 (datalane 0.1 and 0.2: the carry-over as
+``carry``/``pend`` lists of ``[source, file, position, start, stop]``) still loads.
 
 A :class:`Checkpoint` bundles the lane states of one step with the recipe fingerprint and the
 fingerprint document, so a restore with another recipe can say which fields differ. Its JSON
@@ -28,16 +30,17 @@ __all__ = [
     "Checkpoint",
     "Counters",
     "LaneState",
+    "PackerState",
     "Piece",
     "SourceCursor",
-    "check_carry",
     "check_step",
     "checkpoint_sha256",
     "checkpoint_text",
     "merge_checkpoints",
 ]
 
-LANE_STATE_VERSION = 1
+LANE_STATE_VERSION = 2
+_MAX_REF = 4  # integers in a document reference
 CHECKPOINT_FORMAT = "datalane.checkpoint/v1"
 MAX_STEP = 10**12  # steps are 12 digits in the store's layout
 _MAX_INT = 2**63 - 1  # every count and position fits an int64
@@ -78,20 +81,40 @@ class SourceCursor:
 
 @dataclass(frozen=True)
 class Piece:
-    """Tokens ``[start, stop)`` of the document at ``pos`` in file ``file`` of ``source``."""
+    """Tokens ``[start, stop)`` of the document of ``source`` that ``ref`` names (a reference
+    the source's format defines; JSONL and Parquet: ``(file index, position)``)."""
 
     source: int
-    file: int
-    pos: int
+    ref: tuple[int, ...]
     start: int
     stop: int
 
-    def encode(self) -> list[int]:
-        return [self.source, self.file, self.pos, self.start, self.stop]
+    def encode(self) -> list[Any]:
+        return [self.source, list(self.ref), self.start, self.stop]
 
     @classmethod
     def decode(cls, data: Any, where: str) -> Piece:
-        piece = cls(*_ints(data, where, ("source", "file", "pos", "start", "stop")))
+        """From ``[source, [ref...], start, stop]``."""
+        if not isinstance(data, list) or len(data) != 4 or not isinstance(data[1], list):
+            raise MismatchError(f"{where} must be [source, [reference...], start, stop], got "
+                                f"{_short(data)}")
+        if not 1 <= len(data[1]) <= _MAX_REF:
+            raise MismatchError(f"{where}: a document reference has 1 to {_MAX_REF} integers, "
+                                f"got {_short(data[1])}")
+        ref = tuple(_int(v, f"{where} reference[{i}]") for i, v in enumerate(data[1]))
+        source, start, stop = _ints([data[0], data[2], data[3]], where,
+                                    ("source", "start", "stop"))
+        return cls._checked(cls(source, ref, start, stop), where)
+
+    @classmethod
+    def decode_v1(cls, data: Any, where: str) -> Piece:
+        """From the version-1 form ``[source, file, position, start, stop]``."""
+        source, file, pos, start, stop = _ints(data, where,
+                                               ("source", "file", "pos", "start", "stop"))
+        return cls._checked(cls(source, (file, pos), start, stop), where)
+
+    @staticmethod
+    def _checked(piece: Piece, where: str) -> Piece:
         if piece.start >= piece.stop:
             raise MismatchError(f"{where} {piece.encode()} is an empty token range "
                                 f"[{piece.start}, {piece.stop})")
@@ -100,6 +123,22 @@ class Piece:
     @property
     def tokens(self) -> int:
         return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class PackerState:
+    """A packer's own resume state: its name and its JSON (parsed by the packer).
+
+    ``name`` is None for a state of lane-state version 1, whose ``data`` is
+    ``{"carry": [[piece, ...], ...], "pending": piece or None}`` in today's piece encoding;
+    every packer knows how to read that form of its own carry-over."""
+
+    name: str | None
+    data: Mapping[str, Any]
+
+    @classmethod
+    def empty(cls) -> PackerState:
+        return cls(None, {"carry": [], "pending": None})
 
 
 @dataclass
@@ -143,8 +182,7 @@ class LaneState:
     sequences: int
     sources: tuple[SourceCursor, ...]
     mixture: tuple[int, ...]
-    carry: tuple[tuple[Piece, ...], ...]  # wrap: one group; bestfit: one per open sequence
-    pending: Piece | None  # bestfit: the rest of a document not placed yet
+    packer: PackerState
     ended: bool  # every source is exhausted and the packer flushed
     counters: Counters
 
@@ -152,7 +190,7 @@ class LaneState:
     def initial(cls, lane: int, sources: int) -> LaneState:
         """The state of a lane before its first step."""
         return cls(lane, 0, tuple(SourceCursor(0, 0, 0, -1, 0) for _ in range(sources)),
-                   (0,) * sources, (), None, False, Counters())
+                   (0,) * sources, PackerState.empty(), False, Counters())
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -161,11 +199,17 @@ class LaneState:
             "seqs": self.sequences,
             "src": [c.encode() for c in self.sources],
             "mix": list(self.mixture),
-            "carry": [[p.encode() for p in group] for group in self.carry],
             "n": self.counters.encode(),
         }
-        if self.pending is not None:
-            out["pend"] = self.pending.encode()
+        if self.packer.name is not None:
+            out["pack"] = {self.packer.name: dict(self.packer.data)}
+        elif self.packer.data.get("carry") or self.packer.data.get("pending"):
+            # a version-1 carry-over that no packer has read yet (a restored state saved
+            # again before its lane opened) is written back in its own version
+            out["v"] = 1
+            out["carry"] = [[_v1(p) for p in g] for g in self.packer.data["carry"]]
+            if self.packer.data.get("pending") is not None:
+                out["pend"] = _v1(self.packer.data["pending"])
         if self.ended:
             out["end"] = 1
         return out
@@ -175,10 +219,11 @@ class LaneState:
         if not isinstance(data, dict):
             raise MismatchError(f"{where} must be a JSON object, got {type(data).__name__}")
         version = data.get("v")
-        if version != LANE_STATE_VERSION:
+        if version not in (1, LANE_STATE_VERSION) or isinstance(version, bool):
             raise MismatchError(f"{where} has schema version {version!r}; this datalane reads "
-                                f"version {LANE_STATE_VERSION}")
-        known = {"v", "lane", "seqs", "src", "mix", "carry", "n", "pend", "end"}
+                                f"versions 1 to {LANE_STATE_VERSION}")
+        known = {"v", "lane", "seqs", "src", "mix", "n", "end"}
+        known |= {"carry", "pend"} if version == 1 else {"pack"}
         extra = sorted(set(data) - known)
         if extra:
             raise MismatchError(f"{where} has unknown keys {extra}")
@@ -187,9 +232,8 @@ class LaneState:
                             for i, c in enumerate(_list(data["src"], f"{where}.src")))
             mixture = tuple(_int(m, f"{where}.mix[{i}]", lo=0)
                             for i, m in enumerate(_list(data["mix"], f"{where}.mix")))
-            carry = tuple(tuple(Piece.decode(p, f"{where}.carry[{g}][{i}]")
-                                for i, p in enumerate(_list(group, f"{where}.carry[{g}]")))
-                          for g, group in enumerate(_list(data["carry"], f"{where}.carry")))
+            packer = (_packer_v1(data, where) if version == 1
+                      else _packer(data.get("pack"), f"{where}.pack"))
             end = data.get("end", 0)
             if end not in (0, 1) or isinstance(end, float):
                 raise MismatchError(f"{where}.end must be 1 when present, got {end!r}")
@@ -198,8 +242,7 @@ class LaneState:
                 sequences=_int(data["seqs"], f"{where}.seqs", lo=0),
                 sources=sources,
                 mixture=mixture,
-                carry=carry,
-                pending=Piece.decode(data["pend"], f"{where}.pend") if "pend" in data else None,
+                packer=packer,
                 ended=bool(end),
                 counters=Counters.decode(data["n"], f"{where}.n"),
             )
@@ -209,6 +252,38 @@ class LaneState:
     def encoded_size(self) -> int:
         """Bytes of the compact JSON form (the figure the 1 KiB target is about)."""
         return len(json.dumps(self.to_json(), separators=(",", ":")))
+
+
+def _packer(data: Any, where: str) -> PackerState:
+    if data is None:
+        return PackerState.empty()
+    if not isinstance(data, dict) or len(data) != 1:
+        raise MismatchError(f"{where} must be an object of one key, the packer's name, got "
+                            f"{_short(data)}")
+    (name, state), = data.items()
+    if not isinstance(state, dict):
+        raise MismatchError(f"{where}.{name} must be an object, got {_short(state)}")
+    if not name:
+        raise MismatchError(f"{where} names no packer")
+    return PackerState(str(name), state)
+
+
+def _packer_v1(data: dict[str, Any], where: str) -> PackerState:
+    return PackerState(None, _v1_carry(data["carry"], data.get("pend"), where, Piece.decode_v1))
+
+
+def _v1(piece: list[Any]) -> list[int]:
+    source, (file, pos), start, stop = piece
+    return [source, file, pos, start, stop]
+
+
+def _v1_carry(carry: Any, pending: Any, where: str, decode: Any) -> dict[str, Any]:
+    """A version-1 carry-over in today's piece encoding (validated piece by piece)."""
+    groups = [[decode(p, f"{where}.carry[{g}][{i}]").encode()
+               for i, p in enumerate(_list(group, f"{where}.carry[{g}]"))]
+              for g, group in enumerate(_list(carry, f"{where}.carry"))]
+    pend = decode(pending, f"{where}.pend").encode() if pending is not None else None
+    return {"carry": groups, "pending": pend}
 
 
 @dataclass
@@ -325,31 +400,6 @@ def checkpoint_text(step: int, fingerprint: str, lanes_total: int,
     return (f'{{"format":{json.dumps(CHECKPOINT_FORMAT)},"step":{step},'
             f'"fingerprint":{json.dumps(fingerprint)},"lanes_total":{lanes_total},'
             f'"lanes":{{{body}}},"fingerprint_doc":{fingerprint_doc_json},"sha256":"{sha}"}}')
-
-
-def check_carry(state: LaneState, sequence_tokens: int, bestfit_bins: int | None,
-                where: str) -> None:
-    """Refuse a carry-over that no packer could have left (MismatchError naming ``where``).
-
-    ``bestfit_bins`` is None for ``wrap``. A carry-over is what the open sequences hold: for
-    ``wrap`` one group, whose pieces but the last fit in one sequence of ``sequence_tokens``;
-    for ``bestfit`` at most ``bestfit_bins`` groups of at most ``sequence_tokens`` each. So a
-    restore never re-reads more documents than a lane can hold (a damaged state with
-    thousands of pieces would take minutes).
-    """
-    groups = state.carry
-    bins = 1 if bestfit_bins is None else bestfit_bins
-    if len(groups) > bins:
-        raise MismatchError(f"{where}: the packer's carry-over has {len(groups)} open "
-                            f"sequences; the recipe's packing keeps at most {bins}")
-    for g, group in enumerate(groups):
-        held = group[:-1] if bestfit_bins is None else group
-        tokens = sum(p.tokens for p in held)
-        if tokens > sequence_tokens:
-            raise MismatchError(
-                f"{where}: open sequence {g} of the packer's carry-over holds {len(group)} "
-                f"pieces of {sum(p.tokens for p in group)} tokens, more than a sequence of "
-                f"{sequence_tokens} tokens can hold; the state is damaged")
 
 
 def merge_checkpoints(parts: Iterable[Checkpoint]) -> Checkpoint:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from datalane.spec.state import Counters, LaneState, Piece, SourceCursor
+from datalane.spec.state import Counters, LaneState, PackerState, Piece, SourceCursor
 from datalane.store import CheckpointStore
 
 LANES = 8
@@ -21,8 +21,7 @@ def lane_state(lane: int, step: int, seqs_per_step: int = 2) -> LaneState:
         sources=(SourceCursor(0, step // 4, lane, 100 * step, step % 4),
                  SourceCursor(1, 0, lane, -1, step)),
         mixture=(1000 * step + lane, 400 * step),
-        carry=((Piece(0, lane % 2, 7 * step, 3, 90),),),
-        pending=None,
+        packer=PackerState("wrap", {"held": [Piece(0, (lane % 2, 7 * step), 3, 90).encode()]}),
         ended=False,
         counters=Counters(docs=10 * step, kept=9 * step, tokens=300 * step, padding=0,
                           skipped={"empty_text": step % 3}),

@@ -21,8 +21,8 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import datalane.engine.chunks as chunks_mod
 import datalane.engine.files as files_mod
+import datalane.engine.formats.jsonl as jsonl_mod
 from datalane.engine.chunks import MISSING, Chunk, RecordReader, cut_file
 from datalane.engine.files import SourceFile, compression_of, expand, format_of
 from datalane.spec import DataError, StorageError
@@ -155,14 +155,14 @@ def test_reading_a_chunk_reads_about_the_chunk_not_the_rest_of_the_file(
             self._f.close()
             super().close()
 
-    monkeypatch.setattr("datalane.engine.chunks.open_file",
+    monkeypatch.setattr("datalane.engine.formats.jsonl.open_file",
                         lambda uri, compression=None: Counting(real_open(uri, compression)))
     chunk_bytes = 16384
     chunks = cut_file(0, sf, chunk_bytes, None)
     got = read_all(RecordReader([sf], "text"), chunks)
     assert len(got) == 5000
     assert got[-1] == (len(content) - len(line), line[:-1])
-    assert read[0] <= len(content) + len(chunks) * (chunks_mod._READ_MORE + len(line))
+    assert read[0] <= len(content) + len(chunks) * (jsonl_mod._READ_MORE + len(line))
 
 
 # -- compressed JSONL -----------------------------------------------------------------------------

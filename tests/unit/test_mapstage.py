@@ -15,12 +15,18 @@ from tokenizers import Tokenizer
 
 from datalane.corpus import tokenizer_path
 from datalane.engine.chunks import MISSING
+from datalane.engine.documents.text import TextKind
+from datalane.engine.formats import FORMATS
 from datalane.engine.mapstage import BAD_RECORD_REASONS, MapResult, MapStage, Record
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec import ConfigError, MismatchError
 from datalane.spec.recipe import Filters, TokenizerSpec
 
-JSONL = [True, False]  # file 0 holds JSON lines, file 1 raw values (Parquet)
+JSONL = [FORMATS["jsonl"], FORMATS["parquet"]]  # file 0 holds JSON lines, file 1 Parquet values
+
+
+def text_stage(field: str, filters: Filters, handle: TokenizerHandle) -> MapStage:
+    return MapStage(field, filters, TextKind(handle, field))
 EOS = 1  # the id of <|eos|> in the bundled tokenizer (checked below)
 
 
@@ -79,7 +85,7 @@ def test_bad_jsonl_records_get_their_reason_and_detail(handle: TokenizerHandle) 
         (0, 90, line("")),
         (0, 99, line("the end")),
     ]
-    result = MapStage("text", Filters(), handle).run(records, JSONL)
+    result = text_stage("text", Filters(), handle).run(records, JSONL)
     check_layout(result, len(records))
     assert result.status == [None, "malformed_json", "malformed_json", "malformed_json",
                              "non_utf8", "missing_field", "missing_field", "not_text",
@@ -110,7 +116,7 @@ def test_bad_raw_values_get_their_reason_and_detail(handle: TokenizerHandle) -> 
         (1, 5, 3.5),
         (1, 6, ""),
     ]
-    result = MapStage("body", Filters(), handle).run(records, JSONL)
+    result = text_stage("body", Filters(), handle).run(records, JSONL)
     check_layout(result, len(records))
     assert result.status == [None, "missing_field", "missing_field", "non_utf8", None,
                              "not_text", "empty_text"]
@@ -121,16 +127,16 @@ def test_bad_raw_values_get_their_reason_and_detail(handle: TokenizerHandle) -> 
 
 def test_text_field_selects_the_key(handle: TokenizerHandle, raw_tokenizer: Tokenizer) -> None:
     rec = (0, 0, b'{"text": "not me", "content": "me"}')
-    result = MapStage("content", Filters(), handle).run([rec], JSONL)
+    result = text_stage("content", Filters(), handle).run([rec], JSONL)
     assert docs(result) == [ids(raw_tokenizer, "me") + [EOS]]
 
 
 def test_char_filters_are_inclusive_bounds(handle: TokenizerHandle) -> None:
     texts = ["abc", "abcd", "abcdefgh", "abcdefghi", "ééé"]  # characters, not bytes
     records: list[Record] = [(1, i, t) for i, t in enumerate(texts)]
-    result = MapStage("text", Filters(min_chars=4, max_chars=8), handle).run(records, JSONL)
+    result = text_stage("text", Filters(min_chars=4, max_chars=8), handle).run(records, JSONL)
     assert result.status == ["min_chars", None, None, "max_chars", "min_chars"]
-    result = MapStage("text", Filters(min_chars=3, max_chars=3), handle).run(records, JSONL)
+    result = text_stage("text", Filters(min_chars=3, max_chars=3), handle).run(records, JSONL)
     assert result.status == [None, "max_chars", "max_chars", "max_chars", None]
 
 
@@ -140,13 +146,13 @@ def test_token_filters_count_tokens_without_bos_and_eos(
     lengths = [len(ids(raw_tokenizer, t)) for t in texts]
     assert lengths[0] < lengths[1] < lengths[2]
     records: list[Record] = [(0, i, line(t)) for i, t in enumerate(texts)]
-    stage = MapStage("text", Filters(min_tokens=lengths[1], max_tokens=lengths[1]), handle)
+    stage = text_stage("text", Filters(min_tokens=lengths[1], max_tokens=lengths[1]), handle)
     result = stage.run(records, JSONL)
     check_layout(result, 3)
     assert result.status == ["min_tokens", None, "max_tokens"]
     assert docs(result) == [None, ids(raw_tokenizer, texts[1]) + [EOS], None]
     # one token less on either side lets the neighbours through
-    stage = MapStage("text", Filters(min_tokens=lengths[0], max_tokens=lengths[2]), handle)
+    stage = text_stage("text", Filters(min_tokens=lengths[0], max_tokens=lengths[2]), handle)
     assert stage.run(records, JSONL).status == [None, None, None]
 
 
@@ -161,7 +167,7 @@ def test_predicate_by_import_path(handle: TokenizerHandle, raw_tokenizer: Tokeni
                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module = _predicate_module(tmp_path, monkeypatch,
                                "def keep(text):\n    return 'keep' in text\n")
-    stage = MapStage("text", Filters(predicate=f"{module}:keep"), handle)
+    stage = text_stage("text", Filters(predicate=f"{module}:keep"), handle)
     texts = ["please keep me", "drop me", "keep", "KEEP"]
     result = stage.run([(0, i, line(t)) for i, t in enumerate(texts)], JSONL)
     assert result.status == [None, "predicate", None, "predicate"]
@@ -174,7 +180,7 @@ def test_predicate_sees_only_texts_that_passed_the_char_filters(
     module = _predicate_module(tmp_path, monkeypatch,
                                "seen = []\n"
                                "def keep(text):\n    seen.append(text)\n    return True\n")
-    stage = MapStage("text", Filters(min_chars=3, predicate=f"{module}:keep"), handle)
+    stage = text_stage("text", Filters(min_chars=3, predicate=f"{module}:keep"), handle)
     stage.run([(0, 0, line("ab")), (0, 1, b"{bad"), (0, 2, line("abc"))], JSONL)
     assert sys.modules[module].seen == ["abc"]
 
@@ -193,7 +199,7 @@ def test_bad_predicate_path_is_named_in_the_error(
         body: str, path: str, message: str) -> None:
     module = _predicate_module(tmp_path, monkeypatch, body)
     with pytest.raises(ConfigError) as info:
-        MapStage("text", Filters(predicate=path.format(module=module)), handle)
+        text_stage("text", Filters(predicate=path.format(module=module)), handle)
     assert str(info.value) == message.format(module=module)
 
 
@@ -226,7 +232,7 @@ def test_kept_tokens_equal_a_direct_encode_plus_the_policy(
         records.append((0, i * 2, line(t)))
         records.append((1, i * 2 + 1, t))
     records.insert(3, (0, 999, b"not json"))  # a gap in the middle changes nothing
-    result = MapStage("text", Filters(), handle).run(records, JSONL)
+    result = text_stage("text", Filters(), handle).run(records, JSONL)
     check_layout(result, len(records))
     want: list[list[int] | None] = []
     for t in TEXTS:
@@ -240,7 +246,7 @@ def test_kept_tokens_equal_a_direct_encode_plus_the_policy(
 def test_batched_run_equals_one_record_at_a_time(handle: TokenizerHandle) -> None:
     records: list[Record] = [(0, i, line(t)) for i, t in enumerate(TEXTS * 5)]
     records += [(0, 100, b"{oops"), (1, 101, ""), (1, 102, "last")]
-    stage = MapStage("text", Filters(min_chars=2), handle)
+    stage = text_stage("text", Filters(min_chars=2), handle)
     batched = stage.run(records, JSONL)
     single = [stage.run([r], JSONL) for r in records]
     assert batched.status == [s.status[0] for s in single]
@@ -248,13 +254,13 @@ def test_batched_run_equals_one_record_at_a_time(handle: TokenizerHandle) -> Non
 
 
 def test_empty_slice(handle: TokenizerHandle) -> None:
-    result = MapStage("text", Filters(), handle).run([], JSONL)
+    result = text_stage("text", Filters(), handle).run([], JSONL)
     check_layout(result, 0)
     assert result.tokens.size == 0
 
 
 def test_all_records_filtered(handle: TokenizerHandle) -> None:
-    result = MapStage("text", Filters(min_tokens=10_000), handle).run(
+    result = text_stage("text", Filters(min_tokens=10_000), handle).run(
         [(1, 0, "short"), (1, 1, "also short")], JSONL)
     check_layout(result, 2)
     assert result.status == ["min_tokens", "min_tokens"]

@@ -1,0 +1,66 @@
+"""The document-kind seam: what a source's field value becomes on its way to tokens.
+
+A :class:`DocumentKind` turns the value a format decoded from one record (plain text, a list
+of chat messages, ...) into a :class:`Rendered` document (the text filters and predicates
+see) and then, a batch at a time on worker threads, into token columns: ``input_ids`` and
+the kind's own columns (chat: ``loss_mask``). Kinds are listed in
+:mod:`datalane.engine.documents`; a recipe's sample schema is the text columns plus every
+column of the kinds its sources use. A :class:`Doc` is one kept document on its way to the
+packer, with the reference its format defines, so a packer's carry-over can name it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from datalane.spec.schema import Column
+
+__all__ = ["Doc", "DocumentKind", "Rendered", "Tokenized"]
+
+Tokenized = tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]
+"""``(flat columns, offsets (n+1,), raw lengths (n,))``: document ``i`` is
+``columns[name][offsets[i]:offsets[i+1]]``; its raw length (what token filters see) leaves
+out the special tokens the kind added around it."""
+
+
+class Rendered(NamedTuple):
+    """A document ready to tokenize."""
+
+    text: str  # what character filters and predicates see
+    spans: tuple[tuple[int, int], ...] | None = None  # kind-specific (chat: trained spans)
+
+
+class DocumentKind(Protocol):
+    """Renders field values and tokenizes rendered documents; thread-safe, stateless."""
+
+    columns: tuple[Column, ...]  # columns beyond input_ids/positions that the kind fills
+    bad_reasons: frozenset[str]  # reasons of render() that are bad records (policy applies)
+
+    def identity(self) -> dict[str, Any]:
+        """What the fingerprint must cover beyond the recipe (a template's hash); {} if none."""
+        ...
+
+    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+        """``(rendered, None, None)``, or ``(None, reason, detail)`` when there is none."""
+        ...
+
+    def tokenize(self, docs: list[Rendered]) -> Tokenized:
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Doc:
+    """A kept document: its source, the reference its format defines, and its columns."""
+
+    source: int
+    ref: tuple[int, ...]  # JSONL and Parquet: (file index, byte offset or row)
+    columns: tuple[np.ndarray, ...]  # schema.document_columns() order; input_ids first
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def slice(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
+        return tuple(c[start:stop] for c in self.columns)

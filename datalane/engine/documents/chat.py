@@ -1,0 +1,230 @@
+"""Chat documents: a conversation rendered with its chat template, tokenized, loss-masked.
+
+The field value is a list of ``{role, content}`` messages (roles ``system``, ``user``,
+``assistant``, ``tool``; content a string, possibly empty; other keys are passed to the
+template as they are). :class:`ChatKind` renders it with the chat template exactly as
+``transformers``' ``apply_chat_template`` does (:mod:`.chat_template`), tokenizes the text
+with ``add_special_tokens`` off - the template writes BOS, EOS and the turn markers itself,
+so the recipe's ``tokenizer.add_bos`` / ``add_eos`` do not apply to chat documents - and
+fills the ``loss_mask`` column.
+
+**Trained spans.** Assistant turn ``i`` trains on the characters that
+``render(messages[:i+1])`` adds after ``render(messages[:i], add_generation_prompt=True)``:
+the turn's content and its end-of-turn marker, not its header. This needs the template to be
+*prefix-consistent* (each shorter render is a prefix of the longer ones); a conversation for
+which it is not (a template that rewrites earlier turns, or prints a default system prompt
+only once a message exists) is a bad record with reason ``chat_template``. A token is trained
+iff its first character lies in a trained span (the tokenizer's character offsets, taken
+before any post-processor trims them). ``train_on``: ``assistant`` every assistant turn,
+``last_assistant`` the last one, ``all`` every token.
+
+**Bad records** (the recipe's ``bad_records`` policy applies; each detail names the problem):
+``not_messages`` (not a non-empty list of mappings with ``role`` and ``content``),
+``bad_role``, ``not_text`` (content that is not a string), ``no_assistant`` (nothing to
+train on under ``assistant`` / ``last_assistant``), ``chat_template`` (the template raised,
+through ``raise_exception`` or otherwise, or is not prefix-consistent for the conversation).
+
+A conversation longer than a sequence is not this kind's concern: the packers split long
+documents (``wrap`` continues it in the next sequence, ``bestfit`` cuts it into full
+sequences and a tail) and the mask travels with the tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from datalane.engine.documents.base import Rendered, Tokenized
+from datalane.engine.documents.chat_template import (
+    ChatTemplate,
+    find_template,
+    plain_message,
+)
+from datalane.engine.formats.base import MISSING
+from datalane.engine.tokenize import TokenizerHandle
+from datalane.spec.chat import ChatSpec
+from datalane.spec.schema import Column
+
+__all__ = ["LOSS_MASK", "ROLES", "ChatKind"]
+
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+#: The column chat adds: 1 where the trainer learns the token. Documents of other kinds in the
+#: same recipe get the default 1 (trained on every token); padding gets 0.
+LOSS_MASK = Column("loss_mask", "uint8", pad=0, default=1)
+
+
+class ChatKind:
+    """Renders conversations with a chat template; thread-safe, stateless after construction."""
+
+    columns: tuple[Column, ...] = (LOSS_MASK,)
+    bad_reasons = frozenset({"not_messages", "bad_role", "not_text", "no_assistant",
+                             "chat_template"})
+
+    def __init__(self, spec: ChatSpec, tokenizer: TokenizerHandle, where: str = "chat") -> None:
+        self.spec = spec
+        self.where = where
+        self.field = spec.messages_field
+        self.template = ChatTemplate(find_template(spec, tokenizer.spec, where), spec.today)
+        tok = tokenizer.tokenizer
+        if spec.train_on != "all" and tok.post_processor is not None:
+            # Offsets only: a post-processor adds nothing with add_special_tokens off, but
+            # ByteLevel / RoBERTa ones trim whitespace off the offsets (a token " Hi" would
+            # seem to start at "H"), which would move the first character of a token.
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_str(tok.to_str())
+            tok.post_processor = None
+        self._tokenizer = tok
+
+    def identity(self) -> dict[str, Any]:
+        """The template's content (the recipe names only its file) and what it is given."""
+        return {"kind": "chat", "template_sha256": self.template.sha256,
+                "special_tokens": dict(sorted(self.template.source.special_tokens.items())),
+                "train_on": self.spec.train_on, "template_date": self.spec.template_date}
+
+    # -- render ------------------------------------------------------------------------------
+
+    def _messages(self, value: Any) -> tuple[list[dict[str, Any]] | None, str, str]:
+        """The messages as the template sees them, or ``(None, reason, detail)``."""
+        field = self.field
+        if value is MISSING or value is None:
+            return None, "not_messages", f"no value in field {field!r}"
+        if not isinstance(value, (list, tuple)):
+            return None, "not_messages", (f"field {field!r} holds {type(value).__name__}, not "
+                                          f"a list of messages")
+        if not value:
+            return None, "not_messages", f"field {field!r} is an empty conversation"
+        out: list[dict[str, Any]] = []
+        for i, m in enumerate(value):
+            if not isinstance(m, Mapping):
+                return None, "not_messages", (f"{field}[{i}] is {type(m).__name__}, not a "
+                                              f"mapping with role and content")
+            for key in ("role", "content"):
+                if key not in m:
+                    return None, "not_messages", f"{field}[{i}] has no {key!r}"
+            role = m["role"]
+            if not isinstance(role, str) or role not in ROLES:
+                return None, "bad_role", (f"{field}[{i}].role is {role!r:.40}; roles are "
+                                          f"{', '.join(sorted(ROLES))}")
+            content = m["content"]
+            if not isinstance(content, str):
+                what = "null" if content is None else type(content).__name__
+                return None, "not_text", f"{field}[{i}].content is {what}, not a string"
+            out.append(plain_message(m))
+        return out, "", ""
+
+    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+        msgs, reason, detail = self._messages(value)
+        if msgs is None:
+            return None, reason, detail
+        turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        if self.spec.train_on == "all":
+            turns = []
+        elif not turns:
+            return None, "no_assistant", (f"{self.field} has no assistant turn to train on "
+                                          f"(chat.train_on {self.spec.train_on!r})")
+        elif self.spec.train_on == "last_assistant":
+            turns = turns[-1:]
+        n = len(msgs)
+        step = f"messages[:{n}]"
+        try:
+            full = self.template.render(msgs, False)
+            spans: list[tuple[int, int]] = []
+            for i in turns:
+                step = f"messages[:{i}] with add_generation_prompt"
+                head = self.template.render(msgs[:i], True)
+                step = f"messages[:{i + 1}]"
+                turn = full if i + 1 == n else self.template.render(msgs[:i + 1], False)
+                if not full.startswith(turn):
+                    return None, "chat_template", (
+                        f"the template is not prefix-consistent: the render of "
+                        f"messages[:{i + 1}] is not a prefix of the whole conversation's, so "
+                        f"assistant turn {i} has no place in it")
+                if not turn.startswith(head):
+                    return None, "chat_template", (
+                        f"the template is not prefix-consistent: the render of "
+                        f"messages[:{i}] with add_generation_prompt is not a prefix of "
+                        f"messages[:{i + 1}]'s, so assistant turn {i} has no start")
+                if len(turn) > len(head):
+                    spans.append((len(head), len(turn)))
+        except Exception as e:  # the template's code, on this record's data
+            return None, "chat_template", (f"the chat template failed on {step}: "
+                                           f"{type(e).__name__}: {e}"[:500])
+        if self.spec.train_on == "all":
+            spans = [(0, len(full))]
+        return Rendered(full, _merged(spans)), None, None
+
+    # -- tokenize ----------------------------------------------------------------------------
+
+    def tokenize(self, docs: list[Rendered]) -> Tokenized:
+        n = len(docs)
+        texts = [d.text for d in docs]
+        trained_everywhere = self.spec.train_on == "all"
+        if trained_everywhere:
+            encs = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        else:
+            encs = self._tokenizer.encode_batch(texts, add_special_tokens=False)
+        lens = np.fromiter((len(e) for e in encs), dtype=np.int64, count=n)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        total = int(offsets[-1])
+        ids = np.fromiter(chain.from_iterable([e.ids for e in encs]), dtype=np.int32,
+                          count=total)
+        if trained_everywhere:
+            return {"input_ids": ids, "loss_mask": np.ones(total, dtype=np.uint8)}, offsets, lens
+        mask = np.zeros(total, dtype=np.uint8)
+        for k, d in enumerate(docs):
+            if d.spans:
+                lo, hi = int(offsets[k]), int(offsets[k + 1])
+                mask[lo:hi] = _trained(encs[k], d.spans, len(d.text))
+        return {"input_ids": ids, "loss_mask": mask}, offsets, lens
+
+
+def _first_from(enc: Any, c: int, size: int, chars: int) -> int | None:
+    """Index of the first token whose first character is at or after ``c``; None when the
+    tokenizer left character ``c`` out of every token (a normalizer removed it)."""
+    if c >= chars:
+        return size
+    t = enc.char_to_token(c)
+    if t is None:
+        return None
+    # the first token holding c may start before it (a token across the boundary)
+    while t < size and enc.token_to_chars(t)[0] < c:
+        t += 1
+    return int(t)
+
+
+def _trained(enc: Any, spans: tuple[tuple[int, int], ...], chars: int) -> np.ndarray:
+    """The mask of one document: 1 on tokens whose first character lies in a span."""
+    size = len(enc)
+    mask = np.zeros(size, dtype=np.uint8)
+    for start, stop in spans:
+        a = _first_from(enc, start, size, chars)
+        b = _first_from(enc, stop, size, chars)
+        if a is None or b is None:  # the general way: every token's first character
+            starts = np.fromiter((o[0] for o in enc.offsets), dtype=np.int64, count=size)
+            return _in_spans(starts, spans)
+        mask[a:b] = 1
+    return mask
+
+
+def _merged(spans: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Spans sorted and overlapping ones joined (successive turns of an odd template may
+    touch or overlap; the mask is their union)."""
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return tuple(out)
+
+
+def _in_spans(starts: np.ndarray, spans: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """1 where ``starts[t]`` lies in one of the half-open ``spans`` (sorted, disjoint)."""
+    bounds = np.fromiter(chain.from_iterable(spans), dtype=np.int64, count=2 * len(spans))
+    # an odd count of bounds at or before a start: inside [s, e) of some span
+    return (np.searchsorted(bounds, starts, side="right") & 1).astype(np.uint8)

@@ -1,0 +1,45 @@
+"""Plain text documents: the field holds a string (or UTF-8 bytes), tokenized as is.
+
+BOS and EOS are added by the recipe's ``tokenizer.add_bos`` / ``add_eos`` (see
+:mod:`datalane.engine.tokenize`); a text document has no columns of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datalane.engine.documents.base import Rendered, Tokenized
+from datalane.engine.tokenize import TokenizerHandle
+from datalane.spec.schema import Column
+
+__all__ = ["TextKind"]
+
+
+class TextKind:
+    """The field value is the document's text."""
+
+    columns: tuple[Column, ...] = ()
+    bad_reasons = frozenset({"non_utf8", "not_text", "empty_text"})
+
+    def __init__(self, tokenizer: TokenizerHandle, field: str = "text") -> None:
+        self.tokenizer = tokenizer
+        self.field = field
+
+    def identity(self) -> dict[str, Any]:
+        return {}
+
+    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return None, "non_utf8", f"invalid UTF-8 at byte {e.start} of the value"
+        if not isinstance(value, str):
+            return None, "not_text", f"field {self.field!r} holds {type(value).__name__}"
+        if not value:
+            return None, "empty_text", f"field {self.field!r} is empty"
+        return Rendered(value), None, None
+
+    def tokenize(self, docs: list[Rendered]) -> Tokenized:
+        flat, offsets, lengths = self.tokenizer.encode([d.text for d in docs])
+        return {"input_ids": flat}, offsets, lengths

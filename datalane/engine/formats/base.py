@@ -1,0 +1,78 @@
+"""The source-format seam: how a kind of file is cut into chunks and read as records.
+
+A :class:`Format` cuts one file into :class:`Chunk` s (the unit dealt
+to lanes), opens a :class:`FormatReader` over a source's files that yields each record of a
+chunk with its *position* (the format's own record address: a byte offset, a row, a document
+index), and decodes a raw record into the value of the source's field on worker threads. A
+document's reference is ``(file index, position)``: enough to read it again alone
+(:meth:`FormatReader.read_one`), which is how a packer's carry-over is restored.
+
+Formats are listed in :mod:`datalane.engine.formats` by the names
+:mod:`datalane.spec.formats` infers from file extensions; adding one is a file of its own and
+one line in each of those two tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from datalane.engine.files import SourceFile
+
+__all__ = ["MISSING", "Chunk", "Decoded", "Format", "FormatReader"]
+
+MISSING = object()  # a record without the source's field (a Parquet file without the column)
+
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of one file, in the format's own units: byte range ``[start, stop)`` (JSONL;
+    stop -1 is "to the end") or row range ``[start, stop)`` (Parquet)."""
+
+    file: int
+    start: int
+    stop: int
+
+
+Decoded = tuple[Any, str | None, str | None]
+"""``(value, None, None)``, or ``(None, reason, detail)`` for a record that has no value."""
+
+
+class FormatReader(Protocol):
+    """Reads raw records of one source's files of this format; one per lane and source."""
+
+    def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
+        """``(position, raw)`` of each record of ``chunk``, from position ``start`` if given."""
+        ...
+
+    def read_one(self, file: int, pos: int) -> Any:
+        """The raw record at ``pos`` of file ``file``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Format(Protocol):
+    """One file format."""
+
+    name: str
+    unit: str  # what a position counts ("byte", "row"), for error messages
+    bad_reasons: frozenset[str]  # reasons decode() returns that are bad records
+
+    def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
+            chunk_rows: int | None) -> list[Chunk]:
+        """The chunks of file number ``index``, in file order."""
+        ...
+
+    def reader(self, files: list[SourceFile], field: str) -> FormatReader: ...
+
+    def decode(self, raw: Any, field: str) -> Decoded:
+        """The field's value in one raw record (thread-safe)."""
+        ...
+
+    def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
+        """What to change when a source has fewer chunks than lanes."""
+        ...

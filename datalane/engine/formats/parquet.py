@@ -1,0 +1,126 @@
+"""Parquet: chunks are row groups (or row ranges of ``chunk_rows`` inside them); a record's
+position is its row index in the file, and its value the Python value of the field's column.
+
+Only the field's column is read, one row group at a time; a reader keeps two files open.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from datalane.engine.files import SourceFile, open_file
+from datalane.engine.formats.base import MISSING, Chunk, Decoded
+from datalane.spec.errors import StorageError
+
+__all__ = ["PARQUET"]
+
+
+def _row_groups(sf: SourceFile) -> list[int]:
+    import pyarrow.parquet as pq
+
+    with open_file(sf.uri) as f:
+        try:
+            meta = pq.ParquetFile(f).metadata
+        except Exception as e:  # pyarrow raises ArrowInvalid and OSError subclasses
+            raise StorageError(f"{sf.uri} is not a readable Parquet file: {e}") from e
+        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+class ParquetReader:
+    """Records of one source's Parquet files; keeps one decoded row group."""
+
+    def __init__(self, files: list[SourceFile], field: str) -> None:
+        self._files = files
+        self._field = field
+        self._open: OrderedDict[int, Any] = OrderedDict()
+        self._group: tuple[int, int, list[Any]] | None = None  # (file, first row, values)
+
+    def _file(self, index: int) -> Any:
+        import pyarrow.parquet as pq
+
+        pf = self._open.get(index)
+        if pf is None:
+            pf = pq.ParquetFile(open_file(self._files[index].uri))
+            self._open[index] = pf
+            while len(self._open) > 2:
+                self._open.popitem(last=False)
+        else:
+            self._open.move_to_end(index)
+        return pf
+
+    def _row_group_of(self, index: int, row: int) -> tuple[int, list[Any]]:
+        if self._group and self._group[0] == index and \
+                self._group[1] <= row < self._group[1] + len(self._group[2]):
+            return self._group[1], self._group[2]
+        pf = self._file(index)
+        meta = pf.metadata
+        first = 0
+        for g in range(meta.num_row_groups):
+            rows = meta.row_group(g).num_rows
+            if row < first + rows:
+                break
+            first += rows
+        else:
+            raise StorageError(f"{self._files[index].uri} has no row {row}")
+        try:
+            if self._field in pf.schema_arrow.names:
+                values = pf.read_row_group(g, columns=[self._field]).column(0).to_pylist()
+            else:
+                values = [MISSING] * rows
+        except OSError as e:
+            raise StorageError(f"cannot read row group {g} of {self._files[index].uri}: {e}",
+                               transient=True) from e
+        self._group = (index, first, values)
+        return first, values
+
+    def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
+        row = chunk.start if start is None else start
+        while row < chunk.stop:
+            first, values = self._row_group_of(chunk.file, row)
+            end = min(chunk.stop, first + len(values))
+            for r in range(row, end):
+                yield r, values[r - first]
+            row = end
+
+    def read_one(self, file: int, pos: int) -> Any:
+        first, values = self._row_group_of(file, pos)
+        return values[pos - first]
+
+    def close(self) -> None:
+        self._open.clear()
+        self._group = None
+
+
+class Parquet:
+    name = "parquet"
+    unit = "row"
+    bad_reasons = frozenset({"missing_field"})
+
+    def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
+            chunk_rows: int | None) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        row = 0
+        for rows in _row_groups(sf):
+            if rows == 0:  # an empty row group (an empty table is written as one)
+                continue
+            step = chunk_rows or rows
+            chunks.extend(Chunk(index, s, min(s + step, row + rows))
+                          for s in range(row, row + rows, step))
+            row += rows
+        return chunks
+
+    def reader(self, files: list[SourceFile], field: str) -> ParquetReader:
+        return ParquetReader(files, field)
+
+    def decode(self, raw: Any, field: str) -> Decoded:
+        if raw is MISSING or raw is None:
+            return None, "missing_field", f"no value in field {field!r}"
+        return raw, None, None
+
+    def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
+        return f"set a smaller {where}.chunk_rows, add files"
+
+
+PARQUET = Parquet()

@@ -1,0 +1,128 @@
+"""The packer seam: documents become sequences of ``size`` tokens (DESIGN section 3.4).
+
+A packer pulls documents (:class:`~datalane.engine.documents.base.Doc`) from the mixture and
+emits one sequence per call as the recipe's columns: document columns (``input_ids``, a chat
+``loss_mask``) copied from the pieces it placed, ``positions`` counting 0.. within each piece
+(a document continued from an earlier sequence starts again at 0), pad values (positions -1)
+after the last piece. Its carry-over between sequences is a set of :class:`Piece` s, token
+ranges of documents named by reference, never tokens; :meth:`Packer.state` returns it as JSON
+nested under the packer's name in the lane state, and a packer built with that state re-reads
+the pieces (``fetch``) and continues exactly. Packers are listed in
+:mod:`datalane.engine.packers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from datalane.engine.documents.base import Doc
+from datalane.spec.errors import MismatchError
+from datalane.spec.recipe import Packing
+from datalane.spec.schema import SampleSchema
+from datalane.spec.state import Counters, PackerState, Piece
+
+__all__ = ["Held", "PackContext", "Packer", "assemble", "decode_pieces", "take"]
+
+Held = tuple[Piece, tuple[np.ndarray, ...]]  # a piece and its document columns
+
+
+@dataclass
+class PackContext:
+    """What a packer works with; the same for every packer."""
+
+    next_doc: Callable[[], Doc | None]  # the mixture
+    fetch: Callable[[int, tuple[int, ...]], Doc]  # re-read (source, ref) on restore
+    size: int  # tokens per sequence (seq_len + 1)
+    schema: SampleSchema
+    counters: Counters
+    options: Packing
+    where: str = "lane state"  # prefix of restore errors
+    _cache: dict[tuple[int, tuple[int, ...]], Doc] = field(default_factory=dict, repr=False)
+
+    def held(self, piece: Piece) -> Held:
+        """A carried piece with its columns, re-read by reference (each document once)."""
+        key = (piece.source, piece.ref)
+        doc = self._cache.get(key)
+        if doc is None:
+            doc = self._cache[key] = self.fetch(piece.source, piece.ref)
+        if piece.stop > len(doc):
+            raise MismatchError(f"{self.where}: carried piece {piece.encode()} ends after its "
+                                f"document's {len(doc)} tokens")
+        return piece, doc.slice(piece.start, piece.stop)
+
+    def done_restoring(self) -> None:
+        self._cache.clear()
+
+
+class Packer(Protocol):
+    """One packing algorithm."""
+
+    name: ClassVar[str]
+
+    def __init__(self, ctx: PackContext, state: PackerState | None = None) -> None: ...
+
+    def next_sequence(self) -> dict[str, np.ndarray] | None:
+        """The next sequence's columns, or None when no document is left and none is held."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """The carry-over as JSON (call between sequences)."""
+        ...
+
+
+def take(ctx: PackContext) -> Held | None:
+    """The mixture's next document as one whole piece (counted as kept), or None."""
+    doc = ctx.next_doc()
+    if doc is None:
+        return None
+    ctx.counters.kept += 1
+    return Piece(doc.source, doc.ref, 0, len(doc)), doc.columns
+
+
+_ARANGE = np.arange(1 << 20, dtype=np.int32)  # positions 0.. of a piece (seq_len <= 2^20)
+
+
+def assemble(pieces: list[Held], ctx: PackContext) -> dict[str, np.ndarray]:
+    """One sequence from ``pieces`` in order, padded to ``ctx.size``; counts tokens."""
+    size = ctx.size
+    out: dict[str, np.ndarray] = {}
+    at = 0
+    doc_index = 0
+    for c in ctx.schema:
+        a = np.full(size, c.pad, dtype=c.np_dtype)
+        at = 0
+        if c.fill == "position":
+            for _, cols in pieces:
+                n = len(cols[0])
+                a[at:at + n] = _ARANGE[:n]
+                at += n
+        else:
+            for _, cols in pieces:
+                n = len(cols[0])
+                a[at:at + n] = cols[doc_index]
+                at += n
+            doc_index += 1
+        out[c.name] = a
+    ctx.counters.tokens += at
+    ctx.counters.padding += size - at
+    return out
+
+
+def check_packer(state: PackerState | None, name: str, where: str) -> Mapping[str, Any] | None:
+    """The state's JSON if it is ``name``'s (None: fresh); MismatchError for another packer's."""
+    if state is None:
+        return None
+    if state.name is not None and state.name != name:
+        raise MismatchError(f"{where} was packed by {state.name!r}; the recipe packs with "
+                            f"{name!r}")
+    return state.data
+
+
+def decode_pieces(data: Any, where: str) -> list[Piece]:
+    if not isinstance(data, list):
+        raise MismatchError(f"{where} must be a list of pieces, got {type(data).__name__}")
+    return [Piece.decode(p, f"{where}[{i}]") for i, p in enumerate(data)]

@@ -1,0 +1,175 @@
+"""The sample schema: the named, typed columns every sequence of a recipe carries.
+
+A text recipe's samples are ``input_ids`` (int32, padded with the tokenizer's pad id) and
+``positions`` (int32: the position of each token in its document, restarting at 0 at every
+document and every sequence; -1 on padding). Document kinds that know more about their tokens
+add columns; chat adds ``loss_mask`` (uint8: 1 where the trainer learns the token). The schema
+is declared once, by the recipe (:func:`datalane.spec.recipe.Recipe.schema` names the column
+set; the plan fills in the pad id), and everything downstream - packers, windows, the loader,
+the wire and its shared-memory slots, the client, the torch adapter - carries the columns
+generically, in schema order. The canonical hash covers them in that order, so a text
+recipe's hashes are those of the two-column format.
+
+A column is *per token* (shape ``(rows, seq_len + 1)``) or per sequence (shape ``(rows,)``).
+Its ``fill`` says where a packer takes its values: ``document`` columns are copied from the
+document's own tokens (a document of a kind that lacks the column gets ``default``),
+``position`` columns count tokens within each document piece.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from datalane.spec.errors import MismatchError
+
+__all__ = ["DTYPES", "Column", "SampleSchema", "SlotField", "text_schema"]
+
+#: Column types, by name, as little-endian numpy dtypes (the wire and the hash use these bytes).
+DTYPES: dict[str, np.dtype[Any]] = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8"),
+                                    "uint8": np.dtype("|u1")}
+_ALIGN = 8  # every column of a shared-memory slot starts on an 8-byte boundary
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a sample."""
+
+    name: str
+    dtype: str  # a key of DTYPES
+    pad: int  # value on padding tokens (and on rows of a lane that ended)
+    fill: Literal["document", "position"] = "document"
+    default: int = 0  # value of a document column for documents that do not provide it
+    per_token: bool = True
+
+    @property
+    def np_dtype(self) -> np.dtype[Any]:
+        return DTYPES[self.dtype]
+
+    def shape(self, rows: int, seq_tokens: int) -> tuple[int, ...]:
+        return (rows, seq_tokens) if self.per_token else (rows,)
+
+    def nbytes(self, rows: int, seq_tokens: int) -> int:
+        return int(np.prod(self.shape(rows, seq_tokens))) * self.np_dtype.itemsize
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "pad": self.pad, "fill": self.fill,
+                "default": self.default, "per_token": self.per_token}
+
+
+@dataclass(frozen=True)
+class SlotField:
+    """Where one column of a microbatch lies in a shared-memory slot (or an inline buffer)."""
+
+    column: Column
+    offset: int  # bytes from the slot's start
+    nbytes: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SampleSchema:
+    """The columns of a recipe's samples, in canonical (hash and wire) order."""
+
+    columns: tuple[Column, ...]
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.columns]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a sample schema names a column twice: {names}")
+        for c in self.columns:
+            if c.dtype not in DTYPES:
+                raise ValueError(f"column {c.name!r} has the unknown dtype {c.dtype!r}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def __iter__(self) -> Iterator[Column]:
+        return iter(self.columns)
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def document_columns(self) -> tuple[Column, ...]:
+        """The columns a packer copies from documents (``input_ids`` first)."""
+        return tuple(c for c in self.columns if c.fill == "document")
+
+    def empty(self, rows: int, seq_tokens: int) -> dict[str, np.ndarray]:
+        """Arrays of ``rows`` sequences, every value its column's pad."""
+        return {c.name: np.full(c.shape(rows, seq_tokens), c.pad, dtype=c.np_dtype)
+                for c in self.columns}
+
+    def layout(self, rows: int, seq_tokens: int) -> list[SlotField]:
+        """Byte layout of ``rows`` sequences: the columns back to back, each 8-byte aligned."""
+        out: list[SlotField] = []
+        at = 0
+        for c in self.columns:
+            n = c.nbytes(rows, seq_tokens)
+            out.append(SlotField(c, at, n, c.shape(rows, seq_tokens)))
+            at += -(-n // _ALIGN) * _ALIGN
+        return out
+
+    def slot_bytes(self, rows: int, seq_tokens: int) -> int:
+        """Bytes of ``rows`` sequences in the :meth:`layout`."""
+        last = self.layout(rows, seq_tokens)[-1]
+        return -(-(last.offset + last.nbytes) // _ALIGN) * _ALIGN
+
+    def check(self, columns: Mapping[str, np.ndarray], rows: int, seq_tokens: int,
+              where: str) -> None:
+        """Refuse arrays that do not match the schema (names, dtypes, shapes)."""
+        if tuple(columns) != self.names:
+            raise MismatchError(f"{where} has the columns {list(columns)}; the schema has "
+                                f"{list(self.names)}")
+        for c in self.columns:
+            a = columns[c.name]
+            if a.dtype != c.np_dtype or a.shape != c.shape(rows, seq_tokens):
+                raise MismatchError(f"{where}: column {c.name!r} is {a.dtype}{list(a.shape)}; "
+                                    f"the schema has {c.dtype}{list(c.shape(rows, seq_tokens))}")
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [c.to_json() for c in self.columns]
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "sample schema") -> SampleSchema:
+        """Parse a schema announced by a sidecar; MismatchError naming ``where`` if malformed."""
+        if not isinstance(data, list) or not data:
+            raise MismatchError(f"{where} must be a non-empty list of columns, got {data!r:.80}")
+        cols = []
+        for i, item in enumerate(data):
+            if not isinstance(item, dict) or set(item) != {"name", "dtype", "pad", "fill",
+                                                           "default", "per_token"}:
+                raise MismatchError(f"{where}[{i}] is not a column: {item!r:.80}")
+            if item["dtype"] not in DTYPES or item["fill"] not in ("document", "position"):
+                raise MismatchError(f"{where}[{i}] has dtype {item['dtype']!r} and fill "
+                                    f"{item['fill']!r}; known: {sorted(DTYPES)}, document, "
+                                    f"position")
+            ints = (item["pad"], item["default"])
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints) or \
+                    not isinstance(item["per_token"], bool) or not isinstance(item["name"], str):
+                raise MismatchError(f"{where}[{i}] has a malformed field: {item!r:.80}")
+            cols.append(Column(item["name"], item["dtype"], item["pad"], item["fill"],
+                               item["default"], item["per_token"]))
+        try:
+            return cls(tuple(cols))
+        except ValueError as e:
+            raise MismatchError(f"{where}: {e}") from e
+
+
+def text_schema(pad_id: int, extra: Sequence[Column] = ()) -> SampleSchema:
+    """``input_ids`` and ``positions``, then the ``extra`` columns of the recipe's kinds."""
+    return SampleSchema((Column("input_ids", "int32", pad_id),
+                         Column("positions", "int32", -1, fill="position"), *extra))
