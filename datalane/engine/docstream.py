@@ -68,7 +68,7 @@ class DocStream:
         self._block_size = block_size
         self._policy = policy
         self._counters = counters
-        self._reader = RecordReader(source.files, source.spec.text_field)
+        self._reader = RecordReader(source.files, source.spec.field)
         self._formats = [FORMATS[f.format] for f in source.files]
         cur = cursor or SourceCursor(0, 0, 0, -1, 0)
         # reader side (ahead of the consumer)

@@ -94,7 +94,7 @@ class Plan:
     def map_stages(self) -> list[MapStage]:
         """One map stage per source (stateless: a loader's lanes share them)."""
         columns = self.schema.document_columns()
-        return [MapStage(sp.spec.text_field, sp.filters, sp.kind, columns)
+        return [MapStage(sp.spec.field, sp.filters, sp.kind, columns)
                 for sp in self.sources]
 
 

@@ -35,9 +35,15 @@ def doc(
     le: float | None = None,
     pattern: str | None = None,
     min_items: int | None = None,
+    omit_default: bool = False,
 ) -> Any:
-    """Declare a dataclass field with its documentation and bounds."""
-    meta = {"doc": text, "ge": ge, "gt": gt, "le": le, "pattern": pattern, "min_items": min_items}
+    """Declare a dataclass field with its documentation and bounds.
+
+    ``omit_default``: :func:`dump` leaves the field out while it holds its default, so a field
+    added in a later version keeps the canonical form (and the fingerprint) of every recipe
+    that does not use it."""
+    meta = {"doc": text, "ge": ge, "gt": gt, "le": le, "pattern": pattern, "min_items": min_items,
+            "omit_default": omit_default}
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -164,7 +170,8 @@ def _join(where: str, name: str) -> str:
 def dump(obj: Any) -> Any:
     """Canonical plain-data form of a model object: every field, defaults included."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: dump(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: dump(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)}
     if isinstance(obj, (list, tuple)):
         return [dump(v) for v in obj]
     return obj

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from datalane.spec import model
+from datalane.spec.chat import ChatSpec
 from datalane.spec.errors import ConfigError
 from datalane.spec.integrity import MAX_DEPTH, check_depth, parse_json, parse_text, read_bytes
 from datalane.spec.lanes import nearest_multiples
@@ -108,6 +109,15 @@ class Source:
         "Parquet chunk size in rows; null makes each row group one chunk.", default=None, ge=1)
     filters: Filters | None = doc(
         "Filters for this source, replacing the recipe-level `filters`.", default=None)
+    chat: ChatSpec | None = doc(
+        "Read the source as chat conversations (rendered with a chat template, with a loss "
+        "mask) instead of plain text; null: plain text in `text_field`.",
+        default=None, omit_default=True)
+
+    @property
+    def field(self) -> str:
+        """The field the records' documents are in."""
+        return self.chat.messages_field if self.chat is not None else self.text_field
 
 
 @dataclass(frozen=True)
@@ -272,6 +282,8 @@ def _resolve_relative(recipe: Recipe, base: str) -> Recipe:
             return uri
         return os.path.normpath(os.path.join(base, uri))
 
-    sources = [dataclasses.replace(s, uris=[fix(u) for u in s.uris]) for s in recipe.sources]
+    sources = [dataclasses.replace(s, uris=[fix(u) for u in s.uris],
+                                   chat=s.chat.resolved(fix) if s.chat is not None else None)
+               for s in recipe.sources]
     tok = dataclasses.replace(recipe.tokenizer, uri=fix(recipe.tokenizer.uri))
     return dataclasses.replace(recipe, sources=sources, tokenizer=tok)

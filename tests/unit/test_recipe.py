@@ -358,8 +358,8 @@ def test_schema_is_strict_and_describes_every_field() -> None:
     json.dumps(schema)  # plain JSON, ready for a CRD
     objects = dict(_objects(schema))
     assert set(objects) == {"recipe", "recipe.tokenizer", "recipe.sources[]",
-                            "recipe.sources[].filters", "recipe.filters", "recipe.packing",
-                            "recipe.shuffle"}
+                            "recipe.sources[].filters", "recipe.sources[].chat",
+                            "recipe.filters", "recipe.packing", "recipe.shuffle"}
     for path, obj in objects.items():
         assert obj["additionalProperties"] is False, path
         assert obj["description"].strip(), path
@@ -407,7 +407,7 @@ def test_schema_defaults_agree_with_the_loaded_defaults() -> None:
             if "default" in prop:
                 assert value[name] == prop["default"], f"{path}.{name}"
                 n += 1
-            if prop.get("type") == "object" and isinstance(value[name], dict):
+            if prop.get("type") == "object" and isinstance(value.get(name), dict):
                 n += check(prop, value[name], f"{path}.{name}")
         return n
 
@@ -415,6 +415,17 @@ def test_schema_defaults_agree_with_the_loaded_defaults() -> None:
     checked += check(schema["properties"]["sources"]["items"], canonical["sources"][0],
                      "sources[0]")
     assert checked >= 15
+
+
+def test_fields_added_later_stay_out_of_the_canonical_form_at_their_default() -> None:
+    """A plain-text source has no ``chat`` key in the canonical form, so the fingerprint of
+    every recipe written before chat existed is unchanged (their checkpoints still load)."""
+    text = load_recipe(minimal()).to_dict()
+    assert "chat" not in text["sources"][0]
+    data = minimal()
+    data["sources"][0]["chat"] = {"train_on": "all"}
+    chat = load_recipe(data).to_dict()["sources"][0]["chat"]
+    assert chat["train_on"] == "all" and chat["messages_field"] == "messages"
 
 
 # -- canonical form -------------------------------------------------------------------------------
