@@ -19,7 +19,6 @@ import pytest
 
 from datalane.corpus import ChatCorpus, make_chat_corpus
 from datalane.engine import Loader, Plan
-from datalane.engine.documents.base import Rendered
 from datalane.engine.formats import FORMATS
 from datalane.runner import run_world
 from datalane.spec.knobs import Knobs
@@ -173,4 +172,3 @@ def test_a_chat_source_of_a_recipe_changes_the_fingerprint_with_its_template(
         dataclasses.replace(recipe.sources[0], chat=other), recipe.sources[1]]))
     assert a.fingerprint != b.fingerprint
     assert a.fingerprint_doc["documents"]["sft"]["kind"] == "chat"
-    _ = Rendered  # the protocol type the kinds return
