@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """datalane on the benchmark recipe: throughput, resume point size, restore time, tokens lost.
 
-Recipe (issue 2): the web source of ``shared/bench/make_corpus.py``, ``wrap`` packing to
+Recipe (issue 2): the web source of ``bench/make_corpus.py``, ``wrap`` packing to
 2,049 tokens (seq_len 2,048), document block shuffle of 1,024, 2 lanes, global batch 8, read
 as microbatches of 4 on one rank (both lanes). Output: JSON lines on stdout.
 

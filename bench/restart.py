@@ -2,7 +2,7 @@
 """Sidecar restart to the trainer's next batch, early and late in the stream (issue 4).
 
 A real sidecar serves one trainer (``SidecarLoader``, shm transport) on the benchmark recipe
-of ``shared/bench/make_corpus.py`` with repeat-forever data; at a chosen step the sidecar is
+of ``bench/make_corpus.py`` with repeat-forever data; at a chosen step the sidecar is
 killed with SIGKILL and started again. Reported: seconds from launching the new sidecar
 process to the trainer holding its next microbatch (process start, planning, the client's
 reconnect, re-opening at the exact position with a bounded replay, the first batch), and

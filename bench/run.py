@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`make bench`: datalane against its peers on the issue-2 recipe, in one run.
 
-1. Makes the corpus of ``shared/bench/make_corpus.py`` (cached in ~/.cache/datalane).
+1. Makes the corpus of ``bench/make_corpus.py`` (cached in ~/.cache/datalane, keyed by the
+   generator's content).
 2. Interleaves ``--rounds`` rounds of: raw ``encode_batch_fast`` (the ceiling), datalane with
    1 and 2 workers, Zephon 0.2.0 with ``max_workers`` 2 and 4 (its best is kept). Each run is a
    fresh process; the medians are reported, with ratios computed from the same run.
@@ -14,6 +15,7 @@ touch the project's. Results are printed and written to ``bench/results/latest.j
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -25,16 +27,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SHARED = Path(os.environ.get("DATALANE_SHARED", ROOT.parent / "shared"))
 PEERS_PY = ROOT / ".venv-peers" / "bin" / "python"
 
 
 def _corpus(docs: int) -> Path:
-    out = Path.home() / ".cache" / "datalane" / f"bench-corpus-{docs}"
+    maker = HERE / "make_corpus.py"
+    key = hashlib.sha256(maker.read_bytes()).hexdigest()[:12]
+    out = Path.home() / ".cache" / "datalane" / f"bench-corpus-{docs}-{key}"
     if not (out / "MANIFEST.json").exists():
         print(f"making the benchmark corpus in {out} ...", file=sys.stderr)
-        subprocess.run([sys.executable, str(SHARED / "bench" / "make_corpus.py"), str(out),
-                        "--docs", str(docs)], check=True)
+        subprocess.run([sys.executable, str(maker), str(out), "--docs", str(docs)], check=True)
     return out
 
 
