@@ -210,9 +210,14 @@ def test_bad_parquet_value_skip_and_fail(tmp_path: Path, tok: str, values: list[
 
 def test_parquet_without_the_text_column(tmp_path: Path, tok: str) -> None:
     path = _parquet(tmp_path / "data.parquet", column="content")
-    tokens, counters = drain(recipe(tok, [path]))
-    assert counters.skipped == {"missing_field": 3}
-    assert tokens.size == 0
+    # issue 10: a source whose records lack the field fails at once, naming the fields there
+    # (under `skip` it used to give 0 tokens without a word)
+    with pytest.raises(DataError) as info:
+        drain(recipe(tok, [path]))
+    assert str(info.value) == (
+        f"source 's': none of the first 3 records of lane 0 holds a document "
+        f"(missing_field=3); the source reads the field 'text', but its records have the "
+        f"fields 'id', 'content' (in {path})")
     with pytest.raises(DataError) as info:
         drain(recipe(tok, [path], bad_records="fail"))
     assert str(info.value) == (f"source 's': no value in field 'text' in {path} at row 0 "
@@ -555,14 +560,15 @@ def test_repeated_source_whose_records_are_all_dropped_stops_with_an_error(tmp_p
     from datalane.corpus import tokenizer_path
 
     data = tmp_path / "bad.jsonl"
-    data.write_text("".join(f'{{"x": {i}}}\n' for i in range(40)))
+    data.write_text("".join(f'{{"text": "{i}"}}\n' for i in range(40)))  # all too short
     recipe = load_recipe({"lanes": 1, "global_batch_size": 1, "seq_len": 16,
                           "tokenizer": {"uri": tokenizer_path()},
+                          "filters": {"min_chars": 5},
                           "sources": [{"name": "s", "uris": [str(data)], "epochs": None}]})
     with Loader(recipe) as loader, pytest.raises(DataError) as info:
         loader.next_step()
     assert "source 's': lane 0 kept no document in 17 epochs in a row" in str(info.value)
-    assert "missing_field=" in str(info.value)
+    assert "min_chars=" in str(info.value)
 
 
 def test_a_predicate_that_raises_stops_the_stream_naming_the_record(tmp_path, monkeypatch,

@@ -57,7 +57,7 @@ def test_documented_lane_state_parses() -> None:
 
     from datalane.spec.state import LaneState
 
-    examples = [c for _, _, c in _blocks("json") if '"v": 1' in c]
+    examples = [c for _, _, c in _blocks("json") if '"v": 2' in c]
     assert examples
     for code in examples:
         LaneState.from_json(json.loads(code))

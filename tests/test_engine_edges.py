@@ -254,16 +254,17 @@ def test_repeated_source_with_a_strict_filter_keeps_running_and_resumes(tmp_path
 
 
 def test_repeated_source_with_nothing_keepable_still_stops(tmp_path: Path) -> None:
-    # as many lanes as chunks: half the files hold no record, half no text field
+    # as many lanes as chunks: half the files hold no record, half only texts the filter drops
     for k in range(16):
-        body = "".join(json.dumps({"x": i}) + "\n" for i in range(5)) if k % 2 else "\n"
+        body = "".join(json.dumps({"text": str(i)}) + "\n" for i in range(5)) if k % 2 else "\n"
         with gzip.open(tmp_path / f"p{k:02d}.jsonl.gz", "wt") as f:
             f.write(body)
-    recipe = load_recipe(_one_source(tmp_path, [str(tmp_path / "*.jsonl.gz")], 16))
+    recipe = load_recipe({**_one_source(tmp_path, [str(tmp_path / "*.jsonl.gz")], 16),
+                          "filters": {"min_chars": 5}})
     with Loader(recipe, 0, 16) as loader, pytest.raises(DataError) as info:
         loader.next_step()
     assert "source 's': lane 0 kept no document in " in str(info.value)
-    assert "every record is bad or filtered (skipped so far: missing_field=" in str(info.value)
+    assert "every record is bad or filtered (skipped so far: min_chars=" in str(info.value)
 
 
 # -- documents without tokens, files named twice, chunk counts --------------------------------

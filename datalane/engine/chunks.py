@@ -48,6 +48,10 @@ class RecordReader:
         """The raw record at ``pos`` of file ``file`` (for re-reading carried documents)."""
         return self._reader(file).read_one(file, pos)
 
+    def fields(self, file: int) -> list[str]:
+        """The field names of file ``file``'s records."""
+        return self._reader(file).fields(file)
+
     def close(self) -> None:
         for reader in self._readers.values():
             reader.close()

@@ -33,6 +33,8 @@ from datalane.spec.state import Counters, SourceCursor
 __all__ = ["DocStream"]
 
 _FIRST_TASK_DOCS = 16
+_MIN_FOR_FRACTION = 1000  # records a lane reads before bad_records_max_fraction applies
+_PROBE = 100  # a fresh lane whose first records of a source are all malformed stops at once
 
 
 @dataclass
@@ -59,7 +61,7 @@ class DocStream:
 
     def __init__(self, source: SourcePlan, lane: int, stage: MapStage, pool: TaskPool,
                  knobs: Knobs, block_size: int, policy: str, counters: Counters,
-                 cursor: SourceCursor | None = None) -> None:
+                 cursor: SourceCursor | None = None, max_bad: float | None = None) -> None:
         self.source = source
         self.lane = lane
         self._stage = stage
@@ -67,10 +69,14 @@ class DocStream:
         self._knobs = knobs
         self._block_size = block_size
         self._policy = policy
+        self._max_bad = max_bad
         self._counters = counters
         self._reader = RecordReader(source.files, source.spec.field)
         self._formats = [FORMATS[f.format] for f in source.files]
         cur = cursor or SourceCursor(0, 0, 0, -1, 0)
+        # a fresh lane's first records tell at once whether the source holds documents at all
+        # (a misnamed field would otherwise give 0 tokens under `skip` without a word)
+        self._probe: list[str] | None = [] if cur == SourceCursor(0, 0, 0, -1, 0) else None
         # reader side (ahead of the consumer)
         self._r_epoch = cur.epoch
         self._r_block = cur.block
@@ -235,6 +241,8 @@ class DocStream:
             file, pos, _ = block.records[task.start + i]
             self._counters.docs += 1
             reason = res.status[i]
+            if self._probe is not None:
+                self._first_records(reason, file, end_of_epoch)
             if reason is None:
                 self._kept_this_epoch = True
                 if end_of_epoch:
@@ -245,8 +253,46 @@ class DocStream:
                 raise DataError(f"source {self.source.spec.name!r}: {res.detail[i]} in "
                                 f"{self._where(file, pos)} (bad_records is 'fail')")
             self._counters.skip(reason)
+            if self._max_bad is not None and reason in self._stage.bad_reasons:
+                self._check_fraction(file, pos)
             if end_of_epoch:
                 self._end_of_epoch(block.epoch)
+
+    def _first_records(self, reason: str | None, file: int, end_of_epoch: bool) -> None:
+        """Fail at once when the lane's first records of the source (its first ``_PROBE``, or
+        its whole first epoch if shorter) are all malformed: the source's field is not in
+        its records, or they are all broken. A kept or a filtered record ends the probe."""
+        probe = self._probe
+        assert probe is not None
+        if reason is None or reason not in self._stage.bad_reasons:
+            self._probe = None
+            return
+        probe.append(reason)
+        if len(probe) < _PROBE and not end_of_epoch:
+            return
+        self._probe = None
+        fields = self._reader.fields(file)
+        reasons = ", ".join(f"{r}={probe.count(r)}" for r in sorted(set(probe)))
+        there = (f"its records have the fields {', '.join(repr(f) for f in fields[:20])}"
+                 if fields else "no record could be read as a record with fields")
+        raise DataError(
+            f"source {self.source.spec.name!r}: none of the first {len(probe)} records of lane "
+            f"{self.lane} holds a document ({reasons}); the source reads the field "
+            f"{self._stage.field!r}, but {there} (in {self.source.files[file].uri})")
+
+    def _check_fraction(self, file: int, pos: int) -> None:
+        n = self._counters
+        if n.docs < _MIN_FOR_FRACTION:
+            return
+        bad = sum(v for k, v in n.skipped.items() if k in self._stage.bad_reasons)
+        assert self._max_bad is not None
+        if bad > self._max_bad * n.docs:
+            reasons = ", ".join(f"{k}={v}" for k, v in sorted(n.skipped.items())
+                                if k in self._stage.bad_reasons)
+            raise DataError(
+                f"lane {self.lane}: {bad} of its {n.docs} records are malformed ({reasons}), "
+                f"more than bad_records_max_fraction {self._max_bad}; the last was in source "
+                f"{self.source.spec.name!r} at {self._where(file, pos)}")
 
     def _end_of_epoch(self, epoch: int) -> None:
         """A repeated source whose records are all dropped would spin forever: stop it."""

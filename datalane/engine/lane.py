@@ -63,7 +63,8 @@ class LaneStream:
         self.streams = [
             DocStream(sp, lane, stages[sp.index], pool, knobs, recipe.shuffle.block_size,
                       recipe.bad_records, self.counters,
-                      state.sources[sp.index] if state is not None else None)
+                      state.sources[sp.index] if state is not None else None,
+                      recipe.bad_records_max_fraction)
             for sp in plan.sources
         ]
         self.mixture = Mixture(self.streams, [s.weight for s in recipe.sources],

@@ -20,6 +20,7 @@ from datalane.engine.rng import permutation
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.errors import ConfigError
 from datalane.spec.fingerprint import fingerprint_of
+from datalane.spec.formats import unsupported_compression
 from datalane.spec.recipe import Filters, Recipe, Source
 from datalane.spec.schema import Column, SampleSchema, text_schema
 
@@ -109,6 +110,11 @@ def _plan_source(index: int, spec: Source, recipe: Recipe, kind: DocumentKind) -
             if key in seen:
                 continue
             seen.add(key)
+            packed = unsupported_compression(path)
+            if packed is not None:
+                raise ConfigError(
+                    f"{where}.uris[{j}]: {path} is compressed with {packed}, which datalane "
+                    f"does not read (it reads gzip .gz and zstd .zst); recompress the file")
             fmt = format_of(path, spec.format, where)
             files.append(SourceFile(path, size, ident, fmt, compression_of(path)))
     chunks: list[Chunk] = []

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["COMPRESSIONS", "FORMATS", "compression_of", "infer_format"]
+__all__ = ["COMPRESSIONS", "FORMATS", "UNSUPPORTED", "compression_of", "infer_format",
+           "unsupported_compression"]
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+#: Compressions datalane refuses by name (reading them as text would give garbage records).
+UNSUPPORTED = {".bz2": "bzip2", ".xz": "xz", ".lzma": "lzma", ".lz4": "lz4", ".br": "brotli",
+               ".sz": "snappy", ".snappy": "snappy", ".z": "compress (LZW)", ".zip": "zip",
+               ".7z": "7z", ".rar": "rar", ".lzo": "lzo"}
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl",
            ".ndjson": "jsonl"}
 
@@ -18,6 +23,11 @@ FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": 
 def compression_of(name: str) -> str | None:
     """``gzip``, ``zstd`` or None, from the last extension."""
     return COMPRESSIONS.get(os.path.splitext(name)[1].lower())
+
+
+def unsupported_compression(name: str) -> str | None:
+    """The name of a compression datalane does not read, from the last extension, or None."""
+    return UNSUPPORTED.get(os.path.splitext(name)[1].lower())
 
 
 def infer_format(name: str) -> str | None:

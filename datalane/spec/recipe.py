@@ -156,6 +156,10 @@ class Recipe:
     bad_records: Literal["skip", "fail"] = doc(
         "What to do with a malformed record: `skip` (counted per reason) or `fail`.",
         default="skip")
+    bad_records_max_fraction: float | None = doc(
+        "With `skip`: stop with an error once more than this fraction of a lane's records "
+        "are malformed (checked from the lane's 1,000th record on); null never stops.",
+        default=None, gt=0, le=1, omit_default=True)
     version: int = doc("Recipe schema version.", default=RECIPE_VERSION, ge=1,
                        le=RECIPE_VERSION)
 

@@ -121,7 +121,8 @@ def test_unknown_key_names_the_path_and_suggests(data: dict[str, Any], message: 
 def test_unknown_key_without_a_close_match_lists_the_known_keys() -> None:
     assert error_of(minimal(xyzzy=1)) == (
         "xyzzy is not a known key; known keys: lanes, global_batch_size, seq_len, tokenizer, "
-        "sources, seed, filters, packing, shuffle, bad_records, version")
+        "sources, seed, filters, packing, shuffle, bad_records, bad_records_max_fraction, "
+        "version")
 
 
 def test_knobs_are_not_recipe_keys() -> None:

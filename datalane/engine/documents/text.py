@@ -12,14 +12,24 @@ from datalane.engine.documents.base import Rendered, Tokenized
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.schema import Column
 
-__all__ = ["TextKind"]
+__all__ = ["TextKind", "unencodable"]
+
+
+def unencodable(text: str) -> str | None:
+    """Why ``text`` is no Unicode text a tokenizer takes (a lone surrogate, as JSON's
+    ``\\udc80`` escapes make), or None. Tokenizers refuse such text for the whole batch."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"holds the lone surrogate U+{ord(text[e.start]):04X} at character {e.start}"
+    return None
 
 
 class TextKind:
     """The field value is the document's text."""
 
     columns: tuple[Column, ...] = ()
-    bad_reasons = frozenset({"non_utf8", "not_text", "empty_text"})
+    bad_reasons = frozenset({"non_utf8", "not_text", "empty_text", "invalid_unicode"})
 
     def __init__(self, tokenizer: TokenizerHandle, field: str = "text") -> None:
         self.tokenizer = tokenizer
@@ -38,6 +48,10 @@ class TextKind:
             return None, "not_text", f"field {self.field!r} holds {type(value).__name__}"
         if not value:
             return None, "empty_text", f"field {self.field!r} is empty"
+        if not value.isascii():
+            problem = unencodable(value)
+            if problem is not None:
+                return None, "invalid_unicode", f"field {self.field!r} {problem}"
         return Rendered(value), None, None
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:

@@ -52,6 +52,10 @@ class FormatReader(Protocol):
         """The raw record at ``pos`` of file ``file``."""
         ...
 
+    def fields(self, file: int) -> list[str]:
+        """The field names the records of file ``file`` have (for errors naming them)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -105,6 +105,21 @@ class JsonlReader:
         except Exception as e:
             _raise_read_error(e, f"{sf.uri} at byte {pos}")
 
+    def fields(self, file: int) -> list[str]:
+        """The keys of the first record of the file that parses as a JSON object."""
+        chunk = Chunk(file, 0, -1) if self._files[file].compression else Chunk(
+            file, 0, self._files[file].size)
+        for seen, (_, line) in enumerate(self.records(chunk)):
+            if seen >= 100:
+                break
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(obj, dict):
+                return [str(k) for k in obj]
+        return []
+
     def close(self) -> None:
         pass
 
@@ -133,6 +148,10 @@ class Jsonl:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
             return None, "malformed_json", f"malformed JSON ({e.msg}: column {e.colno})"
+        except RecursionError:
+            return None, "malformed_json", "JSON nested deeper than the parser's limit"
+        except ValueError as e:  # an integer beyond Python's digit limit, and the like
+            return None, "malformed_json", f"JSON the parser refuses: {e}"
         if not isinstance(obj, dict):
             return None, "malformed_json", f"a JSON {type(obj).__name__}, not an object"
         if field not in obj or obj[field] is None:

@@ -66,7 +66,13 @@ class ParquetReader:
             raise StorageError(f"{self._files[index].uri} has no row {row}")
         try:
             if self._field in pf.schema_arrow.names:
-                values = pf.read_row_group(g, columns=[self._field]).column(0).to_pylist()
+                column = pf.read_row_group(g, columns=[self._field]).column(0)
+                try:
+                    values = column.to_pylist()
+                except UnicodeDecodeError:  # invalid UTF-8 in a string column: per value
+                    import pyarrow as pa
+
+                    values = column.cast(pa.binary()).to_pylist()
             else:
                 values = [MISSING] * rows
         except OSError as e:
@@ -87,6 +93,9 @@ class ParquetReader:
     def read_one(self, file: int, pos: int) -> Any:
         first, values = self._row_group_of(file, pos)
         return values[pos - first]
+
+    def fields(self, file: int) -> list[str]:
+        return list(self._file(file).schema_arrow.names)
 
     def close(self) -> None:
         self._open.clear()
