@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["COMPRESSIONS", "FORMATS", "UNSUPPORTED", "compression_of", "infer_format",
-           "unsupported_compression"]
+__all__ = ["COMPRESSIONS", "FORMATS", "FORMAT_NAMES", "UNSUPPORTED", "compression_of",
+           "infer_format", "unsupported_compression"]
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 #: Compressions datalane refuses by name (reading them as text would give garbage records).
 UNSUPPORTED = {".bz2": "bzip2", ".xz": "xz", ".lzma": "lzma", ".lz4": "lz4", ".br": "brotli",
                ".sz": "snappy", ".snappy": "snappy", ".z": "compress (LZW)", ".zip": "zip",
                ".7z": "7z", ".rar": "rar", ".lzo": "lzo"}
-FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl",
-           ".ndjson": "jsonl"}
+#: File extension -> format name: the registry of format names (one line per extension; the
+#: engine's implementations are listed in ``datalane.engine.formats``).
+FORMATS = {
+    ".parquet": "parquet", ".pq": "parquet",
+    ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
+}
+FORMAT_NAMES = tuple(dict.fromkeys(FORMATS.values()))
 
 
 def compression_of(name: str) -> str | None:

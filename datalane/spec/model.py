@@ -36,14 +36,16 @@ def doc(
     pattern: str | None = None,
     min_items: int | None = None,
     omit_default: bool = False,
+    choices: tuple[str, ...] | None = None,
 ) -> Any:
     """Declare a dataclass field with its documentation and bounds.
 
     ``omit_default``: :func:`dump` leaves the field out while it holds its default, so a field
     added in a later version keeps the canonical form (and the fingerprint) of every recipe
-    that does not use it."""
+    that does not use it. ``choices``: the strings a ``str`` field accepts (for sets that a
+    registry defines, so that adding an entry is one line there)."""
     meta = {"doc": text, "ge": ge, "gt": gt, "le": le, "pattern": pattern, "min_items": min_items,
-            "omit_default": omit_default}
+            "omit_default": omit_default, "choices": choices}
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -83,6 +85,9 @@ def _check_bounds(value: Any, meta: Mapping[str, Any], where: str) -> None:
             raise ConfigError(f"{where} {value!r} must be <= {meta['le']}")
     if isinstance(value, str) and meta.get("pattern") and not re.fullmatch(meta["pattern"], value):
         raise ConfigError(f"{where} {value!r} does not match the pattern {meta['pattern']}")
+    if isinstance(value, str) and meta.get("choices") and value not in meta["choices"]:
+        valid = ", ".join(repr(c) for c in meta["choices"])
+        raise ConfigError(f"{where} {value!r} is not one of {valid}")
     if isinstance(value, list) and meta.get("min_items") and len(value) < meta["min_items"]:
         raise ConfigError(f"{where} needs at least {meta['min_items']} item(s), got {len(value)}")
 
@@ -204,6 +209,8 @@ def _schema_of(tp: Any, meta: Mapping[str, Any]) -> dict[str, Any]:
         out["exclusiveMinimum"] = True
     if meta.get("pattern"):
         out["pattern"] = meta["pattern"]
+    if meta.get("choices"):
+        out["enum"] = list(meta["choices"])
     if optional:
         out["nullable"] = True
     return out

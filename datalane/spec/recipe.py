@@ -17,6 +17,7 @@ from typing import Any, Literal
 from datalane.spec import model
 from datalane.spec.chat import ChatSpec
 from datalane.spec.errors import ConfigError
+from datalane.spec.formats import FORMAT_NAMES
 from datalane.spec.integrity import MAX_DEPTH, check_depth, parse_json, parse_text, read_bytes
 from datalane.spec.lanes import nearest_multiples
 from datalane.spec.model import doc
@@ -93,9 +94,9 @@ class Source:
     uris: list[str] = doc(
         "Paths, globs or fsspec URIs of the source files (`s3://bucket/web/*.parquet`). "
         "Matches are sorted; a pattern matching nothing is an error.", min_items=1)
-    format: Literal["parquet", "jsonl"] | None = doc(
+    format: str | None = doc(
         "File format; null infers it from the extension (.parquet, .jsonl/.json/.ndjson, "
-        "optionally .gz or .zst).", default=None)
+        "optionally .gz or .zst).", default=None, choices=FORMAT_NAMES)
     text_field: str = doc("Column (Parquet) or key (JSONL) holding the document text.",
                           default="text")
     weight: float = doc("Share of *tokens* this source contributes to each lane's mix.",
