@@ -80,6 +80,7 @@ class MapStage:
         self.columns = tuple(columns)  # the schema's document columns, input_ids first
         self.predicate = _load_predicate(filters.predicate) if filters.predicate else None
         self.bad_reasons = kind.bad_reasons | BAD_RECORD_REASONS
+        self.has_text = getattr(kind, "has_text", True)
 
     def _char_filter(self, text: str) -> str | None:
         f = self.filters
@@ -108,7 +109,7 @@ class MapStage:
             doc = None
             if reason is None:
                 doc, reason, why = self.kind.render(value)
-            if doc is not None:
+            if doc is not None and self.has_text:
                 reason = self._char_filter(doc.text)
                 if reason is not None and reason.startswith("predicate_error:"):
                     reason, why = "predicate_error", (

@@ -31,6 +31,7 @@ class Rendered(NamedTuple):
 
     text: str  # what character filters and predicates see
     spans: tuple[tuple[int, int], ...] | None = None  # kind-specific (chat: trained spans)
+    value: Any = None  # kind-specific payload (pre-tokenized documents: the token ids)
 
 
 class DocumentKind(Protocol):
@@ -38,6 +39,8 @@ class DocumentKind(Protocol):
 
     columns: tuple[Column, ...]  # columns beyond input_ids/positions that the kind fills
     bad_reasons: frozenset[str]  # reasons of render() that are bad records (policy applies)
+    # A kind whose documents have no text (pre-tokenized ids) sets ``has_text = False``: the
+    # character filters and the predicate then do not apply to it (token filters do).
 
     def identity(self) -> dict[str, Any]:
         """What the fingerprint must cover beyond the recipe (a template's hash); {} if none."""
