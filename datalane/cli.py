@@ -97,6 +97,16 @@ def _summary(counters: Counters, before: Counters | None, seconds: float, steps:
             f"padding_fraction={padding / total if total else 0.0:.4f} seconds={seconds:.2f}")
 
 
+def realized_mixture(names: list[str], weights: list[float], tokens: list[int]) -> str:
+    """``mixture: web=0.6993 (weight 0.7000) code=...``: each source's share of the tokens
+    the mixture has taken so far, next to its share of the weights."""
+    total_w = sum(weights)
+    total_t = sum(tokens)
+    parts = [f"{n}={t / total_t if total_t else 0.0:.4f} (weight {w / total_w:.4f})"
+             for n, w, t in zip(names, weights, tokens, strict=True)]
+    return "mixture: " + " ".join(parts)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from datalane.runner import run_world
     from datalane.spec.recipe import load_recipe
@@ -131,6 +141,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         before.add(lane.counters)
     print(_summary(result.counters, before if start else None, result.seconds,
                    len(result.hashes)))
+    print(realized_mixture([s.name for s in recipe.sources], [s.weight for s in recipe.sources],
+                           result.mixture))
     return 0
 
 

@@ -32,6 +32,7 @@ class WorldRun:
     hashes: dict[int, str] = field(default_factory=dict)  # step -> global hash
     checkpoints: dict[int, Checkpoint] = field(default_factory=dict)  # step -> merged state
     counters: Counters = field(default_factory=Counters)
+    mixture: list[int] = field(default_factory=list)  # tokens taken from each source so far
     seconds: float = 0.0
     ended: bool = False  # the run stopped because every lane ran out of data
 
@@ -80,8 +81,11 @@ def run_world(recipe: Recipe, world_size: int, knobs: Knobs, steps: int | None,
                 out.checkpoints[step] = merge_checkpoints(
                     Checkpoint.from_json(ld.state_dict()) for ld in loaders)
             out.seconds = time.perf_counter() - t0
+            out.mixture = [0] * len(recipe.sources)
             for ld in loaders:
                 out.counters.add(ld.counters())
+                out.mixture = [a + b for a, b in zip(out.mixture, ld.mixture_tokens(),
+                                                     strict=True)]
         finally:
             for ld in loaders:
                 ld.close()

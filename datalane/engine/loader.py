@@ -202,6 +202,18 @@ class Loader:
             for i in range(per_step):
                 yield step.microbatch(i, size)
 
+    def mixture_tokens(self) -> list[int]:
+        """Tokens the mixture has taken from each source, summed over this loader's lanes
+        (since the run's first step: restored with the lanes)."""
+        n = len(self.recipe.sources)
+        if self._streams is not None:
+            states = [s.mixture.consumed for s in self._streams]
+        elif self._restore is not None:
+            states = [list(self._restore.lanes[k].mixture) for k in self.lanes]
+        else:
+            states = []
+        return [sum(m[i] for m in states) for i in range(n)]
+
     def counters(self) -> Counters:
         total = Counters()
         for s in self._streams or []:
