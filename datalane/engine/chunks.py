@@ -11,33 +11,40 @@ own. Callers: :mod:`datalane.engine.plan` (cutting) and :mod:`datalane.engine.do
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datalane.engine.files import SourceFile
-from datalane.engine.formats import FORMATS, MISSING, FormatReader
+from datalane.engine.formats import MISSING, FormatReader, format_for
 from datalane.engine.formats.base import Chunk
+
+if TYPE_CHECKING:
+    from datalane.spec.recipe import Source
 
 __all__ = ["MISSING", "Chunk", "RecordReader", "cut_file"]
 
 
-def cut_file(index: int, sf: SourceFile, chunk_bytes: int, chunk_rows: int | None) -> list[Chunk]:
-    """The chunks of one file, in file order."""
-    return FORMATS[sf.format].cut(index, sf, chunk_bytes, chunk_rows)
+def cut_file(index: int, sf: SourceFile, chunk_bytes: int, chunk_rows: int | None,
+             source: Source | None = None) -> list[Chunk]:
+    """The chunks of one file, in file order (read as ``source`` reads it, when given)."""
+    return format_for(sf.format, source).cut(index, sf, chunk_bytes, chunk_rows)
 
 
 class RecordReader:
     """Raw records of one source's files, each file read by its format's reader."""
 
-    def __init__(self, files: list[SourceFile], field: str) -> None:
+    def __init__(self, files: list[SourceFile], field: str,
+                 source: Source | None = None) -> None:
         self._files = files
         self._field = field
+        self._source = source
         self._readers: dict[str, FormatReader] = {}
 
     def _reader(self, file: int) -> FormatReader:
         name = self._files[file].format
         reader = self._readers.get(name)
         if reader is None:
-            reader = self._readers[name] = FORMATS[name].reader(self._files, self._field)
+            reader = self._readers[name] = format_for(name, self._source).reader(
+                self._files, self._field)
         return reader
 
     def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:

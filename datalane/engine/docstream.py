@@ -21,7 +21,7 @@ from typing import Any
 
 from datalane.engine.chunks import Chunk, RecordReader
 from datalane.engine.documents.base import Doc
-from datalane.engine.formats import FORMATS
+from datalane.engine.formats import format_for
 from datalane.engine.mapstage import ALWAYS_FAIL, MapResult, MapStage, Record
 from datalane.engine.plan import SourcePlan
 from datalane.engine.pool import TaskPool
@@ -71,8 +71,8 @@ class DocStream:
         self._policy = policy
         self._max_bad = max_bad
         self._counters = counters
-        self._reader = RecordReader(source.files, source.spec.field)
-        self._formats = [FORMATS[f.format] for f in source.files]
+        self._reader = RecordReader(source.files, source.spec.field, source.spec)
+        self._formats = [format_for(f.format, source.spec) for f in source.files]
         cur = cursor or SourceCursor(0, 0, 0, -1, 0)
         # a fresh lane's first records tell at once whether the source holds documents at all
         # (a misnamed field would otherwise give 0 tokens under `skip` without a word)

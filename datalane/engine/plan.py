@@ -119,7 +119,7 @@ def _plan_source(index: int, spec: Source, recipe: Recipe, kind: DocumentKind) -
             files.append(SourceFile(path, size, ident, fmt, compression_of(path)))
     chunks: list[Chunk] = []
     for i, sf in enumerate(files):
-        chunks.extend(cut_file(i, sf, spec.chunk_bytes, spec.chunk_rows))
+        chunks.extend(cut_file(i, sf, spec.chunk_bytes, spec.chunk_rows, spec))
     if not chunks:
         raise ConfigError(
             f"{where} {spec.name!r} has no data: its {len(files)} file(s) are empty "

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["COMPRESSIONS", "FORMATS", "FORMAT_NAMES", "UNSUPPORTED", "compression_of",
-           "infer_format", "unsupported_compression"]
+__all__ = ["COMPRESSIONS", "FORMATS", "FORMAT_NAMES", "TOKEN_FORMATS", "UNSUPPORTED",
+           "compression_of", "infer_format", "unsupported_compression"]
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 #: Compressions datalane refuses by name (reading them as text would give garbage records).
@@ -21,8 +21,12 @@ UNSUPPORTED = {".bz2": "bzip2", ".xz": "xz", ".lzma": "lzma", ".lz4": "lz4", ".b
 FORMATS = {
     ".parquet": "parquet", ".pq": "parquet",
     ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
+    ".idx": "megatron",  # Megatron-LM indexed dataset: NAME.idx, its tokens in NAME.bin
+    ".u16": "flatbin", ".u32": "flatbin",  # flat token files (a .bin needs format: flatbin)
 }
 FORMAT_NAMES = tuple(dict.fromkeys(FORMATS.values()))
+#: Formats whose records are token ids and nothing else: a source of them sets ``tokens``.
+TOKEN_FORMATS = frozenset({"megatron", "flatbin"})
 
 
 def compression_of(name: str) -> str | None:

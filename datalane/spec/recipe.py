@@ -17,10 +17,11 @@ from typing import Any, Literal
 from datalane.spec import model
 from datalane.spec.chat import ChatSpec
 from datalane.spec.errors import ConfigError
-from datalane.spec.formats import FORMAT_NAMES
+from datalane.spec.formats import FORMAT_NAMES, TOKEN_FORMATS, infer_format
 from datalane.spec.integrity import MAX_DEPTH, check_depth, parse_json, parse_text, read_bytes
 from datalane.spec.lanes import nearest_multiples
 from datalane.spec.model import doc
+from datalane.spec.tokens import TokensSpec
 
 __all__ = [
     "Filters",
@@ -114,11 +115,30 @@ class Source:
         "Read the source as chat conversations (rendered with a chat template, with a loss "
         "mask) instead of plain text; null: plain text in `text_field`.",
         default=None, omit_default=True)
+    tokens: TokensSpec | None = doc(
+        "Read the source as pre-tokenized documents (token ids, checked against the "
+        "tokenizer's vocabulary, never tokenized again) instead of text; required for the "
+        "`megatron` and `flatbin` formats; null: plain text in `text_field`.",
+        default=None, omit_default=True)
 
     @property
     def field(self) -> str:
         """The field the records' documents are in."""
-        return self.chat.messages_field if self.chat is not None else self.text_field
+        if self.chat is not None:
+            return self.chat.messages_field
+        if self.tokens is not None:
+            return self.tokens.field
+        return self.text_field
+
+    def validate(self, where: str) -> None:
+        if self.tokens is None:
+            named = {self.format} if self.format is not None else {
+                infer_format(u) for u in self.uris}
+            ids_only = sorted(f for f in named if f in TOKEN_FORMATS)
+            if ids_only:
+                raise ConfigError(
+                    f"{where or 'source'}: {ids_only[0]} files hold token ids, not text; set "
+                    f"{_at(where, 'tokens')} (for example `tokens: {{}}`) to read them")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import yaml
 
 from datalane.corpus import DemoCorpus
 from datalane.spec import ConfigError, Knobs, Recipe, load_recipe, model, recipe_schema
+from datalane.spec.formats import FORMAT_NAMES
 from tests.conftest import base_recipe_dict
 
 
@@ -152,7 +153,8 @@ def test_knobs_are_not_recipe_keys() -> None:
     (minimal(sources=[{"name": "web", "uris": ["a"], "weight": "heavy"}]),
      "sources[0].weight must be a number, got 'heavy'"),
     (minimal(sources=[{"name": "web", "uris": ["a"], "format": "csv"}]),
-     "sources[0].format 'csv' is not one of 'parquet', 'jsonl'"),
+     "sources[0].format 'csv' is not one of "
+     + ", ".join(repr(n) for n in FORMAT_NAMES)),
     (minimal(sources=[{"name": "Web Pages", "uris": ["a"]}]),
      "sources[0].name 'Web Pages' does not match the pattern [a-z0-9]([a-z0-9_-]{0,62})?"),
     (minimal(bad_records="ignore"), "bad_records 'ignore' is not one of 'skip', 'fail'"),
@@ -360,6 +362,7 @@ def test_schema_is_strict_and_describes_every_field() -> None:
     objects = dict(_objects(schema))
     assert set(objects) == {"recipe", "recipe.tokenizer", "recipe.sources[]",
                             "recipe.sources[].filters", "recipe.sources[].chat",
+                            "recipe.sources[].tokens",
                             "recipe.filters", "recipe.packing", "recipe.shuffle"}
     for path, obj in objects.items():
         assert obj["additionalProperties"] is False, path
@@ -388,7 +391,7 @@ def test_schema_types_bounds_enums_and_required() -> None:
     assert source["required"] == ["name", "uris"]
     assert source["properties"]["weight"]["minimum"] == 0
     assert source["properties"]["weight"]["exclusiveMinimum"] is True
-    assert source["properties"]["format"]["enum"] == ["parquet", "jsonl"]
+    assert source["properties"]["format"]["enum"] == list(FORMAT_NAMES)
     assert source["properties"]["format"]["nullable"] is True
     assert source["properties"]["filters"]["nullable"] is True
     assert source["properties"]["uris"] == {

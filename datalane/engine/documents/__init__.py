@@ -24,6 +24,7 @@ __all__ = ["KINDS", "Doc", "DocumentKind", "Rendered", "kind_for", "kind_name"]
 #: is built as ``cls(config, tokenizer, where)``.
 KINDS: dict[str, str] = {
     "chat": "datalane.engine.documents.chat:ChatKind",
+    "tokens": "datalane.engine.documents.tokens:TokensKind",
 }
 
 

@@ -2,17 +2,26 @@
 position is its row index in the file, and its value the Python value of the field's column.
 
 Only the field's column is read, one row group at a time; a reader keeps two files open.
+
+A pre-tokenized source (``tokens``) reading an integer list column (``list<int32>``,
+``large_list<int64>``, ...) gets each row as a numpy view of the column's values, cut at its
+offsets, instead of a Python list of Python ints (:func:`_id_lists`): ``to_pylist`` builds one
+object per token and was most of the time of such a source.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datalane.engine.files import SourceFile, open_file
 from datalane.engine.formats.base import MISSING, Chunk, Decoded
 from datalane.spec.errors import StorageError
+
+if TYPE_CHECKING:
+    from datalane.spec.recipe import Source
 
 __all__ = ["PARQUET"]
 
@@ -31,9 +40,10 @@ def _row_groups(sf: SourceFile) -> list[int]:
 class ParquetReader:
     """Records of one source's Parquet files; keeps one decoded row group."""
 
-    def __init__(self, files: list[SourceFile], field: str) -> None:
+    def __init__(self, files: list[SourceFile], field: str, ids: bool = False) -> None:
         self._files = files
         self._field = field
+        self._ids = ids  # integer list columns as numpy views (a pre-tokenized source)
         self._open: OrderedDict[int, Any] = OrderedDict()
         self._group: tuple[int, int, list[Any]] | None = None  # (file, first row, values)
 
@@ -67,8 +77,9 @@ class ParquetReader:
         try:
             if self._field in pf.schema_arrow.names:
                 column = pf.read_row_group(g, columns=[self._field]).column(0)
+                fast = _id_lists(column) if self._ids else None
                 try:
-                    values = column.to_pylist()
+                    values = fast if fast is not None else column.to_pylist()
                 except UnicodeDecodeError:  # invalid UTF-8 in a string column: per value
                     import pyarrow as pa
 
@@ -107,6 +118,12 @@ class Parquet:
     unit = "row"
     bad_reasons = frozenset({"missing_field"})
 
+    def __init__(self, ids: bool = False) -> None:
+        self._ids = ids
+
+    def for_source(self, source: Source) -> Parquet:
+        return Parquet(ids=source.tokens is not None)
+
     def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
             chunk_rows: int | None) -> list[Chunk]:
         chunks: list[Chunk] = []
@@ -121,7 +138,7 @@ class Parquet:
         return chunks
 
     def reader(self, files: list[SourceFile], field: str) -> ParquetReader:
-        return ParquetReader(files, field)
+        return ParquetReader(files, field, self._ids)
 
     def decode(self, raw: Any, field: str) -> Decoded:
         if raw is MISSING or raw is None:
@@ -133,3 +150,28 @@ class Parquet:
 
 
 PARQUET = Parquet()
+
+
+def _id_lists(column: Any) -> list[Any] | None:
+    """The rows of an integer list column as numpy views (None for a null row), or None when
+    the column is of another type or has nulls inside a list (those rows go the slow way, so
+    the document kind names the null)."""
+    import pyarrow as pa
+
+    t = column.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not pa.types.is_integer(
+            t.value_type):
+        return None
+    rows: list[Any] = []
+    for arr in column.chunks:
+        values = arr.values
+        if values.null_count:
+            return None
+        flat = values.to_numpy(zero_copy_only=True)
+        offs = arr.offsets.to_numpy(zero_copy_only=True).tolist()
+        valid = None if arr.null_count == 0 else arr.is_valid().to_numpy(zero_copy_only=False)
+        cut = [flat[a:b] for a, b in itertools.pairwise(offs)]
+        if valid is not None:
+            cut = [c if ok else None for c, ok in zip(cut, valid, strict=True)]
+        rows.extend(cut)
+    return rows

@@ -1,0 +1,128 @@
+"""Pre-tokenized documents: the field value is the document's token ids, used as they are.
+
+The value a format decodes is a 1-D integer numpy array (Megatron, flatbin, Parquet integer
+list columns) or a list of integers (JSONL). :class:`TokensKind` checks it - a sequence of
+integers, every one in ``[0, V)`` where ``V`` is the recipe tokenizer's id space (one more than
+its largest id, added tokens included) - and passes it on; ``tokenize`` only concatenates the
+documents of a map task into ``int32`` (adding BOS / EOS when ``tokens.add_bos`` /
+``add_eos`` say so). No tokenizer runs on the hot path. The documents have no text
+(``has_text = False``): character filters and predicates do not apply, token filters do.
+
+**Bad records** (the recipe's ``bad_records`` policy applies): ``not_tokens`` (not a flat
+sequence of integers: a string, floats, nested lists, nulls inside), ``token_out_of_range``
+(an id outside the vocabulary; the detail names the id and its index), ``empty_ids`` (no ids
+at all).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from datalane.engine.documents.base import Rendered, Tokenized
+from datalane.engine.formats.base import MISSING
+from datalane.engine.tokenize import TokenizerHandle
+from datalane.spec.errors import ConfigError
+from datalane.spec.schema import Column
+from datalane.spec.tokens import TokensSpec
+
+__all__ = ["TokensKind", "check_ids"]
+
+_UNSIGNED: dict[int, np.dtype[Any]] = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16),
+                                     4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+
+
+def check_ids(value: Any, vocab: int, field: str) -> tuple[np.ndarray | None, str, str]:
+    """``(ids, "", "")`` for a valid document, else ``(None, reason, detail)``."""
+    if value is MISSING or value is None:
+        return None, "not_tokens", f"no value in field {field!r}"
+    if isinstance(value, np.ndarray):
+        ids = value
+    elif isinstance(value, (list, tuple)):
+        if not value:
+            return None, "empty_ids", f"field {field!r} holds no token ids"
+        if not all(type(v) is int for v in value):  # bool, float, str, None, nested lists
+            bad = next(v for v in value if type(v) is not int)
+            what = "null" if bad is None else type(bad).__name__
+            return None, "not_tokens", (f"field {field!r} holds a {what} among its token "
+                                        f"ids, not only integers")
+        try:
+            ids = np.array(value, dtype=np.int64)
+        except OverflowError:
+            big = next(i for i, v in enumerate(value) if not -(1 << 63) <= v < 1 << 63)
+            return None, "token_out_of_range", (
+                f"token id {value[big]} at index {big} is outside the vocabulary [0, {vocab}) "
+                f"of the tokenizer")
+    else:
+        return None, "not_tokens", (f"field {field!r} holds {type(value).__name__}, not a "
+                                    f"list of token ids")
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        return None, "not_tokens", (f"field {field!r} holds a {ids.dtype} array of shape "
+                                    f"{ids.shape}, not a list of integer token ids")
+    if len(ids) == 0:
+        return None, "empty_ids", f"field {field!r} holds no token ids"
+    # one pass: a negative id read as unsigned is larger than any vocabulary
+    flat = ids if ids.dtype.kind == "u" else ids.view(_UNSIGNED[ids.dtype.itemsize])
+    if int(flat.max()) >= vocab:
+        at = int(np.flatnonzero(flat >= vocab)[0])
+        return None, "token_out_of_range", (
+            f"token id {int(ids[at])} at index {at} is outside the vocabulary [0, {vocab}) of "
+            f"the tokenizer")
+    return ids, "", ""
+
+
+class TokensKind:
+    """The field value is the document's token ids; thread-safe, stateless."""
+
+    columns: tuple[Column, ...] = ()
+    bad_reasons = frozenset({"not_tokens", "token_out_of_range", "empty_ids"})
+    has_text = False
+
+    def __init__(self, spec: TokensSpec, tokenizer: TokenizerHandle, where: str = "tokens") -> None:
+        self.spec = spec
+        self.field = spec.field
+        tok = tokenizer.tokenizer
+        self.vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
+
+        def token(flag: str, name: str) -> int:
+            tid = tok.token_to_id(name)
+            if tid is None:
+                raise ConfigError(f"{where}.{flag} adds {name!r}, which is not in the "
+                                  f"vocabulary of {tokenizer.spec.uri}")
+            return int(tid)
+
+        ts = tokenizer.spec
+        self.bos_id = token("add_bos", ts.bos_token) if spec.add_bos else None
+        self.eos_id = token("add_eos", ts.eos_token) if spec.add_eos else None
+
+    def identity(self) -> dict[str, Any]:
+        return {}
+
+    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+        ids, reason, detail = check_ids(value, self.vocab_size, self.field)
+        if ids is None:
+            return None, reason, detail
+        return Rendered("", None, ids), None, None
+
+    def tokenize(self, docs: list[Rendered]) -> Tokenized:
+        n = len(docs)
+        lens = np.fromiter((len(d.value) for d in docs), dtype=np.int64, count=n)
+        extra = (self.bos_id is not None) + (self.eos_id is not None)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens + extra, out=offsets[1:])
+        if not extra:
+            if n == 1:
+                return {"input_ids": docs[0].value.astype(np.int32)}, offsets, lens
+            flat = np.concatenate([d.value for d in docs], dtype=np.int32, casting="unsafe")
+            return {"input_ids": flat}, offsets, lens
+        out = np.empty(int(offsets[-1]), dtype=np.int32)
+        head = 1 if self.bos_id is not None else 0
+        for k, d in enumerate(docs):
+            lo = int(offsets[k])
+            out[lo + head:lo + head + len(d.value)] = d.value
+        if self.bos_id is not None:
+            out[offsets[:-1]] = self.bos_id
+        if self.eos_id is not None:
+            out[offsets[1:] - 1] = self.eos_id
+        return {"input_ids": out}, offsets, lens
