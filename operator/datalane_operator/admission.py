@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from datalane.spec.errors import ConfigError
 from datalane.spec.formats import compression_of, infer_format
 from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline
 from datalane_operator.policy import Policy, predicates_of
-from datalane_operator.storage import KNOWN_SCHEMES, scheme_of, sidecar_store_options
+from datalane_operator.storage import DEFAULT_PROTOCOLS, scheme_of, sidecar_store_options
 from datalane_operator.workload import Topology, check_workers, topology_of
 
 __all__ = ["Verdict", "dropped_nulls", "review_pipeline", "review_scale", "review_workload"]
@@ -53,13 +53,29 @@ class Verdict:
         return cls(False, message, list(warnings or []))
 
 
+def _check_protocol(uri: str, where: str, protocols: Sequence[str], image: str | None,
+                    warnings: list[str]) -> None:
+    """Warn (never refuse: the image may be a custom one) when the sidecar image cannot read
+    ``uri``: its scheme is not in the chart's ``sidecar.protocols``."""
+    scheme = scheme_of(uri)
+    if scheme in protocols:
+        return
+    listed = ", ".join(protocols) or "none"
+    if image is None:
+        warnings.append(f"{where} {uri!r} uses the scheme {scheme!r}, which the sidecar image "
+                        f"cannot read (it reads {listed}: Helm value sidecar.protocols); the "
+                        f"sidecars will fail to start")
+    else:
+        warnings.append(f"{where} {uri!r} uses the scheme {scheme!r}, which the default "
+                        f"sidecar image cannot read (it reads {listed}: Helm value "
+                        f"sidecar.protocols); spec.sidecar.image {image!r} must have an "
+                        f"fsspec implementation for it")
+
+
 def _check_uri(uri: str, where: str, warnings: list[str]) -> None:
     if "://" not in uri and not os.path.isabs(uri):
         raise ConfigError(f"{where} {uri!r} is a relative path; in a cluster use an absolute "
                           f"path or a URI (s3://, gs://, file:///)")
-    if scheme_of(uri) not in KNOWN_SCHEMES:
-        warnings.append(f"{where} {uri!r} uses the scheme {scheme_of(uri)!r}; the sidecar "
-                        f"image must have an fsspec implementation for it")
     if scheme_of(uri) == "file":
         warnings.append(f"{where} {uri!r} is a local path: the sidecar sees it only if a "
                         f"volume is mounted there")
@@ -110,19 +126,48 @@ def dropped_nulls(obj: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _semantics(p: Pipeline, policy: Policy | None, warnings: list[str]) -> None:
+def _data_uris(p: Pipeline) -> list[tuple[str, str]]:
+    """(field, URI) of everything the sidecar reads: tokenizer, sources, chat files."""
+    r = p.recipe
+    out = [("spec.recipe.tokenizer.uri", r.tokenizer.uri)]
+    for i, src in enumerate(r.sources):
+        out += [(f"spec.recipe.sources[{i}].uris[{j}]", uri) for j, uri in enumerate(src.uris)]
+        chat = getattr(src, "chat", None)
+        for name in ("template", "tokenizer_config"):
+            uri = getattr(chat, name, None) if chat is not None else None
+            if isinstance(uri, str):
+                out.append((f"spec.recipe.sources[{i}].chat.{name}", uri))
+    return out
+
+
+def _check_data(p: Pipeline, warnings: list[str]) -> None:
+    data = p.spec.data
+    if data.googleCredentials is not None and data.secretRef is None:
+        raise ConfigError(f"spec.data.googleCredentials {data.googleCredentials!r} names a key "
+                          f"of the data Secret, but spec.data.secretRef is not set")
+    schemes = {scheme_of(uri) for _, uri in _data_uris(p)}
+    if (data.endpoint is not None or data.region is not None) and not schemes & {"s3", "s3a"}:
+        field = "endpoint" if data.endpoint is not None else "region"
+        warnings.append(f"spec.data.{field} is set, but no source of the recipe is an s3:// "
+                        f"URI: it has no effect")
+
+
+def _semantics(p: Pipeline, policy: Policy | None, warnings: list[str],
+               protocols: Sequence[str] = DEFAULT_PROTOCOLS) -> None:
     """The checks beyond the schema; ``policy`` None skips the cluster policy's."""
     if len(p.name) > MAX_NAME:
         raise ConfigError(f"metadata.name {p.name!r} has {len(p.name)} characters; at most "
                           f"{MAX_NAME} (it becomes a label value on every injected pod)")
     r = p.recipe
-    _check_uri(r.tokenizer.uri, "spec.recipe.tokenizer.uri", warnings)
+    image = p.spec.sidecar.image
+    for where, uri in _data_uris(p):
+        _check_uri(uri, where, warnings)
+        _check_protocol(uri, where, protocols, image, warnings)
     for i, src in enumerate(r.sources):
         for j, uri in enumerate(src.uris):
-            where = f"spec.recipe.sources[{i}].uris[{j}]"
-            _check_uri(uri, where, warnings)
             if src.format is None:
-                _check_format(uri, where)
+                _check_format(uri, f"spec.recipe.sources[{i}].uris[{j}]")
+    _check_data(p, warnings)
     if policy is not None:
         policy.check_predicates(r)
     for _where, pred in predicates_of(r):
@@ -132,6 +177,7 @@ def _semantics(p: Pipeline, policy: Policy | None, warnings: list[str]) -> None:
         raise ConfigError(f"spec.checkpoint.uri {ckpt.uri!r} is a relative path; use a URI "
                           f"such as s3://bucket/run or an absolute path")
     sidecar_store_options(ckpt)  # the endpoint must fit the scheme
+    _check_protocol(ckpt.uri, "spec.checkpoint.uri", protocols, image, warnings)
     if policy is not None:  # never the operator's identity unless allowed
         policy.store_access(p.namespace, ckpt)
     if scheme_of(ckpt.uri) == "file":
@@ -146,12 +192,14 @@ def _semantics(p: Pipeline, policy: Policy | None, warnings: list[str]) -> None:
 def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None, *,
                     others: Iterable[tuple[str, str]] = (),
                     workload: Mapping[str, Any] | None = None,
-                    policy: Policy | None = None) -> Verdict:
+                    policy: Policy | None = None,
+                    protocols: Sequence[str] = DEFAULT_PROTOCOLS) -> Verdict:
     """Verdict on a DataPipeline at CREATE (``old`` None) or UPDATE.
 
     ``others`` are ``(pipeline name, workload name)`` of the other pipelines in the namespace;
     ``workload`` is the referenced job if it exists already; ``policy`` is the cluster's
-    (default: the strictest, Helm's defaults).
+    (default: the strictest, Helm's defaults); ``protocols`` the URI schemes the sidecar
+    image reads (the chart's ``sidecar.protocols``): any other gets a warning.
     """
     warnings: list[str] = []
     try:
@@ -166,7 +214,7 @@ def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
         # the policy: a pipeline stored before it is never acted on anyway (the store look
         # re-checks), and refusing would wedge every metadata change of it.
         same_spec = old is not None and old.get("spec") == new.get("spec")
-        _semantics(p, None if same_spec else policy or Policy(), warnings)
+        _semantics(p, None if same_spec else policy or Policy(), warnings, protocols)
         for other, job in others:
             if other != p.name and job == p.spec.workload.name:
                 raise ConfigError(f"spec.workload.name {job!r} is already the workload of "

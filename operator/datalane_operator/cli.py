@@ -11,16 +11,23 @@ Subcommands:
   Helm hook Job runs), or write them to a folder.
 
 Every ``run`` flag has an environment variable (``DATALANE_OPERATOR_<FLAG>``), so the
-Deployment needs only env.
+Deployment needs only env. With ``--leader-election-lease`` (the chart sets it), replicas
+elect a leader through that Lease: all serve the webhooks, the leader alone reconciles.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import socket
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
+
+from datalane_operator.leader import LeaseConfig
+from datalane_operator.storage import DEFAULT_PROTOCOLS
 
 __all__ = ["main"]
 
@@ -63,6 +70,29 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--predicate-modules", default=_env("predicate-modules", ""),
                      help="comma-separated module prefixes that recipe filter predicates may "
                           "come from; empty: no predicate is admitted")
+    run.add_argument("--sidecar-protocols", default=_env("sidecar-protocols",
+                                                         ",".join(DEFAULT_PROTOCOLS)),
+                     help="comma-separated URI schemes the sidecar image reads (Helm value "
+                          "sidecar.protocols); admission warns about any other in a recipe")
+    run.add_argument("--leader-election-lease", default=_env("leader-election-lease", ""),
+                     help="name of the coordination.k8s.io Lease whose holder reconciles "
+                          "(every replica serves the webhooks); empty: this process always "
+                          "leads (a single operator)")
+    run.add_argument("--leader-election-namespace",
+                     default=_env("leader-election-namespace", ""),
+                     help="namespace of the Lease (the chart: the operator's own)")
+    run.add_argument("--leader-election-identity", default=_env("leader-election-identity"),
+                     help="this replica's name in the Lease (default: the pod's name, or the "
+                          "host name, plus a random suffix)")
+    run.add_argument("--lease-duration", type=float,
+                     default=float(_env("lease-duration", "15") or 15),
+                     help="seconds without renewal after which another replica takes over")
+    run.add_argument("--renew-deadline", type=float,
+                     default=float(_env("renew-deadline", "10") or 10),
+                     help="seconds the leader keeps acting without a successful renewal")
+    run.add_argument("--retry-period", type=float,
+                     default=float(_env("retry-period", "2") or 2),
+                     help="seconds between two looks at the Lease")
     run.add_argument("--log-format", choices=["plain", "full", "json"],
                      default=_env("log-format", "full"))
     run.add_argument("--verbose", action="store_true")
@@ -82,6 +112,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _lease(args: argparse.Namespace) -> LeaseConfig | None:
+    if not args.leader_election_lease:
+        return None
+    identity = args.leader_election_identity or (
+        f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}")
+    return LeaseConfig(args.leader_election_lease, args.leader_election_namespace, identity,
+                       args.lease_duration, args.renew_deadline, args.retry_period)
+
+
+def _protocols(text: str) -> tuple[str, ...]:
+    from datalane.spec.errors import ConfigError
+
+    out = tuple(p.strip().lower() for p in text.split(",") if p.strip())
+    for p in out:
+        if not re.fullmatch(r"[a-z][a-z0-9+.-]*", p):
+            raise ConfigError(f"--sidecar-protocols: {p!r} is not a URI scheme (s3, gs, ...)")
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -92,6 +141,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         policy = Policy.from_flags(args.allow_operator_identity,
                                    args.operator_identity_prefixes, args.predicate_modules)
+        protocols = _protocols(args.sidecar_protocols)
+        lease = _lease(args)
     except ConfigError as e:
         sys.stderr.write(f"datalane-operator run: {e}\n")
         return 2
@@ -111,6 +162,8 @@ def _run(args: argparse.Namespace) -> int:
     cfg.storage_interval = args.storage_interval
     cfg.namespaces = tuple(args.namespace or ())
     cfg.policy = policy
+    cfg.sidecar_protocols = protocols
+    cfg.lease = lease
     fmt = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,
            "json": kopf.LogFormat.JSON}[args.log_format]
     kopf.configure(verbose=args.verbose, log_format=fmt)

@@ -105,6 +105,7 @@ def spec_schema() -> dict[str, Any]:
     sidecar["properties"]["resources"] = _resources()
     sidecar["default"] = {}  # so its fields' defaults apply when the block is omitted
     props["parallelism"]["default"] = {}
+    props["data"]["default"] = {}
     # Fixed for the life of a run: changing them changes the data order.
     for name in ("lanes", "globalBatchSize"):
         props[name]["x-kubernetes-validations"] = [
@@ -200,6 +201,12 @@ def crd_manifest() -> dict[str, Any]:
          "description": "Data-parallel world size."},
         {"name": "Ranks", "type": "integer", "jsonPath": ".status.ranks", "priority": 1},
         {"name": "Step", "type": "integer", "jsonPath": ".status.lastCommittedStep"},
+        {"name": "Ready", "type": "string",
+         "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+         "description": "The Ready condition: True when every pod's sidecar serves."},
+        {"name": "Reason", "type": "string",
+         "jsonPath": '.status.conditions[?(@.type=="Ready")].reason', "priority": 1,
+         "description": "Why the pipeline is (not) ready (SidecarFailed, PodsNotReady, ...)."},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

@@ -6,13 +6,17 @@
   in-memory kopf indexes of DataPipelines and PyTorchJobs (no API call on the hot path);
   an index miss for a training pod falls back to one live list, so a pod created in the
   moment a pipeline appears is not missed.
-* **Reconcile**: DataPipeline create/update/resume (the recipe ConfigMap, then a reconcile),
-  PyTorchJob and pod events (a reconcile of the pipeline that references them), and a
-  periodic look at every checkpoint store (listing, garbage collection). Reconciles of one
-  pipeline are coalesced: at most one runs and one waits, however many events arrive.
-  Status is rebuilt from the world every time (:func:`~datalane_operator.reconcile.decide`),
-  so an operator restart converges (``on.resume``). No finalizer: the recipe ConfigMap is
-  owned by the pipeline and goes with it; checkpoints are the user's data and stay.
+* **Reconcile**, on the leader only (:mod:`datalane_operator.leader`; every replica serves
+  admission): DataPipeline events whose generation is new to this leader (the recipe
+  ConfigMap, then a reconcile), PyTorchJob and pod events (a reconcile of the pipeline that
+  references them), and a periodic look at every checkpoint store (listing, garbage
+  collection). Reconciles of one pipeline are coalesced: at most one runs and one waits,
+  however many events arrive. Status is rebuilt from the world every time
+  (:func:`~datalane_operator.reconcile.decide`), so an operator restart or a new leader
+  converges. Only kopf's stateless event handlers and indexes are used, never its changing
+  handlers (``on.create``/``on.update``), which keep progress in annotations that two
+  replicas would both write. No finalizer: the recipe ConfigMap is owned by the pipeline and
+  goes with it; checkpoints are the user's data and stay.
 
 The process-wide :data:`RUNTIME` is configured by ``datalane-operator run`` before kopf
 starts.
@@ -38,15 +42,19 @@ from datalane.spec.errors import ConfigError
 from datalane_operator.admission import Verdict, review_pipeline, review_scale, review_workload
 from datalane_operator.inject import mutate_pod
 from datalane_operator.kube import Kube, status_patch
+from datalane_operator.leader import LeaderElector, LeaseConfig
 from datalane_operator.names import (
     GROUP,
     JOB_NAME_LABEL,
+    NAMESPACE_OPT_IN_LABEL,
+    NAMESPACE_OPT_IN_VALUE,
     PLURAL,
     PYTORCHJOB_GROUP,
     PYTORCHJOB_PLURAL,
     PYTORCHJOB_VERSION,
     VERSION,
     WEBHOOK_INJECT,
+    WEBHOOK_REFUSE_NAMESPACE,
     WEBHOOK_VALIDATE_PIPELINE,
     WEBHOOK_VALIDATE_SCALE,
     WEBHOOK_VALIDATE_WORKLOAD,
@@ -54,7 +62,12 @@ from datalane_operator.names import (
 from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline, parallelism_of
 from datalane_operator.policy import Policy
 from datalane_operator.reconcile import decide, decide_invalid
-from datalane_operator.storage import Listing, StoreView, operator_store_options
+from datalane_operator.storage import (
+    DEFAULT_PROTOCOLS,
+    Listing,
+    StoreView,
+    operator_store_options,
+)
 from datalane_operator.workload import topology_of
 
 __all__ = ["RUNTIME", "OperatorConfig", "Runtime", "TimedWebhookServer", "timed"]
@@ -80,6 +93,8 @@ class OperatorConfig:
     ca_interval: float = 300.0
     namespaces: tuple[str, ...] = ()  # watched namespaces; () is all
     policy: Policy = field(default_factory=Policy)  # the administrator's rules
+    sidecar_protocols: tuple[str, ...] = DEFAULT_PROTOCOLS  # what the sidecar image reads
+    lease: LeaseConfig | None = None  # leader election; None: this process always leads
 
     def watches(self, namespace: str) -> bool:
         return not self.namespaces or namespace in self.namespaces
@@ -100,6 +115,12 @@ class Runtime:
     reconcile_ms: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=10000))
     background: list[asyncio.Task[None]] = field(default_factory=list)
+    elector: LeaderElector | None = None
+    leading: bool = True  # without leader election this process always leads
+    generations: dict[Key, int] = field(default_factory=dict)  # handled, as the leader
+    recipes: dict[Key, tuple[str, str]] = field(default_factory=dict)  # ConfigMap written
+    pipelines: Any = None  # kopf's index of DataPipelines, for a new leader's first round
+    reconciles: int = 0
 
     def k(self) -> Kube:
         if self.kube is None:
@@ -109,6 +130,8 @@ class Runtime:
     # -- coalesced reconciles, storage looks on the side ---------------------------------
     def kick(self, key: Key) -> None:
         """Reconcile ``key`` soon (at most one running and one waiting per pipeline)."""
+        if not self.leading:
+            return
         if key in self.running:
             self.again.add(key)
             return
@@ -121,7 +144,10 @@ class Runtime:
                 self.again.discard(key)
                 t0 = time.perf_counter()
                 try:
+                    self.reconciles += 1
                     await reconcile(self, key)
+                except asyncio.CancelledError:
+                    raise
                 except Exception:
                     log.exception("reconcile of %s/%s failed; the next event or storage look "
                                   "retries", *key)
@@ -132,7 +158,7 @@ class Runtime:
     def look(self, key: Key) -> None:
         """List (and garbage-collect) the checkpoint store of ``key`` in the background, then
         reconcile. A slow store never delays a reconcile: those use the last look."""
-        if key in self.looking:
+        if key in self.looking or not self.leading:
             return
         self.looking[key] = asyncio.get_running_loop().create_task(self._look(key))
 
@@ -160,8 +186,30 @@ class Runtime:
             self.looking.pop(key, None)
 
     def forget(self, key: Key) -> None:
-        for table in (self.listings, self.collected, self.storage_errors):
+        for table in (self.listings, self.collected, self.storage_errors, self.generations,
+                      self.recipes):
             table.pop(key, None)
+
+    # -- leadership -----------------------------------------------------------------------
+    def start_leading(self) -> None:
+        """Became the leader: rebuild every pipeline's status and look at every store (the
+        previous leader's work in flight is redone; all of it is idempotent)."""
+        self.leading = True
+        self.generations.clear()
+        self.recipes.clear()
+        for (namespace, _job), store in list((self.pipelines or {}).items()):
+            for found in store:
+                key = (namespace, str(found["metadata"]["name"]))
+                self.generations[key] = int(found["metadata"].get("generation") or 0)
+                self.kick(key)
+                self.look(key)
+
+    def stop_leading(self) -> None:
+        """No longer the leader: stop reconciling and looking at stores at once."""
+        self.leading = False
+        for task in [*self.running.values(), *self.looking.values()]:
+            task.cancel()
+        self.again.clear()
 
 
 RUNTIME = Runtime()
@@ -299,7 +347,26 @@ async def validate_pipeline(body: kopf.Body, warnings: list[str], **kw: Any) -> 
               for v in pipelines.get((namespace, workload), [])]
     job = _first(jobs, (namespace, workload))
     _deny(review_pipeline(new, dict(old) if old else None, others=others, workload=job,
-                          policy=RUNTIME.config.policy), warnings)
+                          policy=RUNTIME.config.policy,
+                          protocols=RUNTIME.config.sidecar_protocols), warnings)
+
+
+@kopf.on.validate(GROUP, VERSION, PLURAL, id=WEBHOOK_REFUSE_NAMESPACE, operations=["CREATE"])
+async def refuse_namespace(body: kopf.Body, **_: Any) -> None:
+    """Called only for namespaces *without* the opt-in label (the chart's namespaceSelector
+    says so): a DataPipeline there would get no sidecars, since the pod webhook does not fire
+    in such a namespace. Only CREATE: updates of a pipeline whose namespace lost the label
+    later are not wedged (its status reports the pods without a sidecar)."""
+    namespace = body.metadata.namespace or ""
+    if not RUNTIME.config.watches(namespace):
+        return
+    job = ((body.get("spec") or {}).get("workload") or {}).get("name")
+    raise kopf.AdmissionError(
+        f"namespace {namespace!r} is not opted in to datalane: the sidecar webhook fires only "
+        f"in namespaces labelled {NAMESPACE_OPT_IN_LABEL}={NAMESPACE_OPT_IN_VALUE}, so the "
+        f"pods of spec.workload.name {job!r} would get no sidecar; label it first: kubectl "
+        f"label namespace {namespace} {NAMESPACE_OPT_IN_LABEL}={NAMESPACE_OPT_IN_VALUE}",
+        code=403)
 
 
 @kopf.on.mutate("", "v1", "pods", id=WEBHOOK_INJECT, operations=["CREATE"])
@@ -377,30 +444,28 @@ async def validate_scale(body: kopf.Body, warnings: list[str], **kw: Any) -> Non
 # ----------------------------------------------------------------------------- reconcile
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL, id="resume")
-@kopf.on.create(GROUP, VERSION, PLURAL, id="create")
-@kopf.on.update(GROUP, VERSION, PLURAL, id="update", field="spec")
-async def pipeline_changed(body: kopf.Body, name: str, namespace: str | None,
-                           **_: Any) -> None:
-    namespace = namespace or ""
-    try:
-        pipeline = load_pipeline(dict(body))
-    except ConfigError:
-        RUNTIME.kick((namespace, name))  # records InvalidSpec in the status
-        return
-    await RUNTIME.k().ensure_recipe_configmap(pipeline)  # errors: kopf retries with backoff
-    RUNTIME.kick((namespace, name))
-    RUNTIME.look((namespace, name))
-
-
 @kopf.on.event(GROUP, VERSION, PLURAL, id="pipeline-event")
-async def pipeline_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
+async def pipeline_event(type: str, name: str, namespace: str | None, meta: kopf.Meta,
+                         **_: Any) -> None:
+    """A DataPipeline was listed (a start), created or changed: reconcile it (which writes
+    its recipe ConfigMap) and look at its store, once per generation; status-only changes
+    (the operator's own patches) and deletions need neither."""
+    key = (namespace or "", name)
     if type == "DELETED":
-        RUNTIME.forget((namespace or "", name))
+        RUNTIME.forget(key)
+        return
+    generation = int(meta.get("generation") or 0)
+    if not RUNTIME.leading or RUNTIME.generations.get(key) == generation:
+        return
+    RUNTIME.generations[key] = generation
+    RUNTIME.kick(key)
+    RUNTIME.look(key)
 
 
 @kopf.on.event(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL, id="job-event")
 async def job_event(name: str, namespace: str | None, **kw: Any) -> None:
+    if not RUNTIME.leading:
+        return
     pipelines: kopf.Index[Key, Any] = kw["pipelines"]
     ns = namespace or ""
     for found in pipelines.get((ns, name), []):
@@ -409,6 +474,8 @@ async def job_event(name: str, namespace: str | None, **kw: Any) -> None:
 
 @kopf.on.event("", "v1", "pods", id="pod-event", labels={JOB_NAME_LABEL: kopf.PRESENT})
 async def pod_event(labels: Mapping[str, str], namespace: str | None, **kw: Any) -> None:
+    if not RUNTIME.leading:
+        return
     pipelines: kopf.Index[Key, Any] = kw["pipelines"]
     ns, job = namespace or "", labels.get(JOB_NAME_LABEL, "")
     for found in pipelines.get((ns, job), []):
@@ -460,6 +527,10 @@ async def reconcile(rt: Runtime, key: Key) -> None:
     except ConfigError as e:
         decision = decide_invalid(name, generation, str(e), previous, _now())
     else:
+        written = (pipeline.uid, pipeline.recipe_json())
+        if rt.recipes.get(key) != written:  # errors: the next event or storage look retries
+            await kube.ensure_recipe_configmap(pipeline)
+            rt.recipes[key] = written
         listing = rt.storage_errors.get(key) or rt.listings.get(key)
         collected = rt.collected.pop(key, [])
         if listing is not None and collected:
@@ -487,6 +558,8 @@ async def reconcile(rt: Runtime, key: Key) -> None:
 async def _storage_loop(rt: Runtime, pipelines: kopf.Index[Key, Any]) -> None:
     while True:
         await asyncio.sleep(rt.config.storage_interval)
+        if not rt.leading:
+            continue
         for (namespace, _job), store in list(pipelines.items()):
             for found in store:
                 rt.look((namespace, found["metadata"]["name"]))
@@ -509,7 +582,7 @@ class RefusalsAreInfo(logging.Filter):
     "failed permanently"; a refusal is the webhook working, so it is logged at INFO."""
 
     WEBHOOKS = (WEBHOOK_VALIDATE_PIPELINE, WEBHOOK_INJECT, WEBHOOK_VALIDATE_WORKLOAD,
-                WEBHOOK_VALIDATE_SCALE)
+                WEBHOOK_VALIDATE_SCALE, WEBHOOK_REFUSE_NAMESPACE)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno == logging.ERROR:
@@ -549,14 +622,26 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.startup(id="storage-loop")
 async def start_storage_loop(**kw: Any) -> None:
-    RUNTIME.background.append(
-        asyncio.get_running_loop().create_task(_storage_loop(RUNTIME, kw["pipelines"])))
+    RUNTIME.pipelines = kw["pipelines"]
+    loop = asyncio.get_running_loop()
+    RUNTIME.background.append(loop.create_task(_storage_loop(RUNTIME, kw["pipelines"])))
+    lease = RUNTIME.config.lease
+    if lease is not None:
+        from kubernetes import client  # type: ignore[import-untyped]
+
+        RUNTIME.leading = False
+        RUNTIME.elector = LeaderElector(
+            lease, client.CoordinationV1Api(RUNTIME.k().api), RUNTIME.start_leading,
+            RUNTIME.stop_leading)
+        RUNTIME.background.append(loop.create_task(RUNTIME.elector.run()))
 
 
 @kopf.on.cleanup()
 async def stop_background(**_: Any) -> None:
     for task in RUNTIME.background:
         task.cancel()
+    if RUNTIME.elector is not None:  # hand over at once rather than after a lease duration
+        await RUNTIME.elector.release()
 
 
 @kopf.on.probe(id="admission")
@@ -567,6 +652,14 @@ def probe_admission(**_: Any) -> dict[str, Any]:
 @kopf.on.probe(id="reconcile")
 def probe_reconcile(**_: Any) -> dict[str, Any]:
     return _percentiles(RUNTIME.reconcile_ms)
+
+
+@kopf.on.probe(id="leader")
+def probe_leader(**_: Any) -> dict[str, Any]:
+    elector = RUNTIME.elector
+    return {"leading": RUNTIME.leading, "reconciles": RUNTIME.reconciles,
+            "identity": elector.cfg.identity if elector else None,
+            "transitions": elector.transitions if elector else 0}
 
 
 def ca_bundle(path: str) -> str:

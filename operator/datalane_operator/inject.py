@@ -12,6 +12,14 @@ controller created:
   mounted in the sidecar and the trainer container;
 * the composed recipe from the ConfigMap ``<pipeline>-recipe``, mounted read-only;
 * credentials only by reference: the Secret ``spec.checkpoint.secretRef`` as ``envFrom``;
+  with a data Secret of its own (``spec.data.secretRef``), that one is the ``envFrom`` (and
+  is mounted read-only for file credentials, such as a Google service-account key) and the
+  checkpoint Secret's S3 keys reach only the checkpoint store: ``secretKeyRef`` variables
+  that the kubelet expands into ``DATALANE_STORE_OPTIONS`` (``$(VAR)``), so both
+  credentials stay out of the pod spec; ``spec.data.endpoint``/``region`` become the SDK's
+  ``AWS_ENDPOINT_URL_S3``/``AWS_REGION``, which the sources read with no options;
+* the sidecar's fatal error as its termination message (``/dev/termination-log``, falling
+  back to its log tail), which the operator reads back from the pod status;
 * in the trainer container: ``DATALANE_SOCKET`` and ``DATALANE_PIPELINE``; for a pipeline
   that declares ``spec.parallelism``, also ``DATALANE_DP_READERS`` (TP x CP) and
   ``DATALANE_DP_SIZE`` (pods x nproc / (TP x PP x CP)), from which the client takes its
@@ -39,19 +47,21 @@ from typing import Any
 from datalane.spec.errors import ConfigError
 from datalane_operator.names import (
     ANN_INJECTED,
+    DATA_CREDENTIALS_MOUNT,
     JOB_NAME_LABEL,
     LABEL_PIPELINE,
     RECIPE_FILE,
     RECIPE_MOUNT,
     SIDECAR_CONTAINER,
     SOCKET_FILE,
+    VOLUME_DATA_CREDENTIALS,
     VOLUME_RECIPE,
     VOLUME_SOCKET,
     VOLUME_TMP,
     recipe_configmap_name,
 )
 from datalane_operator.pipeline import Pipeline
-from datalane_operator.storage import sidecar_store_options
+from datalane_operator.storage import scheme_of, sidecar_store_options
 from datalane_operator.workload import nproc_of_container
 
 __all__ = [
@@ -66,8 +76,14 @@ __all__ = [
 
 TRAINER_ENV = ("DATALANE_SOCKET", "DATALANE_PIPELINE", "DATALANE_DP_SIZE",
                "DATALANE_DP_READERS")
-_OUR_VOLUMES = (VOLUME_SOCKET, VOLUME_RECIPE, VOLUME_TMP)
+_OUR_VOLUMES = (VOLUME_SOCKET, VOLUME_RECIPE, VOLUME_TMP, VOLUME_DATA_CREDENTIALS)
 _TMP_SIZE = "64Mi"
+TERMINATION_LOG = "/dev/termination-log"
+CHECKPOINT_KEY_ENV = {"key": ("DATALANE_CHECKPOINT_AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"),
+                      "secret": ("DATALANE_CHECKPOINT_AWS_SECRET_ACCESS_KEY",
+                                 "AWS_SECRET_ACCESS_KEY")}
+"""With a data Secret of its own, the checkpoint Secret's S3 keys: fsspec option -> (the
+sidecar's variable, the Secret's key)."""
 
 
 def socket_path(pipeline: Pipeline) -> str:
@@ -159,13 +175,24 @@ def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None) -> dict
     side = pipeline.spec.sidecar
     ckpt = pipeline.spec.checkpoint
     sock = socket_path(pipeline)
-    env: list[dict[str, Any]] = [
+    data = pipeline.spec.data
+    options = sidecar_store_options(ckpt)
+    env: list[dict[str, Any]] = []
+    if (data.secretRef is not None and ckpt.secretRef is not None
+            and scheme_of(ckpt.uri) == "s3"):
+        for option, (var, key) in CHECKPOINT_KEY_ENV.items():
+            env.append({"name": var, "valueFrom": {"secretKeyRef": {
+                "name": ckpt.secretRef.name, "key": key}}})
+            options[option] = f"$({var})"  # expanded by the kubelet, never in the spec
+    if data.endpoint is not None and scheme_of(ckpt.uri) == "s3" and ckpt.endpoint is None:
+        # AWS_ENDPOINT_URL_S3 is the data's store: the checkpoints' (AWS S3) must ignore it
+        options["config_kwargs"] = {"ignore_configured_endpoint_urls": True}
+    env += [
         {"name": "DATALANE_SOCKET", "value": sock},
         {"name": "DATALANE_RECIPE", "value": f"{RECIPE_MOUNT}/{RECIPE_FILE}"},
         {"name": "DATALANE_STORE", "value": ckpt.uri},
         {"name": "DATALANE_STORE_OPTIONS",
-         "value": json.dumps(sidecar_store_options(ckpt), sort_keys=True,
-                             separators=(",", ":"))},
+         "value": json.dumps(options, sort_keys=True, separators=(",", ":"))},
         {"name": "DATALANE_POD",
          "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
         {"name": "DATALANE_RANKS_PER_POD", "value": str(ranks or 1)},
@@ -175,6 +202,13 @@ def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None) -> dict
         {"name": "DATALANE_METRICS_PORT", "value": str(side.metricsPort)},
         {"name": "DATALANE_PIPELINE", "value": pipeline.name},
     ]
+    if data.endpoint is not None:
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": data.endpoint})
+    if data.region is not None:
+        env.append({"name": "AWS_REGION", "value": data.region})
+    if data.googleCredentials is not None:
+        env.append({"name": "GOOGLE_APPLICATION_CREDENTIALS",
+                    "value": f"{DATA_CREDENTIALS_MOUNT}/{data.googleCredentials}"})
     c: dict[str, Any] = {
         "name": SIDECAR_CONTAINER,
         "image": image,
@@ -184,7 +218,12 @@ def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None) -> dict
     }
     if side.imagePullPolicy:
         c["imagePullPolicy"] = side.imagePullPolicy
-    if ckpt.secretRef is not None:
+    if data.secretRef is not None:
+        c["envFrom"] = [{"secretRef": {"name": data.secretRef.name}}]
+        if ckpt.secretRef is not None and scheme_of(ckpt.uri) != "s3":
+            # no per-store keys for other schemes: both Secrets, the data's winning a clash
+            c["envFrom"].insert(0, {"secretRef": {"name": ckpt.secretRef.name}})
+    elif ckpt.secretRef is not None:
         c["envFrom"] = [{"secretRef": {"name": ckpt.secretRef.name}}]
     if side.metricsPort:
         c["ports"] = [{"name": "dl-metrics", "containerPort": side.metricsPort,
@@ -209,11 +248,20 @@ def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None) -> dict
         {"name": VOLUME_RECIPE, "mountPath": RECIPE_MOUNT, "readOnly": True},
         {"name": VOLUME_TMP, "mountPath": "/tmp"},
     ]
+    if data.secretRef is not None:
+        c["volumeMounts"].append({"name": VOLUME_DATA_CREDENTIALS,
+                                  "mountPath": DATA_CREDENTIALS_MOUNT, "readOnly": True})
+    # A sidecar that cannot start (a glob that matches nothing, missing credentials, an
+    # unreachable store) writes its error here; the kubelet puts it in the pod status, where
+    # the operator reads it for the DataPipeline's conditions. An error before Python runs
+    # (a bad image, an import error) leaves the file empty: then the log tail is used.
+    c["terminationMessagePath"] = TERMINATION_LOG
+    c["terminationMessagePolicy"] = "FallbackToLogsOnError"
     return c
 
 
 def _volumes(pipeline: Pipeline) -> list[dict[str, Any]]:
-    return [
+    out: list[dict[str, Any]] = [
         {"name": VOLUME_SOCKET,
          "emptyDir": {"medium": "Memory", "sizeLimit": pipeline.spec.sidecar.socketDirSizeLimit}},
         {"name": VOLUME_RECIPE,
@@ -221,6 +269,12 @@ def _volumes(pipeline: Pipeline) -> list[dict[str, Any]]:
                        "items": [{"key": RECIPE_FILE, "path": RECIPE_FILE}]}},
         {"name": VOLUME_TMP, "emptyDir": {"medium": "Memory", "sizeLimit": _TMP_SIZE}},
     ]
+    secret = pipeline.spec.data.secretRef
+    if secret is not None:
+        # 0440: readable by the sidecar's group (fsGroup), never by others
+        out.append({"name": VOLUME_DATA_CREDENTIALS,
+                    "secret": {"secretName": secret.name, "defaultMode": 0o440}})
+    return out
 
 
 def _strip(pod: dict[str, Any], trainer_name: str) -> None:

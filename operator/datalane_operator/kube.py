@@ -5,7 +5,7 @@ Every call here is one the Helm chart's RBAC grants (and nothing more is granted
 =========================================  =====================================
 resource                                   verbs
 =========================================  =====================================
-datapipelines (+ watch by kopf)            get, list, watch, patch
+datapipelines (+ watch by kopf)            get, list, watch
 datapipelines/status                       patch
 customresourcedefinitions (kopf)           list, watch
 pytorchjobs (+ watch by kopf)              get, list, watch
@@ -14,6 +14,7 @@ configmaps (the recipe)                    create, patch
 secrets (spec.checkpoint.secretRef)        get
 events                                     create
 mutating/validatingwebhookconfigurations   get, patch (the chart's own, by name)
+leases (release namespace)                 create; get, update (the chart's Lease)
 =========================================  =====================================
 
 Watching a list of namespaces (``--namespace``), the chart grants the namespaced rows only in

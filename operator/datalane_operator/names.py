@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "ANN_INJECTED",
+    "DATA_CREDENTIALS_MOUNT",
     "DEFAULT_SOCKET_DIR",
     "FIELD_MANAGER",
     "GROUP",
@@ -16,6 +17,8 @@ __all__ = [
     "KIND",
     "LABEL_MANAGED_BY",
     "LABEL_PIPELINE",
+    "NAMESPACE_OPT_IN_LABEL",
+    "NAMESPACE_OPT_IN_VALUE",
     "PLURAL",
     "PYTORCHJOB_GROUP",
     "PYTORCHJOB_PLURAL",
@@ -29,10 +32,12 @@ __all__ = [
     "SINGULAR",
     "SOCKET_FILE",
     "VERSION",
+    "VOLUME_DATA_CREDENTIALS",
     "VOLUME_RECIPE",
     "VOLUME_SOCKET",
     "VOLUME_TMP",
     "WEBHOOK_INJECT",
+    "WEBHOOK_REFUSE_NAMESPACE",
     "WEBHOOK_VALIDATE_PIPELINE",
     "WEBHOOK_VALIDATE_SCALE",
     "WEBHOOK_VALIDATE_WORKLOAD",
@@ -57,6 +62,11 @@ REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 LABEL_PIPELINE = "datalane.io/pipeline"
 """On an injected pod and on the recipe ConfigMap: the DataPipeline's name."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+NAMESPACE_OPT_IN_LABEL = "datalane.io/inject"
+NAMESPACE_OPT_IN_VALUE = "enabled"
+"""The namespace label that opts a namespace in: the pod and PyTorchJob webhooks fire only in
+namespaces labelled ``datalane.io/inject=enabled`` (set by the namespace's administrator; the
+operator never patches namespaces), and a DataPipeline is created only there."""
 ANN_INJECTED = "datalane.io/injected"
 """On an injected pod: the sidecar image that was injected."""
 FIELD_MANAGER = "datalane-operator"
@@ -65,6 +75,8 @@ SIDECAR_CONTAINER = "datalane-sidecar"
 VOLUME_SOCKET = "datalane-socket"
 VOLUME_RECIPE = "datalane-recipe"
 VOLUME_TMP = "datalane-tmp"
+VOLUME_DATA_CREDENTIALS = "datalane-data-credentials"
+DATA_CREDENTIALS_MOUNT = "/etc/datalane/data-credentials"
 DEFAULT_SOCKET_DIR = "/var/run/datalane"
 SOCKET_FILE = "datalane.sock"
 RECIPE_MOUNT = "/etc/datalane/recipe"
@@ -76,6 +88,9 @@ WEBHOOK_VALIDATE_PIPELINE = "validate-datapipeline"
 WEBHOOK_INJECT = "inject-sidecar"
 WEBHOOK_VALIDATE_WORKLOAD = "validate-pytorchjob"
 WEBHOOK_VALIDATE_SCALE = "validate-pytorchjob-scale"
+WEBHOOK_REFUSE_NAMESPACE = "refuse-datapipeline-namespace"
+"""Refuses the creation of a DataPipeline in a namespace that is not opted in (the chart
+registers it with a namespaceSelector matching exactly those namespaces)."""
 
 
 def recipe_configmap_name(pipeline: str) -> str:

@@ -29,10 +29,11 @@ from datalane.spec.errors import ConfigError
 from datalane.spec.lanes import nearest_multiples
 from datalane.spec.model import doc
 from datalane.spec.recipe import Recipe
-from datalane_operator.names import DEFAULT_SOCKET_DIR
+from datalane_operator.names import DATA_CREDENTIALS_MOUNT, DEFAULT_SOCKET_DIR
 
 __all__ = [
     "CheckpointSpec",
+    "DataSpec",
     "LIFTED_RECIPE_FIELDS",
     "Parallelism",
     "Pipeline",
@@ -53,6 +54,7 @@ QUANTITY = (r"(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
             r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?")
 _NAME_PART = r"[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?"
 RESOURCE_NAME = rf"({_NAME_PART}/)?{_NAME_PART}"
+REGION = r"[a-z0-9][-a-z0-9]{0,62}"  # us-east-1, eu-west-3, or an S3-compatible store's name
 
 LIFTED_RECIPE_FIELDS = {"lanes": "spec.lanes", "global_batch_size": "spec.globalBatchSize"}
 """Recipe fields that live at the top of the spec instead of in ``spec.recipe``."""
@@ -91,8 +93,36 @@ class CheckpointSpec:
     endpoint: str | None = doc(
         "Endpoint URL of an S3-compatible store (MinIO, Ceph...); null for AWS S3 or other "
         "schemes.", default=None, pattern=r"https?://\S+")
+    region: str | None = doc(
+        "Region of an s3:// store (its client's region_name); null: the SDK's default "
+        "(AWS_REGION of the sidecar, or us-east-1).", default=None, pattern=REGION)
     keep: int = doc("Committed checkpoints kept; older ones are garbage-collected.",
                     default=3, ge=1, le=10000)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """How the sidecar reads the recipe's sources and tokenizer: credentials, endpoint and
+    region of the data, which may differ from the checkpoint store's."""
+
+    secretRef: SecretRef | None = doc(  # noqa: RUF009 - doc() is dataclasses.field
+        "Credentials for the data, distinct from spec.checkpoint.secretRef: every key of this "
+        "Secret becomes an environment variable of the sidecar (AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN for s3://), and it is mounted read-only at "
+        f"{DATA_CREDENTIALS_MOUNT} (see googleCredentials). Set, the checkpoint Secret's keys "
+        "reach only the checkpoint store (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY of an "
+        "s3:// store), not the sidecar's environment. Null: the checkpoint Secret, or the "
+        "pod's workload identity, reads the data too.", default=None)
+    endpoint: str | None = doc(
+        "Endpoint URL of the S3-compatible store holding the s3:// sources (the sidecar's "
+        "AWS_ENDPOINT_URL_S3); null: AWS S3.", default=None, pattern=r"https?://\S+")
+    region: str | None = doc("Region of the s3:// sources (the sidecar's AWS_REGION).",
+                             default=None, pattern=REGION)
+    googleCredentials: str | None = doc(
+        "Key of the data Secret that holds a Google service-account JSON key for gs:// "
+        "sources: GOOGLE_APPLICATION_CREDENTIALS points at the mounted file. Null: gcsfs "
+        "uses the pod's workload identity (or the metadata server).", default=None,
+        pattern=r"[-._a-zA-Z0-9]+")
 
 
 @dataclass(frozen=True)
@@ -160,6 +190,9 @@ class PipelineSpec:
                      "size must divide it.", ge=1, le=1 << 20)
     globalBatchSize: int = doc("Sequences per step B; a multiple of `lanes`.", ge=1)
     checkpoint: CheckpointSpec = doc("Checkpoint store of the lane resume points.")  # noqa: RUF009
+    data: DataSpec = doc(  # noqa: RUF009 - doc() is dataclasses.field
+        "How the sidecar reads the sources (credentials, endpoint, region), when that differs "
+        "from the checkpoint store.", factory=DataSpec)
     sidecar: SidecarSpec = doc("The injected sidecar.", factory=SidecarSpec)  # noqa: RUF009
     parallelism: Parallelism = doc(  # noqa: RUF009 - doc() is dataclasses.field
         "Model parallelism of the trainer. The data-parallel (DP) world size is pods x "

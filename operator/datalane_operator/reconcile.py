@@ -11,7 +11,10 @@ Conditions:
 
 * ``Ready`` - the workload exists, its data-parallel world size divides the lanes, every pod
   carries the sidecar and is ready, and the checkpoint store can be listed;
-* ``Degraded`` - something needs a human: ``WorldSizeMismatch``, ``ParallelismMismatch``
+* ``Degraded`` - something needs a human: ``SidecarFailed`` (a sidecar cannot start or keeps
+  exiting: a glob that matches nothing, missing credentials, an unreachable store, a Secret
+  or image that does not exist; the message is the sidecar's own, from its termination
+  message in the pod status, or the kubelet's), ``WorldSizeMismatch``, ``ParallelismMismatch``
   (the ranks do not fit ``spec.parallelism``), ``RanksPerPodUnknown``, ``SidecarMissing``
   (pods created before the pipeline), ``StorageUnavailable``, ``StoreAccessDenied`` (the
   cluster policy or the Secret does not let the operator act on the store: it was not
@@ -30,13 +33,18 @@ from typing import Any
 from datalane.spec.errors import ConfigError
 from datalane.store.layout import format_steps
 from datalane_operator.inject import is_injected
-from datalane_operator.names import recipe_configmap_name
+from datalane_operator.names import (
+    NAMESPACE_OPT_IN_LABEL,
+    NAMESPACE_OPT_IN_VALUE,
+    SIDECAR_CONTAINER,
+    recipe_configmap_name,
+)
 from datalane_operator.pipeline import Parallelism, Pipeline
 from datalane_operator.storage import Listing
 from datalane_operator.workload import Topology, check_workers, topology_of
 
-__all__ = ["MAX_LISTED_CHECKPOINTS", "Decision", "Event", "PodCounts", "decide", "decide_invalid",
-           "count_pods"]
+__all__ = ["MAX_LISTED_CHECKPOINTS", "Decision", "Event", "PodCounts", "SidecarFailure", "decide",
+           "decide_invalid", "count_pods", "sidecar_failures"]
 
 MAX_LISTED_CHECKPOINTS = 10
 """``status.checkpoints`` holds at most this many (the newest) committed steps."""
@@ -94,6 +102,92 @@ def count_pods(pods: Sequence[Mapping[str, Any]]) -> PodCounts:
     return PodCounts(total, ready, tuple(sorted(missing)))
 
 
+# Waiting reasons of a container that will not start without a change (the kubelet's words).
+_STUCK = ("CreateContainerConfigError", "CreateContainerError", "ErrImagePull",
+          "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RunContainerError")
+MAX_FAILURE_MESSAGE = 4096
+"""A kubelet keeps at most 4096 bytes of a termination message; so does the condition."""
+
+
+@dataclass(frozen=True)
+class SidecarFailure:
+    """Why one pod's sidecar is not serving: its last exit, or what keeps it from starting."""
+
+    pod: str
+    what: str  # "exited with code 2", "CreateContainerConfigError"
+    message: str
+
+    def describe(self) -> str:
+        text = f"the sidecar of pod {self.pod} {self.what}"
+        return f"{text}: {self.message}" if self.message else text
+
+
+def _sidecar_status(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    status = pod.get("status") or {}
+    for c in [*(status.get("initContainerStatuses") or []),
+              *(status.get("containerStatuses") or [])]:
+        if c.get("name") == SIDECAR_CONTAINER:
+            return c  # type: ignore[no-any-return]
+    return None
+
+
+def sidecar_failure(pod: Mapping[str, Any]) -> SidecarFailure | None:
+    """The sidecar's failure in ``pod``, from the container status the kubelet reports.
+
+    A sidecar that is ready is fine, whatever its past exits; one that is not ready and whose
+    last run ended with a non-zero code (``state`` or ``lastState.terminated``: a native
+    sidecar in ``CrashLoopBackOff`` shows the exit in ``lastState``), or that waits for
+    something only a human can fix (a missing Secret, an image that cannot be pulled), has
+    failed. The message is the container's termination message (the sidecar writes its fatal
+    error there) or the kubelet's waiting message.
+    """
+    cs = _sidecar_status(pod)
+    if cs is None or cs.get("ready"):
+        return None
+    name = str((pod.get("metadata") or {}).get("name", ""))
+    state = cs.get("state") or {}
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in _STUCK:
+        return SidecarFailure(name, str(waiting["reason"]), _clip(waiting.get("message")))
+    ended = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+    code = ended.get("exitCode")
+    if not ended or code in (None, 0):
+        return None
+    what = f"exited with code {code}"
+    if ended.get("reason") not in (None, "", "Error"):
+        what += f" ({ended['reason']})"  # OOMKilled, ContainerCannotRun, ...
+    return SidecarFailure(name, what, _clip(ended.get("message")))
+
+
+def _clip(text: Any) -> str:
+    out = str(text or "").strip()
+    return out if len(out) <= MAX_FAILURE_MESSAGE else out[:MAX_FAILURE_MESSAGE - 3] + "..."
+
+
+def sidecar_failures(pods: Sequence[Mapping[str, Any]]) -> list[SidecarFailure]:
+    """:func:`sidecar_failure` of every live pod, by pod name."""
+    out = []
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        failure = sidecar_failure(pod)
+        if failure is not None:
+            out.append(failure)
+    return sorted(out, key=lambda f: f.pod)
+
+
+def _failures_message(failures: Sequence[SidecarFailure]) -> str:
+    """The first failure in full, then how many other pods fail and which (same cause or
+    not: their messages are in ``kubectl describe pod``)."""
+    text = failures[0].describe()
+    others = [f.pod for f in failures[1:]]
+    if others:
+        text += f" (and the sidecars of {len(others)} more pods: {_names(others)})"
+    return text
+
+
 def _job_outcome(job: Mapping[str, Any]) -> str | None:
     for cond in (job.get("status") or {}).get("conditions") or []:
         if cond.get("status") == "True" and cond.get("type") in ("Succeeded", "Failed"):
@@ -133,6 +227,9 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
     if workload is not None:
         topo = topology_of(workload, spec.workload.container, spec.parallelism)
         outcome = _job_outcome(workload)
+        failures = sidecar_failures(pods) if outcome is None else []
+        if failures:  # first: it carries the sidecar's own words, the likeliest root cause
+            problems.append(("SidecarFailed", _failures_message(failures)))
         status["pods"] = topo.pods
         status["readyPods"] = counts.ready
         if topo.nproc is None:
@@ -155,9 +252,10 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
         if counts.without_sidecar and outcome is None:
             problems.append(("SidecarMissing",
                              f"{len(counts.without_sidecar)} pods of {spec.workload.name} have "
-                             f"no datalane sidecar (created before the DataPipeline or with "
-                             f"the webhook down): {_names(counts.without_sidecar)}; delete them "
-                             f"so that they are recreated"))
+                             f"no datalane sidecar (created before the DataPipeline, or while "
+                             f"the namespace lacked the label {NAMESPACE_OPT_IN_LABEL}="
+                             f"{NAMESPACE_OPT_IN_VALUE}): {_names(counts.without_sidecar)}; "
+                             f"delete them so that they are recreated"))
     # checkpoints: from this look at the store, else what the last look found
     if listing is not None and listing.ok:
         committed = listing.committed

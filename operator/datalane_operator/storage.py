@@ -23,6 +23,7 @@ from datalane.spec.errors import ConfigError
 from datalane_operator.pipeline import CheckpointSpec
 
 __all__ = [
+    "DEFAULT_PROTOCOLS",
     "SECRET_SCHEMES",
     "Listing",
     "StoreView",
@@ -35,9 +36,13 @@ __all__ = [
 _S3_KEYS = {"AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret",
             "AWS_SESSION_TOKEN": "token"}
 _S3_REQUIRED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-KNOWN_SCHEMES = ("s3", "gs", "gcs", "file", "memory")
 SECRET_SCHEMES = ("s3",)
 """Schemes whose credentials the operator takes from ``spec.checkpoint.secretRef``."""
+DEFAULT_PROTOCOLS = ("file", "memory", "s3", "s3a", "gs", "gcs")
+"""URI schemes the stock sidecar image reads: fsspec's built-ins, s3fs (``datalane[sidecar]``)
+and gcsfs (``images/sidecar/requirements.txt``). The chart declares the list
+(``sidecar.protocols``) and passes it to the operator, whose admission warns about any other
+scheme in a recipe or a checkpoint URI."""
 
 
 def scheme_of(uri: str) -> str:
@@ -46,12 +51,17 @@ def scheme_of(uri: str) -> str:
 
 
 def sidecar_store_options(ckpt: CheckpointSpec) -> dict[str, Any]:
-    """fsspec options for the sidecar (endpoint only; credentials come from the environment)."""
-    if ckpt.endpoint is None:
-        return {}
+    """fsspec options for the sidecar (endpoint and region only; credentials come from the
+    environment, or from the pod spec's references when the data has its own Secret)."""
     scheme = scheme_of(ckpt.uri)
+    if ckpt.region is not None and scheme != "s3":
+        raise ConfigError(f"spec.checkpoint.region is set, but spec.checkpoint.uri "
+                          f"{ckpt.uri!r} is not an s3:// URI")
+    if ckpt.endpoint is None and ckpt.region is None:
+        return {}
     if scheme == "s3":
-        return {"client_kwargs": {"endpoint_url": ckpt.endpoint}}
+        kwargs = {"endpoint_url": ckpt.endpoint, "region_name": ckpt.region}
+        return {"client_kwargs": {k: v for k, v in kwargs.items() if v is not None}}
     if scheme in ("gs", "gcs"):
         return {"endpoint_url": ckpt.endpoint}
     raise ConfigError(f"spec.checkpoint.endpoint is set, but spec.checkpoint.uri "

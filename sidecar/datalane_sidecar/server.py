@@ -33,7 +33,7 @@ from datalane.wire import datalane_pb2_grpc as pbg
 from datalane_sidecar.metrics import Metrics
 from datalane_sidecar.service import DataLaneService
 
-__all__ = ["SidecarConfig", "serve"]
+__all__ = ["SidecarConfig", "serve", "write_termination_message"]
 
 log = logging.getLogger("datalane.sidecar")
 _MAX_MESSAGE = 256 << 20
@@ -98,9 +98,54 @@ def _bind(server: grpc.Server, path: str, mode: int) -> None:
         raise ConfigError(f"cannot listen on unix socket {path}")
 
 
+TERMINATION_LOG_ENV = "DATALANE_TERMINATION_LOG"
+TERMINATION_LOG = "/dev/termination-log"
+_MAX_TERMINATION_MESSAGE = 4096  # what a kubelet keeps of it
+
+
+def write_termination_message(error: BaseException, cfg: SidecarConfig | None = None) -> None:
+    """Write why the sidecar stops to the container's termination message file, where the
+    kubelet reads it into the pod status (``state.terminated.message``) and the operator
+    reads it for the DataPipeline's ``SidecarFailed`` condition.
+
+    The file is ``$DATALANE_TERMINATION_LOG`` if set (a local pod runner), else
+    ``/dev/termination-log`` only if it exists (the kubelet creates it; nothing is created
+    under /dev outside a pod). Credentials are redacted as in the logs. Best effort: a
+    failure to write never hides the error itself.
+    """
+    path = os.environ.get(TERMINATION_LOG_ENV) or TERMINATION_LOG
+    if TERMINATION_LOG_ENV not in os.environ and not os.path.exists(path):
+        return
+    from datalane.spec.errors import DatalaneError
+    from datalane_sidecar.logs import CREDENTIAL_ENV, Redactor, credentials_in
+
+    text = str(error) if isinstance(error, DatalaneError) else (
+        f"{type(error).__name__}: {error}")
+    secrets = [os.environ.get(name, "") for name in CREDENTIAL_ENV]
+    secrets += credentials_in(cfg.store_options if cfg is not None else {})
+    data = Redactor(secrets)(text).encode("utf-8", "replace")[:_MAX_TERMINATION_MESSAGE]
+    data = data.decode("utf-8", "ignore").encode()  # no character cut in half
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        log.warning("cannot write the termination message", extra={"path": path,
+                                                                   "error": str(e)})
+
+
 def serve(cfg: SidecarConfig, ready: threading.Event | None = None,
           stop: threading.Event | None = None) -> int:
-    """Run until SIGTERM/SIGINT (or ``stop``); returns the exit code."""
+    """Run until SIGTERM/SIGINT (or ``stop``); returns the exit code. An error that stops
+    the sidecar is written to its termination message first (``write_termination_message``)."""
+    try:
+        return _serve(cfg, ready, stop)
+    except Exception as e:
+        write_termination_message(e, cfg)
+        raise
+
+
+def _serve(cfg: SidecarConfig, ready: threading.Event | None,
+           stop: threading.Event | None) -> int:
     if cfg.socket_mode not in (0o600, 0o660):
         raise ConfigError(f"socket mode {cfg.socket_mode:o} is not 600 or 660")
     _check_socket_path(cfg.socket)
@@ -114,7 +159,7 @@ def serve(cfg: SidecarConfig, ready: threading.Event | None = None,
     metrics = Metrics()
     service = DataLaneService(plan, Knobs(workers=cfg.workers), cfg.prefetch, store, cfg.pod,
                               cfg.ranks_per_pod, os.path.dirname(os.path.abspath(cfg.socket)),
-                              metrics)
+                              metrics, shm_mode=cfg.socket_mode)
     server = grpc.server(
         ThreadPoolExecutor(max_workers=64),
         options=[("grpc.max_send_message_length", _MAX_MESSAGE),

@@ -16,7 +16,7 @@ CHART = ROOT / "helm" / "datalane"
 
 # What the operator calls (datalane_operator/kube.py and kopf), nothing more.
 OPERATOR_RULES = {
-    ("datalane.io", "datapipelines", ""): {"get", "list", "watch", "patch"},
+    ("datalane.io", "datapipelines", ""): {"get", "list", "watch"},
     ("datalane.io", "datapipelines/status", ""): {"patch"},
     ("apiextensions.k8s.io", "customresourcedefinitions", ""): {"list", "watch"},
     ("kubeflow.org", "pytorchjobs", ""): {"get", "list", "watch"},
@@ -27,6 +27,11 @@ OPERATOR_RULES = {
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "{name}"): {"get", "patch"},
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "{name}"): {
         "get", "patch"},
+}
+# The Role of leader election, in the release namespace only.
+LEASE_RULES = {
+    ("coordination.k8s.io", "leases", ""): {"create"},
+    ("coordination.k8s.io", "leases", "{name}"): {"get", "update"},
 }
 # Those that are not namespaced: the ClusterRole's rules when watchNamespaces is set.
 CLUSTER_SCOPED = {"customresourcedefinitions", "mutatingwebhookconfigurations",

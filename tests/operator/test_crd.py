@@ -61,7 +61,14 @@ def test_status_printer_columns_and_short_name() -> None:
     assert spec["names"]["shortNames"] == ["dp"] and spec["scope"] == "Namespaced"
     assert version["subresources"] == {"status": {}}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Workload", "Lanes", "World", "Ranks", "Step", "Phase", "Age"]
+    assert names == ["Workload", "Lanes", "World", "Ranks", "Step", "Ready", "Reason", "Phase",
+                     "Age"]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    # `kubectl get dp` shows the Ready condition's status, `-o wide` its reason too
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert "priority" not in columns["Ready"]
+    assert columns["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
+    assert columns["Reason"]["priority"] == 1
     rules = openapi()["properties"]["spec"]["x-kubernetes-validations"]
     assert rules[0]["rule"] == "self.globalBatchSize % self.lanes == 0"
 

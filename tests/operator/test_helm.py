@@ -1,6 +1,10 @@
-"""The Helm chart: lint, rendering, least-privilege RBAC, webhooks wired to the handlers."""
+"""The Helm chart: lint, rendering, least-privilege RBAC, webhooks wired to the handlers, the
+webhooks' blast radius (opt-in namespaces, per-webhook failure policies), two replicas with a
+Lease, a PodDisruptionBudget and a rolling update that never leaves no replica."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from datalane_operator import names
@@ -9,6 +13,7 @@ from datalane_operator.policy import Policy
 from .helmchart import (
     CHART,
     CLUSTER_RULES,
+    LEASE_RULES,
     NAMESPACED_RULES,
     OPERATOR_RULES,
     ROOT,
@@ -37,15 +42,15 @@ def test_default_render() -> None:
     assert kinds == sorted(["ServiceAccount", "ServiceAccount", "ClusterRole",
                             "ClusterRoleBinding", "Service", "Deployment",
                             "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
-                            "Role", "RoleBinding", "Job"])
+                            "Role", "RoleBinding", "Role", "RoleBinding", "Job",
+                            "PodDisruptionBudget"])
     (dep,) = by_kind(docs, "Deployment")
     spec = dep["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
     (c,) = pod["containers"]
     assert c["image"] == "ghcr.io/datalane/datalane-operator:0.1.0"
     assert c["args"] == ["run"]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["DATALANE_OPERATOR_TLS_DIR"] == "/tls"
     assert env["DATALANE_OPERATOR_WEBHOOK_CONFIGURATION"] == "dl-datalane"
     assert env["DATALANE_OPERATOR_SIDECAR_IMAGE"] == "ghcr.io/datalane/datalane-sidecar:0.1.0"
@@ -74,6 +79,8 @@ def test_webhooks_reach_the_kopf_handlers() -> None:
     assert inject["rules"][0]["operations"] == ["CREATE"]
     paths = {w["name"]: (w["clientConfig"]["service"]["path"], w["rules"][0]["resources"])
              for w in val["webhooks"]}
+    assert paths.pop("namespace.datapipelines.datalane.io") == (
+        f"/{names.WEBHOOK_REFUSE_NAMESPACE}", ["datapipelines"])
     assert paths == {
         "datapipelines.datalane.io": (f"/{names.WEBHOOK_VALIDATE_PIPELINE}", ["datapipelines"]),
         "pytorchjobs.datalane.io": (f"/{names.WEBHOOK_VALIDATE_WORKLOAD}", ["pytorchjobs"]),
@@ -81,14 +88,90 @@ def test_webhooks_reach_the_kopf_handlers() -> None:
                                           ["pytorchjobs/scale"]),
     }
     for w in [inject, *val["webhooks"]]:
-        assert w["failurePolicy"] == "Fail" and w["sideEffects"] == "None"
+        assert w["sideEffects"] == "None"
+
+
+def webhooks_of(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    confs = by_kind(docs, "MutatingWebhookConfiguration") + by_kind(
+        docs, "ValidatingWebhookConfiguration")
+    return {w["name"]: w for c in confs for w in c["webhooks"]}
+
+
+def test_webhooks_fire_only_where_a_pipeline_can_apply() -> None:
+    """Pods, PyTorchJobs and scales are sent to the operator only from opted-in namespaces
+    (pods: only those of a training job too); DataPipelines from everywhere, and their
+    creation outside opted-in namespaces goes to the refusal webhook. Each webhook has the
+    failure policy and timeout of docs/operator.md's table."""
+    hooks = webhooks_of(render())
+    opted_in = {"matchLabels": {names.NAMESPACE_OPT_IN_LABEL: names.NAMESPACE_OPT_IN_VALUE}}
+    assert {name: (w.get("namespaceSelector"), w.get("objectSelector"), w["failurePolicy"],
+                   w["timeoutSeconds"], w["rules"][0]["operations"])
+            for name, w in hooks.items()} == {
+        "inject.pods.datalane.io": (opted_in, {"matchExpressions": [
+            {"key": names.JOB_NAME_LABEL, "operator": "Exists"}]}, "Fail", 10, ["CREATE"]),
+        "pytorchjobs.datalane.io": (opted_in, None, "Fail", 5, ["CREATE", "UPDATE"]),
+        "scale.pytorchjobs.datalane.io": (opted_in, None, "Fail", 5, ["UPDATE"]),
+        "datapipelines.datalane.io": (None, None, "Fail", 10, ["CREATE", "UPDATE"]),
+        "namespace.datapipelines.datalane.io": ({"matchExpressions": [
+            {"key": names.NAMESPACE_OPT_IN_LABEL, "operator": "NotIn",
+             "values": [names.NAMESPACE_OPT_IN_VALUE]}]}, None, "Fail", 10, ["CREATE"]),
+    }
+    # a user selector narrows every webhook further, ANDed with the opt-in label
+    hooks = webhooks_of(render("webhook.namespaceSelector.matchLabels.team=ml",
+                               "webhook.pods.failurePolicy=Ignore",
+                               "webhook.pods.timeoutSeconds=3"))
+    assert hooks["inject.pods.datalane.io"]["namespaceSelector"] == {"matchLabels": {
+        "team": "ml", names.NAMESPACE_OPT_IN_LABEL: names.NAMESPACE_OPT_IN_VALUE}}
+    assert (hooks["inject.pods.datalane.io"]["failurePolicy"],
+            hooks["inject.pods.datalane.io"]["timeoutSeconds"]) == ("Ignore", 3)
+    assert hooks["datapipelines.datalane.io"]["namespaceSelector"] == {
+        "matchLabels": {"team": "ml"}}
+    assert hooks["pytorchjobs.datalane.io"]["failurePolicy"] == "Fail"  # only pods changed
+
+
+def test_two_replicas_a_lease_and_upgrades_that_keep_one_serving() -> None:
+    docs = render()
+    (dep,) = by_kind(docs, "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate",
+                                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    pod = spec["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["DATALANE_OPERATOR_LEADER_ELECTION_LEASE"] == "dl-datalane-leader"
+    assert env["DATALANE_OPERATOR_LEADER_ELECTION_NAMESPACE"] == "datalane-system"
+    assert (env["DATALANE_OPERATOR_LEASE_DURATION"], env["DATALANE_OPERATOR_RENEW_DEADLINE"],
+            env["DATALANE_OPERATOR_RETRY_PERIOD"]) == ("15", "10", "2")
+    pod_name = next(e for e in c["env"] if e["name"] == "POD_NAME")
+    assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["DATALANE_OPERATOR_SIDECAR_PROTOCOLS"] == "file,memory,s3,s3a,gs,gcs"
+    assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "python"
+    assert c["readinessProbe"] == {"tcpSocket": {"port": "webhook"}, "periodSeconds": 5}
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {
+        "matchLabels": spec["selector"]["matchLabels"]}}
+    # the Lease: its own Role in the release namespace, nothing cluster-wide
+    lease = next(r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "dl-datalane-leader")
+    assert lease["metadata"]["namespace"] == "datalane-system"
+    assert rules_of(lease, "dl-datalane-leader") == LEASE_RULES
+    binding = next(b for b in by_kind(docs, "RoleBinding")
+                   if b["metadata"]["name"] == "dl-datalane-leader")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dl-datalane",
+                                    "namespace": "datalane-system"}]
+    # one replica: no PodDisruptionBudget, which would block every drain
+    assert not by_kind(render("operator.replicas=1"), "PodDisruptionBudget")
+    assert not by_kind(render("operator.enabled=false"), "PodDisruptionBudget")
 
 
 def test_rbac_is_least_privilege() -> None:
     docs = render()
     (role,) = by_kind(docs, "ClusterRole")
     assert rules_of(role, "dl-datalane") == OPERATOR_RULES
-    hook_role = next(r for r in by_kind(docs, "Role"))
+    hook_role = next(r for r in by_kind(docs, "Role")
+                     if r["metadata"]["name"] == "dl-datalane-certs")
     assert rules_of(hook_role, "dl-datalane-webhook-tls") == {
         ("", "secrets", ""): {"create"}, ("", "secrets", "{name}"): {"get", "update"}}
     (binding,) = by_kind(docs, "ClusterRoleBinding")
@@ -116,13 +199,22 @@ def test_watched_namespaces_get_roles_not_cluster_wide_secrets() -> None:
     (dep,) = by_kind(docs, "Deployment")
     assert dep["spec"]["template"]["spec"]["containers"][0]["args"] == [
         "run", "--namespace=team-a", "--namespace=team-b"]
-    # the webhooks admit only the watched namespaces (the operator could not look elsewhere)
+    # the webhooks admit only the watched namespaces (the operator could not look elsewhere),
+    # and the opted-in ones among them where pods and jobs are concerned
     confs = by_kind(docs, "MutatingWebhookConfiguration") + by_kind(
         docs, "ValidatingWebhookConfiguration")
-    selectors = [w["namespaceSelector"] for c in confs for w in c["webhooks"]]
-    assert len(selectors) == 4 and all(sel == {"matchExpressions": [
-        {"key": "kubernetes.io/metadata.name", "operator": "In",
-         "values": ["team-a", "team-b"]}]} for sel in selectors)
+    selectors = {w["name"]: w["namespaceSelector"] for c in confs for w in c["webhooks"]}
+    watched = {"key": "kubernetes.io/metadata.name", "operator": "In",
+               "values": ["team-a", "team-b"]}
+    assert len(selectors) == 5
+    for name in ("inject.pods.datalane.io", "pytorchjobs.datalane.io",
+                 "scale.pytorchjobs.datalane.io"):
+        assert selectors[name] == {"matchLabels": {names.NAMESPACE_OPT_IN_LABEL: "enabled"},
+                                   "matchExpressions": [watched]}, name
+    assert selectors["datapipelines.datalane.io"] == {"matchExpressions": [watched]}
+    assert selectors["namespace.datapipelines.datalane.io"] == {"matchExpressions": [
+        watched, {"key": names.NAMESPACE_OPT_IN_LABEL, "operator": "NotIn",
+                  "values": ["enabled"]}]}
     # watching every namespace: one ClusterRole, no namespaced Role of the operator
     docs = render()
     assert not [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "dl-datalane"]
@@ -177,7 +269,11 @@ def test_cert_manager_mode() -> None:
     ("image.tag=latest", "/image/tag"),
     ("sidecar.image=repo/sidecar:latest", "/sidecar/image"),
     ("webhook.url=http://insecure", "/webhook/url"),
-    ("operator.replicas=2", "replicas"),
+    ("operator.replicas=0", "/operator/replicas"),
+    ("webhook.failurePolicy=Ignore", "failurePolicy"),  # per webhook now: webhook.pods...
+    ("webhook.pods.failurePolicy=Maybe", "/webhook/pods/failurePolicy"),
+    ("webhook.scale.timeoutSeconds=60", "/webhook/scale/timeoutSeconds"),
+    ("sidecar.protocols={S3://}", "/sidecar/protocols/0"),
     ("checkpoints.operatorIdentityPrefixes.team-a={s3://b/}", "/checkpoints/allowOperatorIdentity"),
     ("checkpoints.operatorIdentityPrefixes.team-a={relative/path}",
      "/checkpoints/operatorIdentityPrefixes/team-a/0"),

@@ -8,7 +8,7 @@ import pytest
 
 from tests.cluster.harness import Cluster
 
-from .helmchart import CHART, CLUSTER_RULES, OPERATOR_RULES
+from .helmchart import CHART, CLUSTER_RULES, LEASE_RULES, OPERATOR_RULES
 
 pytestmark = pytest.mark.cluster
 # granted to every authenticated user by the API server's default roles
@@ -59,7 +59,23 @@ def test_install_and_least_privilege(k8s_cluster: Cluster, k8s_namespace: str) -
         # the hook Job ran (kwok completes it) and was cleaned up; the Deployment is up
         deploy = k8s_cluster.kubectl("get", "deploy", fullname, "-n", k8s_namespace, "-o",
                                      "jsonpath={.status.readyReplicas}").stdout
-        assert deploy == "1"
+        assert deploy == "2"  # two replicas (kwok runs no container: both "ready")
+        pdb = k8s_cluster.kubectl("get", "pdb", fullname, "-n", k8s_namespace, "-o",
+                                  "jsonpath={.spec.minAvailable}").stdout
+        assert pdb == "1"
+        # the Lease of leader election: in the release namespace, by name, nowhere else
+        lease = f"{fullname}-leader"
+        here = can_i_list(k8s_cluster, sa, k8s_namespace)
+        assert here == expected | {(g, r, lease if n == "{name}" else n): v
+                                   for (g, r, n), v in LEASE_RULES.items()}
+        for verb, ns, answer in (("update", k8s_namespace, "yes"),
+                                 ("update", "default", "no"), ("delete", k8s_namespace, "no")):
+            res = k8s_cluster.kubectl("auth", "can-i", verb, f"leases/{lease}", f"--as={sa}",
+                                      "-n", ns, check=False)
+            assert res.stdout.strip() == answer, (verb, ns)
+        res = k8s_cluster.kubectl("auth", "can-i", "update", "leases/other", f"--as={sa}", "-n",
+                                  k8s_namespace, check=False)
+        assert res.stdout.strip() == "no"
         jobs = k8s_cluster.kubectl("get", "jobs", "-n", k8s_namespace, "-o", "name").stdout
         assert jobs.strip() == ""
     finally:

@@ -110,3 +110,71 @@ def test_scale_webhook_applies_the_pipelines_parallelism() -> None:
     broken = {key: [dp(parallelism={"tensor": 0})]}
     assert review(8, broken).startswith("DataPipeline pretrain is invalid, so the world size "
                                         "cannot be checked: spec.parallelism.tensor 0")
+
+
+def test_only_the_leader_reconciles_and_a_new_leader_redoes_everything(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower ignores every event and the storage timer; a replica that becomes the
+    leader reconciles and looks at every indexed pipeline; one that stops leading cancels
+    its work in flight."""
+    import kopf
+
+    calls: list[tuple[str, tuple[str, str]]] = []
+    gate = asyncio.Event()
+
+    async def fake_reconcile(rt: Any, key: tuple[str, str]) -> None:
+        calls.append(("reconcile", key))
+        await gate.wait()
+
+    async def fake_look(self: Any, key: tuple[str, str]) -> None:
+        calls.append(("look", key))
+        self.looking.pop(key, None)
+
+    monkeypatch.setattr(handlers, "reconcile", fake_reconcile)
+    monkeypatch.setattr(handlers.Runtime, "_look", fake_look)
+
+    async def scenario() -> None:
+        rt = handlers.Runtime(leading=False)
+        monkeypatch.setattr(handlers, "RUNTIME", rt)
+        rt.pipelines = {("ml", "llama"): [{"metadata": {"name": "pretrain", "generation": 3}}]}
+        meta = kopf.Meta({"metadata": {"generation": 3}})
+        await handlers.pipeline_event(type=None, name="pretrain", namespace="ml", meta=meta)
+        await handlers.job_event(name="llama", namespace="ml", pipelines=rt.pipelines)
+        rt.kick(("ml", "pretrain"))  # e.g. from a storage look that was in flight
+        rt.look(("ml", "pretrain"))
+        await asyncio.sleep(0.01)
+        assert calls == [] and not rt.running  # a follower does nothing
+        rt.start_leading()
+        await asyncio.sleep(0.01)
+        key = ("ml", "pretrain")
+        assert sorted(calls) == [("look", key), ("reconcile", key)]
+        # the same generation again (a status patch, a label): nothing new
+        await handlers.pipeline_event(type="MODIFIED", name="pretrain", namespace="ml",
+                                      meta=meta)
+        assert rt.again == set()
+        # a new generation: reconcile (queued behind the running one) and look
+        await handlers.pipeline_event(type="MODIFIED", name="pretrain", namespace="ml",
+                                      meta=kopf.Meta({"metadata": {"generation": 4}}))
+        await asyncio.sleep(0.01)
+        assert rt.again == {key} and calls.count(("look", key)) == 2
+        running = rt.running[key]
+        rt.stop_leading()
+        await asyncio.sleep(0.01)
+        assert running.cancelled() and not rt.running and not rt.again
+        gate.set()
+
+    asyncio.run(scenario())
+
+
+def test_a_pipeline_outside_opted_in_namespaces_is_refused_naming_the_label() -> None:
+    import kopf
+
+    from .builders import dp
+
+    with pytest.raises(kopf.AdmissionError) as err:
+        asyncio.run(handlers.refuse_namespace(body=kopf.Body(dp(namespace="team-b"))))
+    assert str(err.value) == (
+        "namespace 'team-b' is not opted in to datalane: the sidecar webhook fires only in "
+        "namespaces labelled datalane.io/inject=enabled, so the pods of spec.workload.name "
+        "'llama' would get no sidecar; label it first: kubectl label namespace team-b "
+        "datalane.io/inject=enabled")

@@ -53,22 +53,51 @@ clientConfig:
   {{- end }}
 {{- end -}}
 
+{{- define "datalane.leaseName" -}}
+{{- printf "%s-leader" (include "datalane.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The common part of one webhook: (list $root POLICY SCOPE). POLICY names the entry of
+.Values.webhook (pods, datapipelines, pytorchjobs, scale) with its failurePolicy and
+timeoutSeconds. SCOPE is "optedIn" (only namespaces labelled datalane.io/inject=enabled),
+"notOptedIn" (only namespaces without it) or "all"; each is ANDed with webhook.namespaceSelector
+(or, without one, operator.watchNamespaces).
+*/}}
 {{- define "datalane.webhookCommon" -}}
+{{- $root := index . 0 -}}
+{{- $policy := index $root.Values.webhook (index . 1) -}}
+{{- $scope := index . 2 -}}
+{{- $labels := dict -}}
+{{- $exprs := list -}}
+{{- with $root.Values.webhook.namespaceSelector }}
+{{- $labels = merge $labels (deepCopy (.matchLabels | default dict)) -}}
+{{- $exprs = concat $exprs (.matchExpressions | default list) -}}
+{{- else }}
+{{- with $root.Values.operator.watchNamespaces }}
+{{- $exprs = append $exprs (dict "key" "kubernetes.io/metadata.name" "operator" "In" "values" .) -}}
+{{- end }}
+{{- end }}
+{{- if eq $scope "optedIn" }}
+{{- $_ := set $labels "datalane.io/inject" "enabled" -}}
+{{- else if eq $scope "notOptedIn" }}
+{{- $exprs = append $exprs (dict "key" "datalane.io/inject" "operator" "NotIn" "values" (list "enabled")) -}}
+{{- end -}}
 admissionReviewVersions: ["v1"]
 sideEffects: None
 matchPolicy: Equivalent
-failurePolicy: {{ .Values.webhook.failurePolicy }}
-timeoutSeconds: {{ .Values.webhook.timeoutSeconds }}
-{{- if .Values.webhook.namespaceSelector }}
+failurePolicy: {{ $policy.failurePolicy }}
+timeoutSeconds: {{ $policy.timeoutSeconds }}
+{{- if or $labels $exprs }}
 namespaceSelector:
-  {{- toYaml .Values.webhook.namespaceSelector | nindent 2 }}
-{{- else if .Values.operator.watchNamespaces }}
-namespaceSelector:
+  {{- with $labels }}
+  matchLabels:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $exprs }}
   matchExpressions:
-    - key: kubernetes.io/metadata.name
-      operator: In
-      values:
-        {{- toYaml .Values.operator.watchNamespaces | nindent 8 }}
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 {{- end }}
 {{- end -}}
 
