@@ -69,6 +69,11 @@ class ChatSpec:
         """``template_date`` at midnight: what ``strftime_now`` formats."""
         return datetime.fromisoformat(self.template_date)
 
+    @property
+    def document_field(self) -> str:
+        """The field of a record that holds the document (the conversation)."""
+        return self.messages_field
+
     def resolved(self, fix: Callable[[str], str]) -> ChatSpec:
         """A copy with the file fields passed through ``fix`` (relative paths of a recipe
         file are relative to the file)."""

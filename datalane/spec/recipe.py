@@ -8,6 +8,7 @@ prefetch, world size) are deliberately *not* here: they live in :mod:`datalane.s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -98,17 +99,23 @@ class Source:
     format: str | None = doc(
         "File format; null infers it from the extension (.parquet, .jsonl/.json/.ndjson, "
         "optionally .gz or .zst).", default=None, choices=FORMAT_NAMES)
-    text_field: str = doc("Column (Parquet) or key (JSONL) holding the document text.",
-                          default="text")
+    text_field: str = doc(
+        "Column (Parquet, MDS, Lance, HF) or key (JSONL) holding the document text; for "
+        "WebDataset the extension of the member holding it (`txt`).", default="text")
     weight: float = doc("Share of *tokens* this source contributes to each lane's mix.",
                         default=1.0, gt=0)
     epochs: int | None = doc("Passes over the source; null repeats it forever.",
                              default=1, ge=1)
     chunk_bytes: int = doc(
-        "JSONL chunk size in bytes (chunks align to newlines). Compressed files are one "
-        "chunk each.", default=1 << 20, ge=1)
+        "JSONL chunk size in bytes (chunks align to newlines); also the size of MDS, "
+        "WebDataset and HF chunks when `chunk_rows` is null (aligned to samples, record "
+        "batches). Compressed JSONL files are cut at zstd frame and gzip member boundaries, "
+        "about `chunk_bytes` of compressed data a chunk (a file of one frame is one chunk); "
+        "other compressed files are one chunk each.", default=1 << 20, ge=1)
     chunk_rows: int | None = doc(
-        "Parquet chunk size in rows; null makes each row group one chunk.", default=None, ge=1)
+        "Parquet chunk size in rows; null makes each row group one chunk. Also rows (HF, "
+        "Lance: null makes a fragment one chunk) or samples (MDS, WebDataset) per chunk.",
+        default=None, ge=1)
     filters: Filters | None = doc(
         "Filters for this source, replacing the recipe-level `filters`.", default=None)
     chat: ChatSpec | None = doc(
@@ -122,13 +129,21 @@ class Source:
         default=None, omit_default=True)
 
     @property
+    def kind_config(self) -> Any:
+        """The configuration of the source's document kind (``chat``, ``tokens``, ...), or
+        None for plain text. A kind's configuration is the one field of this class whose
+        value offers ``document_field``."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if hasattr(value, "document_field"):
+                return value
+        return None
+
+    @property
     def field(self) -> str:
         """The field the records' documents are in."""
-        if self.chat is not None:
-            return self.chat.messages_field
-        if self.tokens is not None:
-            return self.tokens.field
-        return self.text_field
+        config = self.kind_config
+        return str(config.document_field) if config is not None else self.text_field
 
     def validate(self, where: str) -> None:
         if self.tokens is None:
@@ -307,8 +322,14 @@ def _resolve_relative(recipe: Recipe, base: str) -> Recipe:
             return uri
         return os.path.normpath(os.path.join(base, uri))
 
-    sources = [dataclasses.replace(s, uris=[fix(u) for u in s.uris],
-                                   chat=s.chat.resolved(fix) if s.chat is not None else None)
-               for s in recipe.sources]
+    def fixed(s: Source) -> Source:
+        config = s.kind_config
+        changes: dict[str, Any] = {"uris": [fix(u) for u in s.uris]}
+        if config is not None and hasattr(config, "resolved"):  # a kind's own file fields
+            name = next(f.name for f in dataclasses.fields(s) if getattr(s, f.name) is config)
+            changes[name] = config.resolved(fix)
+        return dataclasses.replace(s, **changes)
+
+    sources = [fixed(s) for s in recipe.sources]
     tok = dataclasses.replace(recipe.tokenizer, uri=fix(recipe.tokenizer.uri))
     return dataclasses.replace(recipe, sources=sources, tokenizer=tok)

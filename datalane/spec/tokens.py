@@ -52,3 +52,8 @@ class TokensSpec:
         "nanoGPT's `<|endoftext|>`); null: the documents are listed in the offsets file "
         "beside each flat file (`NAME.offsets.npy`, see Pre-tokenized sources).",
         default=None, ge=0)
+
+    @property
+    def document_field(self) -> str:
+        """The field of a record that holds the document (its token ids)."""
+        return self.field
