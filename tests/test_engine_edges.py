@@ -316,8 +316,8 @@ def test_too_few_compressed_files_do_not_suggest_smaller_chunks(mixed) -> None:
         Plan.build(recipe)
     assert str(info.value) == (
         "sources[2] 'gz' has 4 chunk(s) in 4 file(s), but 8 lanes each need at least one per "
-        "epoch; compressed files are one chunk each: split them into more files, or use fewer "
-        "lanes")
+        "epoch; compressed files with one frame are one chunk each: write them with several "
+        "frames (pzstd, bgzip, the zstd seekable format) or split them, or use fewer lanes")
 
 
 # -- tampered lane states -----------------------------------------------------------------

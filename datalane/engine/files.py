@@ -88,11 +88,19 @@ def expand(uri: str, where: str) -> list[tuple[str, int, str]]:
 
 
 def open_file(uri: str, compression: str | None = None) -> IO[bytes]:
-    """Open a source file for binary reading, decompressing on the fly if asked."""
+    """Open a source file for binary reading, decompressing on the fly if asked.
+
+    Compressed files are read by :func:`datalane.engine.formats.compressed.open_stream`, which
+    raises a DataError for a stream cut short or corrupt (fsspec's zstd reader returns a
+    shorter stream without a word)."""
     import fsspec
 
+    if compression is not None:
+        from datalane.engine.formats.compressed import open_stream
+
+        return open_stream(uri, compression)
     try:
-        return fsspec.open(uri, "rb", compression=compression).open()  # type: ignore[no-any-return]
+        return fsspec.open(uri, "rb").open()  # type: ignore[no-any-return]
     except FileNotFoundError as e:
         raise StorageError(f"source file {uri} disappeared after planning") from e
     except OSError as e:

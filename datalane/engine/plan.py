@@ -9,6 +9,7 @@ lanes in it; it also produces the fingerprint document.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 
 from datalane.engine.chunks import Chunk, cut_file
@@ -89,6 +90,13 @@ class Plan:
                       for sp in sources if kind_name(sp.spec) != "text"}
         if identities:  # text recipes keep the fingerprint they always had
             doc["documents"] = identities
+        # compressed files cut at frame boundaries: a state saved when each was one chunk must
+        # not resume on other chunks (recipes without such files keep their fingerprint)
+        framed = {sp.spec.name: {sp.files[i].uri: n for i, n in sorted(Counter(
+            c.file for c in sp.chunks if sp.files[c.file].compression).items()) if n > 1}
+            for sp in sources}
+        if any(framed.values()):
+            doc["compressed_chunks"] = {k: v for k, v in framed.items() if v}
         schema = text_schema(tokenizer.pad_id, tuple(extra.values()))
         return cls(recipe, sources, tokenizer, schema, doc, fingerprint_of(doc))
 

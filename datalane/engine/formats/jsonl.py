@@ -1,21 +1,49 @@
 """JSON Lines: one JSON object per line, plain or gzip/zstd compressed.
 
-Plain files are cut into byte ranges of ``chunk_bytes`` aligned to newlines (a record belongs
-to the chunk its first byte lies in); compressed files are one chunk each, since gzip and
-zstd streams cannot be entered in the middle. A record's position is its byte offset in the
-(decompressed) stream; its value is the field of the parsed object, decoded on worker
-threads.
+Plain files are cut into byte ranges of ``chunk_bytes`` aligned to newlines: a record belongs
+to the chunk its first byte lies in. A record's position is the byte offset of its first byte;
+its value is the field of the parsed object, decoded on worker threads.
+
+Compressed files are cut at frame boundaries (zstd frames, gzip members; see
+:mod:`datalane.engine.formats.compressed` for how they are found), since a stream can be
+entered only where a frame starts. Consecutive frames are grouped: a chunk ends at the first
+frame that starts at or after the next multiple of ``chunk_bytes`` of *compressed* data, so
+many small frames share a chunk and a frame larger than ``chunk_bytes`` is a chunk of its
+own. A file of one frame - most files ``gzip`` and ``zstd`` write - is one chunk
+``(0, -1)``, as a file no larger than ``chunk_bytes`` is (its frames are not even looked for).
+
+In a compressed file a chunk's range and a record's position are in bytes of the
+*decompressed* stream (the whole file's, not one frame's): a position is the offset of the
+record's first byte in the concatenation of all the frames' contents. So a position means the
+same whatever the chunking, a single-frame file's positions are what they always were, and
+errors name a byte a user can find with ``zstd -dc | head -c``. The file's frame index maps a
+position to the frame holding it (its compressed and decompressed offsets), so
+``records(chunk, start=pos)`` and ``read_one(file, pos)`` decompress from that frame's start
+only - at most one frame before the record, never the file from its start.
+
+Records may span a frame boundary: the stream is continuous, and a chunk ends where plain
+JSONL's do, by reading on to the end of the last record it owns. The one difference from
+plain files is which chunk owns a record that starts exactly on a chunk boundary: the chunk
+*before* it. A chunk ``[s, e)`` (decompressed offsets, both frame starts) owns the records
+whose preceding newline lies in ``[s, e)`` (the first chunk also owns the record at 0): it
+starts reading at its own first frame and skips to the first newline at or after ``s``, never
+needing byte ``s - 1``, which lies in the previous frame and would mean decompressing all of
+that frame. Writers often end each frame on a line end, so under the other rule every chunk
+would decompress a whole frame of its neighbour; under this one the previous chunk reads the
+next frame only up to its first newline.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from datalane.engine.files import SourceFile, open_file
 from datalane.engine.formats.base import Chunk, Decoded
+from datalane.engine.formats.compressed import FrameIndex, frame_index, known_index, open_stream
 from datalane.spec.errors import DataError, StorageError
 
 __all__ = ["JSONL"]
@@ -72,36 +100,63 @@ class JsonlReader:
                 yield base + pos, line
             pos = end + 1
 
-    def _stream(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, bytes]]:
+    def _compressed(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, bytes]]:
         sf = self._files[chunk.file]
+        assert sf.compression is not None
+        whole = chunk.start == 0 and chunk.stop < 0
+        begin = chunk.start if start is None else start
+        index: FrameIndex | None = None
+        if not whole:
+            index = frame_index(sf)
+        elif begin > 0:
+            index = known_index(sf)  # a shortcut when this process has it
+        coffset, doffset = index.restart(begin) if index is not None else (0, 0)
+        stop = chunk.stop
         try:
-            with open_file(sf.uri, sf.compression) as raw:
-                f = _buffered(raw)
-                pos = start or 0
-                if pos:
-                    _skip(f, pos)
+            with open_stream(sf.uri, sf.compression, coffset) as f:
+                pos = doffset + _skip_stream(f, begin - doffset)
+                if pos < begin:
+                    if whole:
+                        return
+                    raise _ended_early(sf.uri, pos, chunk)
+                if start is None and begin > 0:  # a record starting before the chunk's
+                    pos += len(f.readline())     # first newline is the previous chunk's
                 for line in f:
-                    length = len(line)
+                    if 0 <= stop < pos:
+                        return
                     body = line.rstrip(b"\n")
                     if body.strip():
                         yield pos, body
-                    pos += length
+                    pos += len(line)
+                if pos < stop:
+                    raise _ended_early(sf.uri, pos, chunk)
+        except DataError:
+            raise
         except Exception as e:
             _raise_read_error(e, sf.uri)
 
     def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, bytes]]:
         if self._files[chunk.file].compression is None:
             return self._plain(chunk, start)
-        return self._stream(chunk, start)
+        return self._compressed(chunk, start)
 
     def read_one(self, file: int, pos: int) -> bytes:
         sf = self._files[file]
         try:
-            with open_file(sf.uri, sf.compression) as raw:
-                f = _buffered(raw)  # zstd readers have no readline
-                _skip(f, pos)
-                line: bytes = f.readline()
+            if sf.compression is None:
+                with open_file(sf.uri) as raw:
+                    f = _buffered(raw)
+                    _skip(f, pos)
+                    line: bytes = f.readline()
+                    return line.rstrip(b"\n")
+            index = known_index(sf)
+            coffset, doffset = index.restart(pos) if index is not None else (0, 0)
+            with open_stream(sf.uri, sf.compression, coffset) as f:
+                _skip_stream(f, pos - doffset)
+                line = f.readline()
                 return line.rstrip(b"\n")
+        except DataError:
+            raise
         except Exception as e:
             _raise_read_error(e, f"{sf.uri} at byte {pos}")
 
@@ -132,7 +187,14 @@ class Jsonl:
     def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
             chunk_rows: int | None) -> list[Chunk]:
         if sf.compression is not None:
-            return [Chunk(index, 0, -1)] if sf.size > 0 else []
+            if sf.size <= 0:
+                return []
+            if sf.size <= chunk_bytes:  # one chunk whatever its frames: do not look for them
+                return [Chunk(index, 0, -1)]
+            bounds = frame_index(sf).boundaries(chunk_bytes)
+            if len(bounds) <= 2:
+                return [Chunk(index, 0, -1)]
+            return [Chunk(index, a, b) for a, b in itertools.pairwise(bounds)]
         return [Chunk(index, s, min(s + chunk_bytes, sf.size))
                 for s in range(0, sf.size, chunk_bytes)]
 
@@ -159,9 +221,18 @@ class Jsonl:
         return obj[field], None, None
 
     def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
-        if all(f.compression is not None for f in files if f.format == self.name):
-            return "compressed files are one chunk each: split them into more files"
-        return f"set a smaller {where}.chunk_bytes, add files"
+        mine = [f for f in files if f.format == self.name]
+        # a compressed file no larger than chunk_bytes was not indexed: index it now (this is
+        # an error path, with fewer chunks than lanes, so few files)
+        single = [f for f in mine if f.compression is not None and frame_index(f).frames <= 1]
+        hints = []
+        if len(single) < len(mine):
+            hints.append(f"set a smaller {where}.chunk_bytes, add files")
+        if single:
+            hints.append("compressed files with one frame are one chunk each: write them with "
+                         "several frames (pzstd, bgzip, the zstd seekable format) or split "
+                         "them")
+        return "; or ".join(hints)
 
 
 JSONL = Jsonl()
@@ -191,6 +262,24 @@ def _raise_read_error(e: Exception, what: str) -> NoReturn:
     if isinstance(e, OSError) and not isinstance(e, StorageError):
         raise StorageError(f"cannot read {what}: {e}", transient=True) from e
     raise e
+
+
+def _skip_stream(f: Any, n: int) -> int:
+    """Read and drop ``n`` bytes of a stream; how many there were."""
+    left = n
+    while left > 0:
+        got = f.read(min(left, 1 << 20))
+        if not got:
+            break
+        left -= len(got)
+    return n - max(left, 0)
+
+
+def _ended_early(uri: str, pos: int, chunk: Chunk) -> DataError:
+    return DataError(
+        f"{uri}: the compressed stream ends at decompressed byte {pos}, before the end of its "
+        f"chunk (bytes {chunk.start}-{chunk.stop}) that the file's frame index promised when "
+        f"the plan was made: the file was truncated or rewritten since")
 
 
 def _skip(f: Any, pos: int) -> None:
