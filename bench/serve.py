@@ -20,8 +20,10 @@ renumbering steps. The trainer side is the shipped ``SidecarLoader``. The in-pro
 comparison is the shipped ``InProcessLoader`` whose engine is replaced by the same kind of
 replay of real steps.
 
-Payload = ``input_ids`` + ``positions``, int32, ``seq_len + 1 = 2048`` tokens per sequence:
-4 sequences = 2 x 4 x 2048 x 4 B = 64 KiB, 16 = 256 KiB, 64 = 1 MiB. MB = 10^6 bytes.
+Payload = the text recipe's columns (``input_ids`` + ``positions``, int32), ``seq_len + 1 =
+2048`` tokens per sequence: 4 sequences = 2 x 4 x 2048 x 4 B = 64 KiB, 16 = 256 KiB, 64 = 1 MiB
+(``Batch.nbytes``, every column; a chat recipe's uint8 ``loss_mask`` would add 1/8).
+MB = 10^6 bytes.
 
 Per configuration and round:
 
@@ -102,7 +104,7 @@ def replay_server(args: argparse.Namespace) -> int:
     from datalane_sidecar.server import SidecarConfig, serve
     from datalane_sidecar.session import Prepared, Session
 
-    cache: dict[tuple[int, int, int], tuple[list[Prepared], str, range, int]] = {}
+    cache: dict[tuple[int, int, int], tuple[list[Prepared], str, range, int, Any]] = {}
     lock = threading.Lock()
     steps = args.replay_steps
 
@@ -136,10 +138,10 @@ def replay_server(args: argparse.Namespace) -> int:
                             if item is not None:
                                 items.append(item)
                         cache[key] = (items, real.state_at(real.first_step), real.lanes,
-                                      real.per_step)
+                                      real.per_step, real.layout)
                     finally:
                         real.close()
-            self._items, self._state, self.lanes, self.per_step = cache[key]
+            self._items, self._state, self.lanes, self.per_step, self.layout = cache[key]
             self.id = session_id
             self.rank = rank
             self.world_size = world_size
@@ -277,7 +279,7 @@ def measure(make: Callable[[], Any], warmup: float, seconds: float, latency_n: i
         it = iter(loader)
         sizes: list[int] = []  # throughput: back to back
         wall, cpu = back_to_back(it, warmup, seconds,
-                                 lambda b: sizes.append(b.input_ids.nbytes + b.positions.nbytes))
+                                 lambda b: sizes.append(b.nbytes))
         n, nbytes = len(sizes), sum(sizes)
         # ready latency: the trainer computes (sleeps) between asks; the sidecar is ahead
         lat = []
@@ -288,7 +290,7 @@ def measure(make: Callable[[], Any], warmup: float, seconds: float, latency_n: i
             a = time.perf_counter()
             b = next(it)
             lat.append(time.perf_counter() - a)
-            paced_bytes += b.input_ids.nbytes + b.positions.nbytes
+            paced_bytes += b.nbytes
         paced_cpu = time.process_time() - c1 - latency_n * slept
         it.close()
     finally:
@@ -313,6 +315,10 @@ class ReplayEngine:
     def step(self) -> int:  # the next step (InProcessLoader compares it with its position)
         return self._i
 
+    @property
+    def schema(self) -> Any:  # the recipe's sample schema (InProcessLoader's Batch.schema)
+        return self.plan.schema
+
     def next_step(self) -> Any:
         k, r = divmod(self._i, len(self.steps))
         self._i += 1
@@ -335,10 +341,12 @@ def producer_rate(make: Callable[[], Any], warmup: float, seconds: float) -> dic
     loader = make()
     docs: list[int] = []
     payloads: list[int] = []
+    nbytes: list[int] = []
 
     def count(b: Any) -> None:
         docs.append(int((b.positions >= 0).sum()))
         payloads.append(b.positions.size)
+        nbytes.append(b.nbytes)
 
     try:
         wall, cpu = back_to_back(iter(loader), warmup, seconds, count)
@@ -346,7 +354,7 @@ def producer_rate(make: Callable[[], Any], warmup: float, seconds: float) -> dic
         loader.close()
     doc, payload = sum(docs), sum(payloads)
     return {"doc_tokens_per_s": doc / wall, "payload_tokens_per_s": payload / wall,
-            "MB_per_s": payload * 8 / 1e6 / wall, "trainer_cpu_cores": cpu / wall,
+            "MB_per_s": sum(nbytes) / 1e6 / wall, "trainer_cpu_cores": cpu / wall,
             "load1": load1()}
 
 

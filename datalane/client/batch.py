@@ -1,4 +1,4 @@
-"""The unit a trainer receives: one microbatch of its rank's local batch."""
+"""The unit a trainer receives: one microbatch of its rank's local batch, as named columns."""
 
 from __future__ import annotations
 
@@ -6,22 +6,53 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from datalane.spec.schema import SampleSchema
+
 __all__ = ["Batch"]
 
 
 @dataclass
 class Batch:
-    """``input_ids`` and ``positions``: int32 arrays of shape (microbatch, seq_len + 1).
+    """``columns``: the recipe's sample columns in schema order, numpy arrays of shape
+    (microbatch, seq_len + 1) (a per-sequence column: (microbatch,)), each of its own dtype.
 
-    ``positions`` restart at 0 at each document and each sequence and are -1 on padding.
-    ``ended`` is set once every lane of the rank has run out of data (finite recipes).
-    The last microbatch of a step carries the window digest of each of the rank's lanes, from
-    which the global step hash is composed (``datalane.spec.hashing.global_hash``).
+    Every recipe has ``input_ids`` and ``positions`` (int32; also the properties of the same
+    names): ``positions`` restart at 0 at each document and each sequence and are -1 on
+    padding. A chat recipe adds ``loss_mask`` (uint8: 1 where the trainer learns the token).
+    ``schema`` is the recipe's :class:`~datalane.spec.schema.SampleSchema` (the loaders set
+    it: the sidecar announces it, the in-process mode has the engine's). ``ended`` is set
+    once every lane of the rank has run out of data (finite recipes). The last microbatch of
+    a step carries the window digest of each of the rank's lanes, from which the global step
+    hash is composed (``datalane.spec.hashing.global_hash``).
     """
 
     step: int
     index: int
-    input_ids: np.ndarray
-    positions: np.ndarray
+    columns: dict[str, np.ndarray]
     ended: bool = False
     lane_digests: dict[int, bytes] = field(default_factory=dict)  # last microbatch of a step
+    schema: SampleSchema | None = None
+
+    def __post_init__(self) -> None:
+        if self.schema is not None and tuple(self.columns) != self.schema.names:
+            raise ValueError(f"a batch with the columns {list(self.columns)} does not match "
+                             f"its schema's {list(self.schema.names)}")
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.columns["input_ids"]
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self.columns["positions"]
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes: every column."""
+        return sum(a.nbytes for a in self.columns.values())
+
+    def copy(self) -> Batch:
+        """A batch owning copies of its columns (zero-copy views live only until the next
+        microbatch with ``copy=False``)."""
+        return Batch(self.step, self.index, {k: a.copy() for k, a in self.columns.items()},
+                     self.ended, dict(self.lane_digests), self.schema)

@@ -1,7 +1,8 @@
 """In-process mode: the client's interface and stream with no sidecar (DESIGN section 6).
 
 Runs the lane engine in the trainer's process; yields exactly the microbatches a sidecar
-would serve, and its ``state_dict`` is interchangeable with the sidecar client's.
+would serve (the same columns, in the engine's schema order), and its ``state_dict`` is
+interchangeable with the sidecar client's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import microbatches_per_step
 from datalane.spec.recipe import Recipe
+from datalane.spec.schema import SampleSchema
 from datalane.spec.state import Checkpoint
 
 __all__ = ["InProcessLoader"]
@@ -57,6 +59,11 @@ class InProcessLoader:
     def lanes_total(self) -> int:
         return self._loader.recipe.lanes
 
+    @property
+    def schema(self) -> SampleSchema:
+        """The recipe's sample schema (the engine's)."""
+        return self._loader.schema
+
     def __iter__(self) -> Iterator[Batch]:
         """Microbatches from the position on; another ``iter()`` continues at the position
         (the microbatch after the last one handed out) and retires this iterator."""
@@ -71,6 +78,7 @@ class InProcessLoader:
         self._at_boundary = False
         skip = pos.consumed
         m = self.microbatch_size
+        schema = self.schema
         while True:
             step = loader.next_step()
             after = json.dumps(loader.state_dict(), separators=(",", ":"))
@@ -78,9 +86,8 @@ class InProcessLoader:
                 if skip:
                     skip -= 1
                     continue
-                sl = slice(i * m, (i + 1) * m)
-                batch = Batch(step.step, i, step.input_ids[sl], step.positions[sl], step.ended,
-                              step.lane_digests if i == self.per_step - 1 else {})
+                batch = Batch(step.step, i, step.microbatch(i, m).columns, step.ended,
+                              step.lane_digests if i == self.per_step - 1 else {}, schema)
                 pos.advance(step.step, i, self.per_step, after)
                 yield batch
                 if self._generation != generation:

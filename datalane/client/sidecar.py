@@ -1,7 +1,11 @@
 """The trainer's client of the pod's sidecar (DESIGN section 6).
 
 ``SidecarLoader`` opens a session for its rank over the Unix socket, streams microbatches as
-numpy arrays (from the shared-memory ring or inline bytes) and tracks its position. If the
+numpy arrays (from the shared-memory ring or inline bytes) and tracks its position. The reply
+to Open announces the recipe's sample schema and where each column lies
+(:class:`datalane.wire.layout.Layout`); the client reads every column by it and derives no
+offset or dtype itself. A sidecar of another wire protocol version is refused with a
+MismatchError naming both versions and the side to upgrade. If the
 sidecar goes away (restart, ``kill -9``), it waits for the socket to serve again and re-opens
 the session at its exact position from the checkpoint it carries, so no sequence is lost or
 repeated. Needs only ``grpcio`` and ``numpy``.
@@ -21,17 +25,19 @@ from itertools import chain
 from typing import Any
 
 import grpc
-import numpy as np
 
 from datalane.client import dataparallel
 from datalane.client.batch import Batch
 from datalane.client.position import Position
 from datalane.spec.errors import ConfigError, DatalaneError, MismatchError, StorageError
+from datalane.spec.integrity import parse_json
 from datalane.spec.lanes import lanes_of_rank
+from datalane.spec.schema import SampleSchema
 from datalane.spec.state import check_step
-from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION
+from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION, protocol_mismatch
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
+from datalane.wire.layout import Layout
 from datalane.wire.shm import ShmReader
 
 __all__ = ["SidecarLoader"]
@@ -98,6 +104,7 @@ class SidecarLoader:
         self._stub: pbg.DataLaneStub | None = None
         self._session = ""
         self._lanes_total = 0
+        self._layout: Layout | None = None
         self._generation = 0
         self.per_step = 0
         self.reconnects = 0
@@ -105,18 +112,30 @@ class SidecarLoader:
         self._parked = ""  # a session checkpoint() opened, that no stream reads from yet
         _LIVE.add(self)
 
+    def _health(self) -> pb.HealthReply:
+        """The sidecar's Health, of this client's protocol version (else MismatchError)."""
+        if self._stub is None:
+            self._connect(time.monotonic() + self.open_timeout)
+        assert self._stub is not None
+        try:
+            reply: pb.HealthReply = self._stub.Health(pb.HealthRequest(),
+                                                      timeout=self.open_timeout,
+                                                      wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+        self._check_version(reply.protocol_version)
+        return reply
+
+    def _check_version(self, theirs: int) -> None:
+        if theirs != PROTOCOL_VERSION:
+            raise MismatchError(f"the sidecar at {self.socket}: "
+                                f"{protocol_mismatch(PROTOCOL_VERSION, theirs)}")
+
     @property
     def lanes_total(self) -> int:
         """The recipe's lane count, as the sidecar serves it."""
         if not self._lanes_total:
-            if self._stub is None:
-                self._connect(time.monotonic() + self.open_timeout)
-            assert self._stub is not None
-            try:
-                reply = self._stub.Health(pb.HealthRequest(), timeout=self.open_timeout,
-                                          wait_for_ready=True)
-            except grpc.RpcError as e:
-                raise _error(e) from None
+            reply = self._health()
             if not reply.lanes:
                 raise MismatchError(f"the sidecar at {self.socket} does not report its lane "
                                     f"count (an older version); upgrade it")
@@ -127,6 +146,21 @@ class SidecarLoader:
     def lanes(self) -> range:
         """The lanes of this loader's data-parallel rank."""
         return lanes_of_rank(self.lanes_total, self.world_size, self.rank)
+
+    @property
+    def schema(self) -> SampleSchema:
+        """The recipe's sample schema, as the sidecar announces it (in the reply to Open;
+        before the first one, in its Health)."""
+        if self._layout is not None:
+            return self._layout.schema
+        reply = self._health()
+        where = f"the Health of the sidecar at {self.socket}"
+        if not reply.schema_json:
+            raise MismatchError(f"{where} announces no sample schema: the sidecar predates "
+                                f"wire protocol 2 (typed columns); upgrade the sidecar")
+        return SampleSchema.from_json(
+            parse_json(reply.schema_json, f"{where}: schema_json", MismatchError),
+            f"{where}: schema_json")
 
     # -- connection --------------------------------------------------------------------------
     def _connect(self, deadline: float) -> None:
@@ -169,18 +203,40 @@ class SidecarLoader:
             reply: pb.OpenReply = self._stub.Open(req, timeout=self.open_timeout)
         except grpc.RpcError as e:
             raise _error(e) from None
+        self._session = reply.session_id
+        try:
+            self._layout = self._announced(reply)
+        except MismatchError:
+            self.close()
+            raise
         if self.readers > 1 and reply.readers != self.readers:
-            self._session = reply.session_id
             self.close()
             raise MismatchError(f"the sidecar at {self.socket} serves {reply.readers or 1} "
                                 f"reader(s) per session, not {self.readers}: it predates "
                                 f"shared sessions; upgrade it")
-        self._session = reply.session_id
         self.per_step = reply.microbatches_per_step
         if pos.state_json is None and self._resume_step is not None:
             pos.step = int(reply.step)
         pos.fingerprint = reply.fingerprint
         return reply
+
+    def _announced(self, reply: pb.OpenReply) -> Layout:
+        """The schema and layout the reply announces, checked: the protocol version, then
+        what this client reads of them (microbatch_size rows, the two text columns)."""
+        where = f"the reply to Open of the sidecar at {self.socket}"
+        self._check_version(reply.protocol_version)
+        layout = Layout.announced(reply, where)
+        if layout.rows != self.microbatch_size:
+            raise MismatchError(f"{where} lays out microbatches of {layout.rows} sequences; "
+                                f"this loader asked for {self.microbatch_size}")
+        for name in ("input_ids", "positions"):
+            if name not in layout.schema.names or \
+                    layout.schema.column(name).dtype != "int32" or \
+                    not layout.schema.column(name).per_token:
+                raise MismatchError(f"{where} announces a schema without the int32 per-token "
+                                    f"column {name!r} every recipe has: "
+                                    f"{layout.schema.dumps()[:200]}")
+        return layout
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
@@ -244,28 +300,31 @@ class SidecarLoader:
             while (ack := acks.get()) is not None:
                 yield ack
 
-        reader = ShmReader(reply.shm_path, reply.shm_bytes) if reply.shm_path else None
-        cols = reply.seq_tokens
+        layout = self._layout
+        assert layout is not None  # set by _open
+        schema = layout.schema
+        where = f"a microbatch from the sidecar at {self.socket}"
+        reader = (ShmReader(reply.shm_path, reply.shm_bytes, layout) if reply.shm_path
+                  else None)
         # Released slots go back in batches: one Ack per quarter of the ring instead of one per
         # microbatch (each Ack is a message on the request stream and a wakeup on both sides).
         # The client owns at most `per_ack` slots (pending + the one held with copy=False), fewer
-        # than the ring's, so the sidecar always has a free slot for the next microbatch. The
-        # ring's slot count is learnt from the first message naming a slot past 0.
-        per_ack, learn = 1, True
+        # than the ring's, so the sidecar always has a free slot for the next microbatch.
+        per_ack = max(1, reader.slots // 4) if reader is not None else 1
         pending: list[int] = []
         calls = self._stub.Stream(requests())
         self._active = (calls, acks)
         held: int | None = None
         try:
             for msg in chain.from_iterable(d.items for d in calls):  # deliveries hold several
-                rows = msg.sequences
+                if msg.sequences != layout.rows:
+                    raise MismatchError(f"{where} (step {msg.step}, index {msg.index}) has "
+                                        f"{msg.sequences} sequences; the layout announced "
+                                        f"{layout.rows}")
                 if reader is not None:
-                    if learn and msg.slot:
-                        per_ack = max(1, reply.shm_bytes // (msg.offset // msg.slot) // 4)
-                        learn = False
-                    ids, pos = reader.arrays(msg.offset, rows, cols)
+                    columns = reader.columns(msg.offset)
                     if self.copy:
-                        ids, pos = ids.copy(), pos.copy()
+                        columns = {k: a.copy() for k, a in columns.items()}
                         pending.append(msg.slot)
                     else:
                         if held is not None:
@@ -275,15 +334,14 @@ class SidecarLoader:
                         acks.put(self._ack(pending, msg))
                         pending = []
                 else:
-                    ids = np.frombuffer(msg.input_ids, dtype="<i4").reshape(rows, cols)
-                    pos = np.frombuffer(msg.positions, dtype="<i4").reshape(rows, cols)
+                    columns = layout.unpack(msg.columns, where)
                     if self.copy:
-                        ids, pos = ids.copy(), pos.copy()
+                        columns = {k: a.copy() for k, a in columns.items()}
                 if msg.index + 1 == self.per_step:  # the position, at least once per step
                     acks.put(self._ack(pending, msg))
                     pending = []
-                batch = Batch(int(msg.step), msg.index, ids, pos, msg.ended,
-                              dict(msg.lane_digests))
+                batch = Batch(int(msg.step), msg.index, columns, msg.ended,
+                              dict(msg.lane_digests), schema)
                 self.position.advance(int(msg.step), msg.index, self.per_step,
                                       msg.state_json or None)
                 yield batch

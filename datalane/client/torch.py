@@ -1,11 +1,18 @@
 """torch adapter: microbatches as tensors, checkpointable with torch.distributed.checkpoint.
 
 ``DataLaneDataset(loader)`` wraps a :class:`~datalane.client.SidecarLoader` or an
-:class:`~datalane.client.InProcessLoader` as an ``IterableDataset`` yielding dicts of tensors:
+:class:`~datalane.client.InProcessLoader` as an ``IterableDataset`` yielding dicts of tensors,
+one per column of the recipe's sample schema plus ``labels`` and ``cu_seqlens``:
 
 * ``input_ids``  int64 (mb, seq_len): tokens ``0..seq_len-1`` of each sequence
 * ``labels``     int64 (mb, seq_len): tokens ``1..seq_len``, ``-100`` where the target is padding
+  or, when the schema has a ``loss_mask``, where the target token's mask is 0
 * ``positions``  int64 (mb, seq_len): 0 at every document start, -1 on padding
+* ``loss_mask``  uint8 (mb, seq_len), chat recipes: the mask of the *target* tokens
+  ``1..seq_len``, aligned with ``labels`` (``loss_mask[:, j]`` says whether ``labels[:, j]`` is
+  trained on; ``labels`` already carries it as -100)
+* every other per-token column (mb, seq_len) at the input tokens ``0..seq_len-1``, a
+  per-sequence column (mb,) as it is; int32 columns become int64, other dtypes stay
 * ``cu_seqlens`` int32 (segments + 1,): document boundaries over the flattened microbatch, for
   variable-length attention kernels (each padding run is a segment of its own)
 
@@ -62,17 +69,34 @@ def cu_seqlens(positions: np.ndarray) -> np.ndarray:
     return np.append(np.flatnonzero(start), n).astype(np.int32)
 
 
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """A tensor owning a copy (the batch's arrays may be read-only views of the ring)."""
+    return torch.from_numpy(np.array(a, dtype=np.int64 if a.dtype == np.int32 else a.dtype,
+                                     order="C"))
+
+
 def to_tensors(batch: Batch) -> dict[str, torch.Tensor]:
-    ids = torch.from_numpy(np.ascontiguousarray(batch.input_ids, dtype=np.int64))
-    pos = np.ascontiguousarray(batch.positions[:, :-1])
-    labels = ids[:, 1:].clone()
-    labels[torch.from_numpy(batch.positions[:, 1:] < 0)] = IGNORE_INDEX
-    return {
-        "input_ids": ids[:, :-1].contiguous(),
-        "labels": labels,
-        "positions": torch.from_numpy(pos.astype(np.int64)),
-        "cu_seqlens": torch.from_numpy(cu_seqlens(pos)),
-    }
+    """One microbatch as the tensors of the module docstring (``input_ids``, ``labels``,
+    ``positions``, the schema's other columns, ``cu_seqlens``)."""
+    columns = batch.columns
+    ids, positions = columns["input_ids"], columns["positions"]
+    ignore = positions[:, 1:] < 0  # the target is padding
+    mask = columns.get("loss_mask")
+    if mask is not None:
+        ignore = ignore | (mask[:, 1:] == 0)  # the target is not trained on
+    labels = _tensor(ids[:, 1:])
+    labels[torch.from_numpy(ignore)] = IGNORE_INDEX
+    pos = np.ascontiguousarray(positions[:, :-1])
+    out = {"input_ids": _tensor(ids[:, :-1]), "labels": labels, "positions": _tensor(pos)}
+    for name, a in columns.items():
+        if name in out:
+            continue
+        if a.ndim == 1:  # per sequence
+            out[name] = _tensor(a)
+        else:  # the loss mask describes targets (labels); any other column, inputs
+            out[name] = _tensor(a[:, 1:] if name == "loss_mask" else a[:, :-1])
+    out["cu_seqlens"] = torch.from_numpy(cu_seqlens(pos))
+    return out
 
 
 def _check_consumer(frame: Any) -> None:

@@ -13,10 +13,12 @@ patch: put :class:`DataLaneDataLoader.Config` there (in a config-registry functi
 
 Each item is TorchTitan's ``({"input": input_ids, "positions": positions}, labels)``, one
 microbatch of ``local_batch_size`` sequences of the data-parallel rank's lanes. Labels are
-``-100`` where the target is padding; padding tokens get position 0 (TorchTitan's RoPE indexes
-its cache with the positions, and block-causal masks see each padding token as a document of
-its own). The state is :class:`~datalane.client.torch.DataLaneDataset`'s: one entry per lane
-plus a ``recipe`` entry, which TorchTitan's ``CheckpointManager`` saves with
+``-100`` where the target is padding or, for a recipe with a ``loss_mask`` (chat), where the
+target token is not trained on (the adapter's labels; the mask itself is not passed: every
+key of the input dict reaches ``model.forward``); padding tokens get position 0 (TorchTitan's
+RoPE indexes its cache with the positions, and block-causal masks see each padding token as a
+document of its own). The state is :class:`~datalane.client.torch.DataLaneDataset`'s: one
+entry per lane plus a ``recipe`` entry, which TorchTitan's ``CheckpointManager`` saves with
 ``torch.distributed.checkpoint`` under ``dataloader.*``, so a checkpoint saved at DP degree W
 resumes at any DP degree W' that divides the lanes.
 

@@ -43,7 +43,7 @@ class OpenRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., microbatch_size: _Optional[int] = ..., from_start: _Optional[bool] = ..., from_step: _Optional[int] = ..., state_json: _Optional[str] = ..., skip_microbatches: _Optional[int] = ..., transport: _Optional[_Union[Transport, str]] = ..., fingerprint: _Optional[str] = ..., readers: _Optional[int] = ..., reader: _Optional[int] = ...) -> None: ...
 
 class OpenReply(_message.Message):
-    __slots__ = ("session_id", "protocol_version", "step", "lane_start", "lane_stop", "seq_tokens", "microbatches_per_step", "fingerprint", "shm_path", "shm_bytes", "readers")
+    __slots__ = ("session_id", "protocol_version", "step", "lane_start", "lane_stop", "seq_tokens", "microbatches_per_step", "fingerprint", "shm_path", "shm_bytes", "readers", "schema_json", "layout", "slot_bytes")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,9 @@ class OpenReply(_message.Message):
     SHM_PATH_FIELD_NUMBER: _ClassVar[int]
     SHM_BYTES_FIELD_NUMBER: _ClassVar[int]
     READERS_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     protocol_version: int
     step: int
@@ -66,7 +69,24 @@ class OpenReply(_message.Message):
     shm_path: str
     shm_bytes: int
     readers: int
-    def __init__(self, session_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., step: _Optional[int] = ..., lane_start: _Optional[int] = ..., lane_stop: _Optional[int] = ..., seq_tokens: _Optional[int] = ..., microbatches_per_step: _Optional[int] = ..., fingerprint: _Optional[str] = ..., shm_path: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., readers: _Optional[int] = ...) -> None: ...
+    schema_json: str
+    layout: _containers.RepeatedCompositeFieldContainer[ColumnSlot]
+    slot_bytes: int
+    def __init__(self, session_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., step: _Optional[int] = ..., lane_start: _Optional[int] = ..., lane_stop: _Optional[int] = ..., seq_tokens: _Optional[int] = ..., microbatches_per_step: _Optional[int] = ..., fingerprint: _Optional[str] = ..., shm_path: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., schema_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[ColumnSlot, _Mapping]]] = ..., slot_bytes: _Optional[int] = ...) -> None: ...
+
+class ColumnSlot(_message.Message):
+    __slots__ = ("name", "dtype", "offset", "nbytes", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    offset: int
+    nbytes: int
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("session_id", "release", "has_position", "step", "consumed")
@@ -83,7 +103,7 @@ class Ack(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., release: _Optional[_Iterable[int]] = ..., has_position: _Optional[bool] = ..., step: _Optional[int] = ..., consumed: _Optional[int] = ...) -> None: ...
 
 class Microbatch(_message.Message):
-    __slots__ = ("step", "index", "sequences", "input_ids", "positions", "slot", "offset", "ended", "state_json", "lane_digests")
+    __slots__ = ("step", "index", "sequences", "slot", "offset", "ended", "state_json", "lane_digests", "columns")
     class LaneDigestsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,24 +114,22 @@ class Microbatch(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
-    INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
-    POSITIONS_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
     LANE_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     step: int
     index: int
     sequences: int
-    input_ids: bytes
-    positions: bytes
     slot: int
     offset: int
     ended: bool
     state_json: str
     lane_digests: _containers.ScalarMap[int, bytes]
-    def __init__(self, step: _Optional[int] = ..., index: _Optional[int] = ..., sequences: _Optional[int] = ..., input_ids: _Optional[bytes] = ..., positions: _Optional[bytes] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., ended: _Optional[bool] = ..., state_json: _Optional[str] = ..., lane_digests: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
+    columns: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, step: _Optional[int] = ..., index: _Optional[int] = ..., sequences: _Optional[int] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., ended: _Optional[bool] = ..., state_json: _Optional[str] = ..., lane_digests: _Optional[_Mapping[int, bytes]] = ..., columns: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ("items",)
@@ -154,16 +172,18 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthReply(_message.Message):
-    __slots__ = ("serving", "protocol_version", "fingerprint", "lanes")
+    __slots__ = ("serving", "protocol_version", "fingerprint", "lanes", "schema_json")
     SERVING_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LANES_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
     serving: bool
     protocol_version: int
     fingerprint: str
     lanes: int
-    def __init__(self, serving: _Optional[bool] = ..., protocol_version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lanes: _Optional[int] = ...) -> None: ...
+    schema_json: str
+    def __init__(self, serving: _Optional[bool] = ..., protocol_version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lanes: _Optional[int] = ..., schema_json: _Optional[str] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

@@ -21,12 +21,15 @@ __all__ = ["ShmReader", "ShmWriter"]
 class ShmWriter:
     """The sidecar's side: owns the file, hands out free slots, copies payloads in."""
 
-    def __init__(self, path: str, slots: int, slot_bytes: int) -> None:
+    def __init__(self, path: str, slots: int, slot_bytes: int, mode: int = 0o600) -> None:
+        """``mode``: the file's permissions, the socket's (0660 lets a trainer of another
+        user in the pod's group map it; the umask does not apply)."""
         self.path = path
         self.slots = slots
         self.slot_bytes = slot_bytes
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
         try:
+            os.fchmod(fd, mode)
             os.ftruncate(fd, slots * slot_bytes)
             self._map = mmap.mmap(fd, slots * slot_bytes)
         finally:

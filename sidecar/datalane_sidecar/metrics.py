@@ -34,10 +34,12 @@ class Metrics:
         self.skipped = Gauge("datalane_skipped_records", "Records skipped, by reason",
                              ["reason"], registry=self.registry)
 
-    def delivered(self, payload_tokens: int, tokens: int, depth: int) -> None:
+    def delivered(self, payload_bytes: int, tokens: int, depth: int) -> None:
+        """One microbatch of ``payload_bytes`` (every column) holding ``tokens`` document
+        tokens (positions >= 0) was sent."""
         self.microbatches.inc()
         self.tokens.inc(tokens)
-        self.bytes.inc(payload_tokens * 8)
+        self.bytes.inc(payload_bytes)
         self.queue_depth.set(depth)
 
     def refresh(self, sessions: list[Any]) -> None:

@@ -90,12 +90,14 @@ class _Handle:
 
 class DataLaneService(pbg.DataLaneServicer):
     def __init__(self, plan: Plan, knobs: Knobs, prefetch: int, store: Any | None, pod: str,
-                 ranks_per_pod: int, shm_dir: str, metrics: Metrics) -> None:
+                 ranks_per_pod: int, shm_dir: str, metrics: Metrics,
+                 shm_mode: int = 0o600) -> None:
         self.plan = plan
         self.knobs = knobs
         self.prefetch = prefetch
         self.store = store
         self.shm_dir = shm_dir
+        self.shm_mode = shm_mode  # the socket's: whoever may connect may map the rings
         self.metrics = metrics
         self.pool = TaskPool(knobs.workers)
         self.checkpoints = PodCheckpoints(store, pod, ranks_per_pod)
@@ -242,7 +244,7 @@ class DataLaneService(pbg.DataLaneServicer):
             return None
         slot = 2 * 4 * request.microbatch_size * self.plan.recipe.sequence_tokens
         return ShmWriter(os.path.join(self.shm_dir, f"datalane-{hid}.shm"), _ring_slots(slot),
-                         slot)
+                         slot, self.shm_mode)
 
     def _reply(self, hid: str, session: Session, step: int,
                ring: ShmWriter | None) -> pb.OpenReply:

@@ -41,6 +41,7 @@ from datalane.spec.errors import ConfigError, MismatchError, StorageError
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import microbatches_per_step
 from datalane.spec.state import Checkpoint
+from datalane.wire.layout import Layout
 from datalane_sidecar.boundaries import Boundary, CheckpointText
 from datalane_sidecar.fanout import Fanout
 
@@ -60,11 +61,18 @@ class Prepared:
 
     step: int
     index: int
-    input_ids: np.ndarray
-    positions: np.ndarray
+    columns: dict[str, np.ndarray]  # the schema's columns, in schema order
     ended: bool
     after: Boundary | None  # last index only: the lane states at the boundary after the step
     lane_digests: dict[int, bytes]  # last index only
+
+    @property
+    def rows(self) -> int:
+        return len(self.columns["positions"])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.columns.values())
 
 
 class Session:
@@ -89,6 +97,7 @@ class Session:
         self.microbatch_size = microbatch_size
         self.readers = readers
         self.per_step = per_step
+        self.layout = Layout.of(plan.schema, microbatch_size, plan.recipe.sequence_tokens)
         if skip_microbatches >= self.per_step:
             raise ConfigError(f"skip_microbatches {skip_microbatches} must be below the "
                               f"{self.per_step} microbatches of a step")
@@ -155,8 +164,7 @@ class Session:
                     if self._skip:
                         self._skip -= 1
                         continue
-                    sl = slice(i * m, (i + 1) * m)
-                    item = Prepared(s, i, step.input_ids[sl], step.positions[sl], step.ended,
+                    item = Prepared(s, i, step.microbatch(i, m).columns, step.ended,
                                     after if i == last else None,
                                     step.lane_digests if i == last else {})
                     if not self._put(item):

@@ -29,8 +29,7 @@ from tests.store.support import write_step
 
 
 def _copy(b: Batch) -> Batch:
-    return Batch(b.step, b.index, b.input_ids.copy(), b.positions.copy(), b.ended,
-                 dict(b.lane_digests))
+    return b.copy()
 
 
 def _take(it: Any, n: int) -> list[Batch]:

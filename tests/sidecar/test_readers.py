@@ -33,6 +33,7 @@ from datalane.spec.knobs import Knobs
 from datalane.wire import PROTOCOL_VERSION
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
+from datalane.wire.layout import Layout
 from datalane.wire.shm import ShmReader
 
 Item = tuple[int, int, bytes, bytes]  # (step, index, input_ids, positions) as <i4 bytes
@@ -71,20 +72,21 @@ class _Reader:
         self.acks.put(pb.Ack(session_id=self.reply.session_id))
         self.calls = self.stub.Stream(iter(self.acks.get, None))
         self.items: Iterator[pb.Microbatch] = chain.from_iterable(d.items for d in self.calls)
-        self.ring = (ShmReader(self.reply.shm_path, self.reply.shm_bytes)
+        self.layout = Layout.announced(self.reply, "the reply to Open")
+        self.ring = (ShmReader(self.reply.shm_path, self.reply.shm_bytes, self.layout)
                      if self.reply.shm_path else None)
         return self.reply
 
     def take(self, n: int) -> list[Item]:
         out = []
-        per_step, cols = self.reply.microbatches_per_step, self.reply.seq_tokens
+        per_step = self.reply.microbatches_per_step
         for _ in range(n):
             msg = next(self.items)
             if self.ring is not None:
-                ids, pos = (a.tobytes() for a in self.ring.arrays(msg.offset, msg.sequences,
-                                                                   cols))
+                columns = self.ring.columns(msg.offset)
+                ids, pos = (columns[k].tobytes() for k in ("input_ids", "positions"))
             else:
-                ids, pos = msg.input_ids, msg.positions
+                ids, pos = msg.columns  # the text recipe's two columns, in schema order
             out.append((int(msg.step), msg.index, ids, pos))
             if msg.index + 1 == per_step:
                 self.step, self.consumed, self.state = int(msg.step) + 1, 0, msg.state_json
@@ -413,8 +415,8 @@ def test_kept_boundaries_hold_lane_states_not_the_file_list(tmp_path) -> None:
             session.close()
             pool.shutdown()
     assert docs[2000] - docs[10] > 100_000  # the file list the boundaries used to carry
+    # lane state v2: a packer holding nothing writes no state of its own
     assert kept[10][0] == kept[2000][0] == 8 * len(
-        '{"v":1,"lane":0,"seqs":0,"src":[[0,0,0,-1,0]],"mix":[0],"carry":[],'
-        '"n":[0,0,0,0,{}]}')
+        '{"v":2,"lane":0,"seqs":0,"src":[[0,0,0,-1,0]],"mix":[0],"n":[0,0,0,0,{}]}')
     for a, b in zip(kept[10], kept[2000], strict=True):  # digits of file numbers at most
         assert a < 1000 and b < 1000 and abs(a - b) < 64

@@ -16,12 +16,17 @@ import threading
 import time
 import urllib.request
 
+import grpc
 import numpy as np
 import pytest
 
 from datalane import ConfigError, MismatchError, StorageError, load_recipe
 from datalane.client import InProcessLoader, SidecarLoader
+from datalane.engine.plan import Plan
 from datalane.spec.integrity import check_seal
+from datalane.spec.schema import text_schema
+from datalane.wire import datalane_pb2 as pb
+from datalane.wire import datalane_pb2_grpc as pbg
 
 
 def _take(loader, n: int) -> list:
@@ -42,8 +47,10 @@ def _acked(loader: SidecarLoader) -> list[int] | None:
 def _same(a: list, b: list) -> None:
     assert [(x.step, x.index) for x in a] == [(y.step, y.index) for y in b]
     for x, y in zip(a, b, strict=True):
-        assert np.array_equal(x.input_ids, y.input_ids)
-        assert np.array_equal(x.positions, y.positions)
+        assert x.schema == y.schema and list(x.columns) == list(y.columns)
+        for name in x.columns:
+            assert x.columns[name].dtype == y.columns[name].dtype
+            assert np.array_equal(x.columns[name], y.columns[name])
 
 
 @pytest.mark.parametrize("transport,copy", [("shm", True), ("shm", False), ("inline", True)])
@@ -58,7 +65,7 @@ def test_concurrent_ranks_get_the_in_process_stream(sidecar, repeat_recipe, tran
                            transport=transport, copy=copy) as loader:
             got = []
             for b in loader:  # copy the views: with copy=False they live until the next one
-                got.append(type(b)(b.step, b.index, b.input_ids.copy(), b.positions.copy()))
+                got.append(b.copy())
                 if len(got) == 24:
                     break
             results[r] = got
@@ -197,8 +204,57 @@ def test_protocol_versions_must_match(sidecar, repeat_recipe, monkeypatch) -> No
     import datalane.client.sidecar as client_mod
 
     monkeypatch.setattr(client_mod, "PROTOCOL_VERSION", 99)
-    with pytest.raises(MismatchError, match="client speaks protocol 99, this sidecar speaks 1"):
+    with pytest.raises(MismatchError, match=r"client speaks datalane wire protocol 99, the "
+                                            r"sidecar speaks protocol 2: upgrade the sidecar"):
         next(iter(SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=1)))
+
+
+def _raw_open(socket: str, request: pb.OpenRequest) -> pb.OpenReply:
+    with grpc.insecure_channel(f"unix://{os.path.abspath(socket)}") as channel:
+        reply: pb.OpenReply = pbg.DataLaneStub(channel).Open(request, timeout=60)
+        return reply
+
+
+def test_a_protocol_1_client_is_refused_naming_both_versions(sidecar, repeat_recipe) -> None:
+    """What a trainer with datalane of protocol 1 (input_ids/positions only) sees: its
+    OpenRequest, built by hand (the message is unchanged), is refused before any session."""
+    sc = sidecar(repeat_recipe)
+    v1 = pb.OpenRequest(protocol_version=1, rank=0, world_size=1, microbatch_size=2,
+                        from_start=True, transport=pb.TRANSPORT_SHM)
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_open(sc.socket, v1)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert e.value.details() == (
+        "the trainer's client speaks datalane wire protocol 1, the sidecar speaks protocol 2: "
+        "upgrade the trainer's datalane package to the sidecar's release (or run a sidecar "
+        "image of the trainer's release)")
+    with grpc.insecure_channel(f"unix://{os.path.abspath(sc.socket)}") as channel:
+        stats = json.loads(pbg.DataLaneStub(channel).Stats(pb.StatsRequest(), timeout=10).json)
+    assert stats["sessions"] == {}  # nothing was opened for it
+
+
+def test_open_and_health_announce_the_schema_and_layout(sidecar, repeat_recipe) -> None:
+    sc = sidecar(repeat_recipe)
+    pad = Plan.build(load_recipe(repeat_recipe)).tokenizer.pad_id
+    for transport in (pb.TRANSPORT_INLINE, pb.TRANSPORT_SHM):
+        reply = _raw_open(sc.socket, pb.OpenRequest(
+            protocol_version=2, rank=0, world_size=2, microbatch_size=1, from_start=True,
+            transport=transport))
+        assert reply.protocol_version == 2
+        assert json.loads(reply.schema_json) == [
+            {"name": "input_ids", "dtype": "int32", "pad": pad, "fill": "document",
+             "default": 0, "per_token": True},
+            {"name": "positions", "dtype": "int32", "pad": -1, "fill": "position",
+             "default": 0, "per_token": True}]
+        # one sequence of 129 tokens: 516 bytes of input_ids, positions at the next multiple
+        # of 8 (520), 1040 bytes a slot
+        assert [(f.name, f.dtype, f.offset, f.nbytes, list(f.shape)) for f in reply.layout] == [
+            ("input_ids", "int32", 0, 516, [1, 129]), ("positions", "int32", 520, 516, [1, 129])]
+        assert reply.slot_bytes == 1040
+        if transport == pb.TRANSPORT_SHM:
+            assert reply.shm_bytes % 1040 == 0 and reply.shm_bytes // 1040 >= 8
+    with SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=2) as loader:
+        assert loader.schema == text_schema(pad)  # from Health, before any session
 
 
 def test_prometheus_metrics(sidecar, repeat_recipe) -> None:

@@ -28,6 +28,7 @@ from datalane.client.torchtitan import DataLaneDataLoader, to_titan
 from datalane.demo_torchtitan import mismatches, step_hashes
 from datalane.spec.errors import ConfigError
 from datalane.spec.hashing import global_hash
+from datalane.spec.schema import Column, text_schema
 
 LOCAL = 4  # sequences per microbatch; B = 16, so DP 2 has 2 microbatches per step, DP 1 has 4
 
@@ -47,14 +48,26 @@ def plain(batch: tuple[dict[str, torch.Tensor], torch.Tensor]) -> list[list[list
 def test_a_microbatch_becomes_torchtitans_input_dict_and_labels() -> None:
     ids = np.array([[5, 6, 7, 8, 9], [1, 2, 3, 0, 0]], dtype=np.int32)
     pos = np.array([[0, 1, 0, 1, 2], [0, 1, 2, -1, -1]], dtype=np.int32)  # -1: padding
-    inputs, labels = to_titan(to_tensors(Batch(0, 0, ids, pos)), seq_len=4)
+    inputs, labels = to_titan(to_tensors(Batch(0, 0, {"input_ids": ids, "positions": pos})),
+                              seq_len=4)
     assert sorted(inputs) == ["input", "positions"]  # other keys would reach model.forward
     assert inputs["input"].tolist() == [[5, 6, 7, 8], [1, 2, 3, 0]]
     assert inputs["positions"].tolist() == [[0, 1, 0, 1], [0, 1, 2, 0]]  # no -1 for RoPE
     assert labels.tolist() == [[6, 7, 8, 9], [2, 3, -100, -100]]
     with pytest.raises(ConfigError, match=r"sequences have 4 tokens but TorchTitan's "
                                           r"training.seq_len is 8; set --training.seq_len 4"):
-        to_titan(to_tensors(Batch(0, 0, ids, pos)), seq_len=8)
+        to_titan(to_tensors(Batch(0, 0, {"input_ids": ids, "positions": pos})), seq_len=8)
+
+
+def test_torchtitans_labels_carry_the_loss_mask() -> None:
+    schema = text_schema(0, extra=(Column("loss_mask", "uint8", 0, default=1),))
+    ids = np.array([[5, 6, 7, 8, 9], [1, 2, 3, 0, 0]], dtype=np.int32)
+    pos = np.array([[0, 1, 0, 1, 2], [0, 1, 2, -1, -1]], dtype=np.int32)
+    mask = np.array([[1, 0, 1, 1, 0], [1, 1, 0, 0, 0]], dtype=np.uint8)  # targets 1..4
+    batch = Batch(0, 0, {"input_ids": ids, "positions": pos, "loss_mask": mask}, schema=schema)
+    inputs, labels = to_titan(to_tensors(batch), seq_len=4)
+    assert sorted(inputs) == ["input", "positions"]  # the mask is in the labels, not forward's
+    assert labels.tolist() == [[-100, 7, 8, -100], [2, -100, -100, -100]]
 
 
 def test_torchtitans_config_parsing_selects_the_datalane_dataloader(repeat_recipe,

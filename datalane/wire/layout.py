@@ -1,0 +1,154 @@
+"""Where each column of a microbatch lies on the wire: the layout a sidecar announces.
+
+A microbatch of ``rows`` sequences is the columns of the recipe's sample schema
+(:mod:`datalane.spec.schema`), in schema order. The sidecar builds the layout from the schema
+(:meth:`Layout.of`: ``SampleSchema.layout``, columns back to back, each 8-byte aligned) and
+announces it in the reply to Open (:meth:`Layout.announce`: ``schema_json``, one
+``ColumnSlot`` per column and ``slot_bytes``). The client derives nothing: it reads the
+announcement (:meth:`Layout.announced`), checks schema and layout against each other (names
+in order, dtypes, sizes, bounds, no overlap) and makes its arrays from the announced offsets
+and shapes. So a new column (a chat recipe's ``loss_mask``) or another alignment on the
+sidecar needs no change in the client, and a malformed announcement is a
+:class:`~datalane.spec.errors.MismatchError` naming what is wrong, never misread bytes.
+
+Payloads: inline, one buffer per column (:meth:`Layout.pack` / :meth:`Layout.unpack`); in
+shared memory, the columns at their offsets in a slot of ``slot_bytes``
+(:meth:`Layout.write` / :meth:`Layout.views`, used by :mod:`datalane.wire.shm`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from datalane.spec.errors import MismatchError
+from datalane.spec.integrity import parse_json
+from datalane.spec.schema import DTYPES, SampleSchema, SlotField
+
+__all__ = ["Layout"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The sample schema and the byte layout of one microbatch of ``rows`` sequences."""
+
+    schema: SampleSchema
+    fields: tuple[SlotField, ...]  # one per column, in schema order
+    slot_bytes: int
+
+    @classmethod
+    def of(cls, schema: SampleSchema, rows: int, seq_tokens: int) -> Layout:
+        """The sidecar's layout of microbatches of ``rows`` sequences."""
+        return cls(schema, tuple(schema.layout(rows, seq_tokens)),
+                   schema.slot_bytes(rows, seq_tokens))
+
+    @property
+    def rows(self) -> int:
+        """Sequences per microbatch."""
+        return self.fields[0].shape[0]
+
+    # -- the announcement --------------------------------------------------------------------
+    def announce(self, reply: Any) -> None:
+        """Write the schema and the layout into an ``OpenReply``."""
+        reply.schema_json = self.schema.dumps()
+        reply.slot_bytes = self.slot_bytes
+        for f in self.fields:
+            reply.layout.add(name=f.column.name, dtype=f.column.dtype, offset=f.offset,
+                             nbytes=f.nbytes, shape=list(f.shape))
+
+    @classmethod
+    def announced(cls, reply: Any, where: str) -> Layout:
+        """The layout an ``OpenReply`` announces, checked; MismatchError naming ``where``."""
+        if not reply.schema_json:
+            raise MismatchError(f"{where} announces no sample schema: the sidecar predates "
+                                f"wire protocol 2 (typed columns); upgrade the sidecar")
+        schema = SampleSchema.from_json(
+            parse_json(reply.schema_json, f"{where}: schema_json", MismatchError),
+            f"{where}: schema_json")
+        slot_bytes = int(reply.slot_bytes)
+        names = [f.name for f in reply.layout]
+        if names != list(schema.names):
+            raise MismatchError(f"{where} lays out the columns {names}; its schema has "
+                                f"{list(schema.names)}")
+        fields: list[SlotField] = []
+        for f, column in zip(reply.layout, schema, strict=True):
+            shape = tuple(int(n) for n in f.shape)
+            what = f"{where}: column {column.name!r}"
+            if f.dtype != column.dtype:
+                raise MismatchError(f"{what} is laid out as {f.dtype!r}; the schema says "
+                                    f"{column.dtype!r}")
+            if len(shape) != (2 if column.per_token else 1):
+                raise MismatchError(f"{what} has the shape {list(shape)}; a "
+                                    f"{'per-token' if column.per_token else 'per-sequence'} "
+                                    f"column has {2 if column.per_token else 1} dimensions")
+            itemsize = DTYPES[column.dtype].itemsize
+            if int(f.nbytes) != int(np.prod(shape)) * itemsize:
+                raise MismatchError(f"{what} has {f.nbytes} bytes; {column.dtype}"
+                                    f"{list(shape)} is {int(np.prod(shape)) * itemsize}")
+            if f.offset % itemsize:
+                raise MismatchError(f"{what} starts at byte {f.offset}, not a multiple of its "
+                                    f"item size {itemsize}")
+            fields.append(SlotField(column, int(f.offset), int(f.nbytes), shape))
+        rows = {f.shape[0] for f in fields}
+        tokens = {f.shape[1] for f in fields if len(f.shape) == 2}
+        if len(rows) > 1 or len(tokens) > 1:
+            raise MismatchError(f"{where} lays out columns of different shapes: "
+                                f"{[list(f.shape) for f in fields]}")
+        if 0 in fields[0].shape:
+            raise MismatchError(f"{where} lays out empty columns: {list(fields[0].shape)}")
+        end = 0
+        for f in sorted(fields, key=lambda f: f.offset):
+            if f.offset < end:
+                raise MismatchError(f"{where}: column {f.column.name!r} at byte {f.offset} "
+                                    f"overlaps the column before it (which ends at {end})")
+            end = f.offset + f.nbytes
+        if end > slot_bytes:
+            raise MismatchError(f"{where} lays out {end} bytes in a slot of {slot_bytes}")
+        return cls(schema, tuple(fields), slot_bytes)
+
+    # -- payloads ----------------------------------------------------------------------------
+    def _arrays(self, columns: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        if tuple(columns) != self.schema.names:
+            raise ValueError(f"microbatch columns {list(columns)} are not the schema's "
+                             f"{list(self.schema.names)}")
+        out = []
+        for f in self.fields:
+            a = np.ascontiguousarray(columns[f.column.name], dtype=f.column.np_dtype)
+            if a.shape != f.shape:
+                raise ValueError(f"column {f.column.name!r} has the shape {list(a.shape)}; "
+                                 f"the layout has {list(f.shape)}")
+            out.append(a)
+        return out
+
+    def pack(self, columns: Mapping[str, np.ndarray]) -> list[bytes]:
+        """Inline buffers of a microbatch's columns, in schema order."""
+        return [a.tobytes() for a in self._arrays(columns)]
+
+    def unpack(self, payloads: Sequence[bytes], where: str) -> dict[str, np.ndarray]:
+        """Read-only arrays over inline buffers; MismatchError if one has the wrong size."""
+        if len(payloads) != len(self.fields):
+            raise MismatchError(f"{where} carries {len(payloads)} column buffers; the layout "
+                                f"has {len(self.fields)} ({list(self.schema.names)})")
+        out: dict[str, np.ndarray] = {}
+        for f, data in zip(self.fields, payloads, strict=True):
+            if len(data) != f.nbytes:
+                raise MismatchError(f"{where}: column {f.column.name!r} has {len(data)} bytes; "
+                                    f"the layout announced {f.nbytes}")
+            out[f.column.name] = np.frombuffer(data, dtype=f.column.np_dtype).reshape(f.shape)
+        return out
+
+    def write(self, buffer: Any, at: int, columns: Mapping[str, np.ndarray]) -> None:
+        """Copy a microbatch's columns into ``buffer`` (a writable mmap) at byte ``at``."""
+        for f, a in zip(self.fields, self._arrays(columns), strict=True):
+            start = at + f.offset
+            buffer[start:start + f.nbytes] = a.data.cast("B")
+
+    def views(self, buffer: Any, at: int) -> dict[str, np.ndarray]:
+        """Zero-copy arrays of the columns of the slot at byte ``at`` of ``buffer``."""
+        return {f.column.name: np.frombuffer(buffer, dtype=f.column.np_dtype,
+                                             count=int(np.prod(f.shape)),
+                                             offset=at + f.offset).reshape(f.shape)
+                for f in self.fields}
