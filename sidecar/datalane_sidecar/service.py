@@ -5,6 +5,11 @@ Thin over :class:`~datalane_sidecar.session.Session` and
 the library's message (INVALID_ARGUMENT for bad requests, FAILED_PRECONDITION for protocol or
 fingerprint mismatches, NOT_FOUND for a missing checkpoint).
 
+The reply to Open announces the recipe's sample schema and the byte layout of one microbatch
+(:class:`datalane.wire.layout.Layout`); microbatches carry the columns by it, inline or in
+the session's shared-memory ring. An Open of another wire protocol version is refused before
+anything else, naming both versions and the side to upgrade.
+
 A data-parallel rank has one session. An Open declaring ``readers`` > 1 (ranks that share the
 data-parallel rank) attaches as reader ``reader`` to the rank's live session when that session
 serves the same world size, microbatch size and readers and still holds the requested position
@@ -37,7 +42,7 @@ from datalane.spec.integrity import parse_json
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import check_world_size
 from datalane.spec.state import Checkpoint, LaneState
-from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION
+from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION, protocol_mismatch
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 from datalane.wire.shm import ShmWriter
@@ -127,8 +132,8 @@ class DataLaneService(pbg.DataLaneServicer):
     def Open(self, request: pb.OpenRequest, context: grpc.ServicerContext) -> pb.OpenReply:
         try:
             if request.protocol_version != PROTOCOL_VERSION:
-                raise MismatchError(f"client speaks protocol {request.protocol_version}, this "
-                                    f"sidecar speaks {PROTOCOL_VERSION}; upgrade the older side")
+                raise MismatchError(protocol_mismatch(request.protocol_version,
+                                                      PROTOCOL_VERSION))
             if not self.serving:  # a draining sidecar is a restarting one: come back later
                 context.abort(grpc.StatusCode.UNAVAILABLE, "the sidecar is shutting down; "
                               "reconnect and re-open at your position")
@@ -174,7 +179,7 @@ class DataLaneService(pbg.DataLaneServicer):
                           request.world_size, request.microbatch_size, start,
                           request.skip_microbatches, self.prefetch, readers, self.texts)
         try:
-            ring = self._ring(request, hid)
+            ring = self._ring(request, session, hid)
         except BaseException:
             session.close()
             raise
@@ -213,7 +218,7 @@ class DataLaneService(pbg.DataLaneServicer):
             step, lanes = start.step, {k: lane_json(start.lanes[k]) for k in live.lanes}
         else:
             return None
-        ring = self._ring(request, hid)
+        ring = self._ring(request, live, hid)
         generation = live.attach(request.reader, step, lanes, request.skip_microbatches)
         with self._lock:
             ok = generation is not None and live.id in self.sessions
@@ -239,12 +244,12 @@ class DataLaneService(pbg.DataLaneServicer):
                                            "replaced": len(replaced)})
         return self._reply(hid, live, step, ring)
 
-    def _ring(self, request: pb.OpenRequest, hid: str) -> ShmWriter | None:
+    def _ring(self, request: pb.OpenRequest, session: Session, hid: str) -> ShmWriter | None:
         if request.transport != pb.TRANSPORT_SHM:
             return None
-        slot = 2 * 4 * request.microbatch_size * self.plan.recipe.sequence_tokens
-        return ShmWriter(os.path.join(self.shm_dir, f"datalane-{hid}.shm"), _ring_slots(slot),
-                         slot, self.shm_mode)
+        layout = session.layout  # slots of schema.slot_bytes(microbatch_size, seq_tokens)
+        return ShmWriter(os.path.join(self.shm_dir, f"datalane-{hid}.shm"),
+                         _ring_slots(layout.slot_bytes), layout, self.shm_mode)
 
     def _reply(self, hid: str, session: Session, step: int,
                ring: ShmWriter | None) -> pb.OpenReply:
@@ -254,6 +259,7 @@ class DataLaneService(pbg.DataLaneServicer):
             seq_tokens=self.plan.recipe.sequence_tokens,
             microbatches_per_step=session.per_step, fingerprint=self.plan.fingerprint,
             readers=session.readers)
+        session.layout.announce(reply)
         if ring is not None:
             reply.shm_path, reply.shm_bytes = ring.path, ring.size
         return reply
@@ -327,7 +333,7 @@ class DataLaneService(pbg.DataLaneServicer):
                 pass
 
         threading.Thread(target=acks, daemon=True).start()
-        seq_tokens = self.plan.recipe.sequence_tokens
+        layout = session.layout
         while context.is_active():
             # The stream is endless (after the data ends, steps are padding with `ended`
             # set), so it never finishes with OK: a trainer must not take a sidecar that
@@ -354,7 +360,7 @@ class DataLaneService(pbg.DataLaneServicer):
             # more ready microbatches ride in the same message, as far as free slots (or an
             # inline size budget) allow: one message per microbatch is what costs the most
             items = [item]
-            budget = _INLINE_DELIVERY_BYTES - 8 * item.input_ids.size
+            budget = _INLINE_DELIVERY_BYTES - item.nbytes
             while len(items) < _MAX_PER_DELIVERY and (
                     ring.free_slots() > len(items) if ring is not None else budget > 0):
                 try:
@@ -364,11 +370,11 @@ class DataLaneService(pbg.DataLaneServicer):
                 if more is None:
                     break
                 items.append(more)
-                budget -= 8 * more.input_ids.size
+                budget -= more.nbytes
             delivery = pb.Delivery()
             for it in items:
                 msg = delivery.items.add(step=it.step, index=it.index,
-                                         sequences=len(it.input_ids), ended=it.ended,
+                                         sequences=it.rows, ended=it.ended,
                                          state_json=self.texts.text(it.after)
                                          if it.after is not None else "")
                 for lane, digest in it.lane_digests.items():
@@ -385,12 +391,11 @@ class DataLaneService(pbg.DataLaneServicer):
                                           f"waited for a free shared-memory slot")
                         return
                     msg.slot = slot
-                    msg.offset = ring.write(slot, it.input_ids, it.positions)
+                    msg.offset = ring.write(slot, it.columns)
                 else:
-                    msg.input_ids = it.input_ids.astype("<i4", copy=False).tobytes()
-                    msg.positions = it.positions.astype("<i4", copy=False).tobytes()
-                self.metrics.delivered(len(it.input_ids) * seq_tokens,
-                                       int(np.count_nonzero(it.positions >= 0)),
+                    msg.columns.extend(layout.pack(it.columns))
+                self.metrics.delivered(it.nbytes,
+                                       int(np.count_nonzero(it.columns["positions"] >= 0)),
                                        session.queue_depth(reader))
             session.sent_to(reader, generation, (items[-1].step, items[-1].index))
             yield delivery
@@ -464,7 +469,8 @@ class DataLaneService(pbg.DataLaneServicer):
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
         return pb.HealthReply(serving=self.serving, protocol_version=PROTOCOL_VERSION,
                               fingerprint=self.plan.fingerprint,
-                              lanes=self.plan.recipe.lanes)
+                              lanes=self.plan.recipe.lanes,
+                              schema_json=self.plan.schema.dumps())
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsReply:
         with self._lock:
