@@ -7,13 +7,15 @@ goes into the recipe fingerprint. Callers: :mod:`datalane.engine.plan` (listing)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
 from datalane.spec.errors import ConfigError, StorageError
-from datalane.spec.formats import compression_of, infer_format
+from datalane.spec.formats import PROTOCOL_EXTRAS, compression_of, infer_format
 
-__all__ = ["SourceFile", "compression_of", "expand", "format_of", "open_file", "read_bytes"]
+__all__ = ["DirectoryLister", "SourceFile", "compression_of", "expand", "file_ident", "format_of",
+           "open_file", "read_bytes"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,9 @@ def _fs(uri: str, where: str) -> tuple[Any, str]:
     try:
         return fsspec.core.url_to_fs(uri)  # type: ignore[no-any-return]
     except (ValueError, ImportError) as e:
-        raise ConfigError(f"{where} {uri!r} cannot be opened: {e}") from e
+        extra = PROTOCOL_EXTRAS.get(uri.split("://", 1)[0].lower()) if "://" in uri else None
+        hint = f" (install {extra})" if extra else ""
+        raise ConfigError(f"{where} {uri!r} cannot be opened: {e}{hint}") from e
 
 
 def _ident(info: dict[str, Any]) -> str:
@@ -54,6 +58,11 @@ def _ident(info: dict[str, Any]) -> str:
     return "none"
 
 
+def file_ident(info: dict[str, Any]) -> str:
+    """The identity of a file from what its filesystem's ``info`` reports."""
+    return _ident(info)
+
+
 def _unstrip(fs: Any, path: str) -> str:
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if protocol in ("file", "local"):
@@ -61,8 +70,15 @@ def _unstrip(fs: Any, path: str) -> str:
     return fs.unstrip_protocol(path)  # type: ignore[no-any-return]
 
 
-def expand(uri: str, where: str) -> list[tuple[str, int, str]]:
-    """Sorted ``(uri, size, ident)`` of every file a path, glob or URI names."""
+#: Lists what a dataset directory holds (an MDS index, a Lance table, ...) as ``(filesystem
+#: path, size, ident)`` entries, or None when the directory is no dataset it knows.
+DirectoryLister = Callable[[Any, str], "list[tuple[str, int, str]] | None"]
+
+
+def expand(uri: str, where: str,
+           directory: DirectoryLister | None = None) -> list[tuple[str, int, str]]:
+    """Sorted ``(uri, size, ident)`` of every file a path, glob or URI names; a directory is
+    what ``directory`` lists in it (a dataset directory), or an error."""
     fs, path = _fs(uri, where)
     try:
         if any(c in path for c in "*?["):
@@ -71,10 +87,14 @@ def expand(uri: str, where: str) -> list[tuple[str, int, str]]:
                 raise ConfigError(f"{where} {uri!r} matches no file")
         else:
             paths = [path]
-        out = []
+        out: list[tuple[str, int, str]] = []
         for p in paths:
             info = fs.info(p)
             if info.get("type") == "directory":
+                listed = directory(fs, p) if directory is not None else None
+                if listed is not None:
+                    out.extend((_unstrip(fs, q), size, ident) for q, size, ident in listed)
+                    continue
                 raise ConfigError(f"{where} {uri!r} is a directory; use a glob such as "
                                   f"'{uri.rstrip('/')}/*.parquet'")
             out.append((_unstrip(fs, p), int(info["size"]), _ident(info)))

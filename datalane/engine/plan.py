@@ -16,6 +16,7 @@ from datalane.engine.chunks import Chunk, cut_file
 from datalane.engine.documents import DocumentKind, kind_for, kind_name
 from datalane.engine.files import SourceFile, compression_of, expand, format_of
 from datalane.engine.formats import FORMATS
+from datalane.engine.formats.directories import directory_lister
 from datalane.engine.mapstage import MapStage
 from datalane.engine.rng import permutation
 from datalane.engine.tokenize import TokenizerHandle
@@ -112,7 +113,8 @@ def _plan_source(index: int, spec: Source, recipe: Recipe, kind: DocumentKind) -
     files: list[SourceFile] = []
     seen: set[str] = set()
     for j, uri in enumerate(spec.uris):
-        for path, size, ident in expand(uri, f"{where}.uris[{j}]"):
+        listed = expand(uri, f"{where}.uris[{j}]", directory_lister(spec.format))
+        for path, size, ident in listed:
             # one local file named twice ('/d/./a.jsonl', '/d/a.jsonl', a symlink) is read once
             key = path if "://" in path else os.path.realpath(path)
             if key in seen:

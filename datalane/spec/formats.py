@@ -23,7 +23,13 @@ FORMATS = {
     ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
     ".idx": "megatron",  # Megatron-LM indexed dataset: NAME.idx, its tokens in NAME.bin
     ".u16": "flatbin", ".u32": "flatbin",  # flat token files (a .bin needs format: flatbin)
+    ".mds": "mds",  # MosaicML Streaming shards (shard.00000.mds[.zstd]; or the dataset dir)
+    ".lance": "lance",  # a Lance dataset directory (pylance: pip install 'datalane[lance]')
+    ".tar": "webdataset",  # WebDataset tars: samples of members sharing a key
+    ".arrow": "hf",  # Arrow IPC files, as Hugging Face datasets' save_to_disk writes them
 }
+#: URI scheme -> what to install for fsspec to open it (named when the scheme is unknown).
+PROTOCOL_EXTRAS = {"hf": "huggingface_hub: pip install 'datalane[hf]'"}
 FORMAT_NAMES = tuple(dict.fromkeys(FORMATS.values()))
 #: Formats whose records are token ids and nothing else: a source of them sets ``tokens``.
 TOKEN_FORMATS = frozenset({"megatron", "flatbin"})

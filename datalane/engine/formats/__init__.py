@@ -10,9 +10,13 @@ from typing import TYPE_CHECKING
 
 from datalane.engine.formats.base import MISSING, Format, FormatReader
 from datalane.engine.formats.flatbin import FLATBIN
+from datalane.engine.formats.hf import HF
 from datalane.engine.formats.jsonl import JSONL
+from datalane.engine.formats.lance import LANCE
+from datalane.engine.formats.mds import MDS
 from datalane.engine.formats.megatron import MEGATRON
 from datalane.engine.formats.parquet import PARQUET
+from datalane.engine.formats.webdataset import WEBDATASET
 
 if TYPE_CHECKING:
     from datalane.spec.recipe import Source
@@ -24,6 +28,10 @@ FORMATS: dict[str, Format] = {
     "parquet": PARQUET,
     "megatron": MEGATRON,
     "flatbin": FLATBIN,
+    "mds": MDS,
+    "lance": LANCE,
+    "webdataset": WEBDATASET,
+    "hf": HF,
 }
 
 

@@ -1,0 +1,42 @@
+"""Dataset directories: what a source URI naming a directory reads.
+
+Three formats keep a dataset in a directory rather than in files a glob names: an MDS
+dataset (``index.json`` lists its shards), a Hugging Face ``save_to_disk`` directory
+(``state.json`` lists its Arrow files) and a Lance dataset (a ``_versions`` directory; the
+dataset is one source file). :func:`directory_lister` gives
+:func:`datalane.engine.files.expand` the lister for a source: the declared format's, or,
+when the format is inferred, each of them in turn (the first that recognises the directory).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datalane.engine.files import DirectoryLister
+from datalane.engine.formats.hf import list_hf_directory
+from datalane.engine.formats.lance import list_lance_directory
+from datalane.engine.formats.mds import list_mds_directory
+
+__all__ = ["LISTERS", "directory_lister"]
+
+#: format name -> lister of its dataset directories
+LISTERS: dict[str, DirectoryLister] = {
+    "mds": list_mds_directory,
+    "hf": list_hf_directory,
+    "lance": list_lance_directory,
+}
+
+
+def directory_lister(declared: str | None) -> DirectoryLister | None:
+    """The lister for a source whose format is ``declared`` (None: inferred)."""
+    if declared is not None:
+        return LISTERS.get(declared)
+
+    def any_dataset(fs: Any, path: str) -> list[tuple[str, int, str]] | None:
+        for lister in LISTERS.values():
+            listed = lister(fs, path)
+            if listed is not None:
+                return listed
+        return None
+
+    return any_dataset

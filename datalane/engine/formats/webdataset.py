@@ -1,0 +1,341 @@
+"""WebDataset tars: a sample is the run of consecutive members that share a key.
+
+A member ``dir/000123.txt`` has the key ``dir/000123`` and the extension ``txt`` (the name up
+to its first dot, as the ``webdataset`` package splits it; extensions are lowercased). A
+source's ``text_field`` names the *extension* of the member that holds its document
+(``text_field: txt``); the member's bytes are the value (UTF-8 text for the text kind), and a
+member whose extension ends in ``json`` is parsed as JSON (so a chat source can read
+conversations from ``.json`` members). A sample without that member is a ``missing_field``
+record; two members of one sample with the same extension a ``malformed_sample``.
+
+A record's position is the byte offset of the sample's first tar header, so a document is
+re-read (and a lane resumed) by one seek. Plain tars are indexed at plan time by walking their
+512-byte headers (seeking over the members' data) and cut at sample boundaries into ranges of
+``chunk_rows`` samples, or of about ``chunk_bytes``; the walk also checks the archive is whole
+(every member inside the file, the end-of-archive block present). Compressed tars
+(``.tar.gz``, ``.tar.zst``) cannot be entered in the middle: each is one chunk, read as a
+stream. Headers are read by this module (ustar, GNU long names, pax ``path``/``size``
+records) rather than by :mod:`tarfile`, which keeps every member it has seen in memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any, NoReturn
+
+import numpy as np
+
+from datalane.engine.files import SourceFile, open_file
+from datalane.engine.formats.base import Chunk, Decoded
+from datalane.spec.errors import DataError, StorageError
+
+__all__ = ["WEBDATASET", "TarMember", "WdsSample", "scan_samples", "split_key"]
+
+_BLOCK = 512
+_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
+_REGULAR = {tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE}
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """``(key, extension)`` of a member name, as WebDataset groups members; None: no dot."""
+    m = _KEY.match(name)
+    if m is None:
+        return None
+    return m.group(1), m.group(2).lower()
+
+
+@dataclass(frozen=True)
+class TarMember:
+    offset: int  # the member's first header (extended headers included)
+    name: str
+    data: int  # where its data starts
+    size: int
+
+
+class _Tape:
+    """A position in a tar stream: seeks when the file can, reads forward when it cannot."""
+
+    def __init__(self, f: IO[bytes], pos: int, seekable: bool, uri: str) -> None:
+        self.f, self.pos, self.seekable, self.uri = f, pos, seekable, uri
+        if seekable:
+            f.seek(pos)
+        elif pos:
+            self.skip_to(pos)
+
+    def read(self, n: int) -> bytes:
+        try:
+            got = self.f.read(n)
+        except Exception as e:
+            _read_error(e, self.uri)
+        self.pos += len(got)
+        return got
+
+    def skip_to(self, pos: int) -> None:
+        if pos == self.pos:
+            return
+        if self.seekable:
+            self.f.seek(pos)
+            self.pos = pos
+            return
+        while self.pos < pos:
+            if not self.read(min(pos - self.pos, 1 << 20)):
+                raise DataError(f"{self.uri}: the tar ends at byte {self.pos}, inside a member "
+                                f"(the file is truncated)")
+
+    def read_at(self, pos: int, n: int) -> bytes:
+        self.skip_to(pos)
+        got = self.read(n)
+        if len(got) < n:
+            raise DataError(f"{self.uri}: the tar is truncated: a member's {n} bytes at byte "
+                            f"{pos} are not all there")
+        return got
+
+
+_POSIX_MAGIC = b"ustar\x0000"
+
+
+def _octal(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # GNU base-256 (sizes beyond 8 GiB)
+        return int.from_bytes(field[1:], "big")
+    digits = field.split(b"\0", 1)[0].strip()
+    return int(digits, 8) if digits else 0
+
+
+def _header(block: bytes) -> tuple[str, int, bytes]:
+    """``(name, size, type)`` of a tar header block (what :class:`tarfile.TarInfo` takes
+    from it, without the fields a reader of members does not need); ValueError if invalid."""
+    stored = _octal(block[148:156])
+    total = int(np.frombuffer(block, np.uint8).sum()) - sum(block[148:156]) + 256
+    if stored != total and stored != int(np.frombuffer(block, np.int8).sum()) - sum(
+            b - 256 if b > 127 else b for b in block[148:156]) + 256:
+        raise ValueError("bad checksum")  # (the second sum: old tars' signed checksums)
+    name = block[:100].split(b"\0", 1)[0]
+    kind = block[156:157]
+    if block[257:265] == _POSIX_MAGIC:
+        prefix = block[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    text = name.decode("utf-8", "surrogateescape")
+    if kind == tarfile.AREGTYPE and text.endswith("/"):
+        kind = tarfile.DIRTYPE
+    return text, _octal(block[124:136]), kind
+
+
+def _pax(records: bytes) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(records):
+        space = records.find(b" ", pos)
+        if space < 0:
+            break
+        try:
+            length = int(records[pos:space])
+        except ValueError:
+            break
+        if length <= 0:
+            break
+        key, _, value = records[space + 1:pos + length - 1].partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def _members(tape: _Tape, total: int | None) -> Iterator[TarMember]:
+    """The regular-file members from the tape's position to the end-of-archive block.
+    ``tape.pos`` is, after the generator ends, the offset of that block."""
+    first: int | None = None
+    name: str | None = None
+    size_override: int | None = None
+    while True:
+        at = tape.pos
+        header = tape.read(_BLOCK)
+        if not header:
+            raise DataError(f"{tape.uri}: the tar ends at byte {at} without its "
+                            f"end-of-archive block (the file is truncated)")
+        if len(header) < _BLOCK:
+            raise DataError(f"{tape.uri}: the tar is truncated inside the header at byte {at}")
+        if header == bytes(_BLOCK):
+            tape.pos = at  # the end-of-archive block
+            return
+        try:
+            header_name, size, kind = _header(header)
+        except ValueError as e:
+            raise DataError(f"{tape.uri}: no valid tar header at byte {at} ({e})") from e
+        if size_override is not None and kind not in (tarfile.XHDTYPE,
+                                                      tarfile.GNUTYPE_LONGNAME):
+            size = size_override
+        data = at + _BLOCK
+        end = data + -(-size // _BLOCK) * _BLOCK
+        if total is not None and data + size > total:
+            raise DataError(f"{tape.uri}: the tar is truncated: member {header_name!r} at byte "
+                            f"{at} needs {data + size} bytes, the file has {total}")
+        if kind == tarfile.GNUTYPE_LONGNAME:
+            first = at if first is None else first
+            name = tape.read_at(data, size).rstrip(b"\0").decode("utf-8", "surrogateescape")
+        elif kind == tarfile.XHDTYPE:
+            first = at if first is None else first
+            pax = _pax(tape.read_at(data, size))
+            if "path" in pax:
+                name = pax["path"]
+            if "size" in pax:
+                size_override = int(pax["size"])
+        elif kind in (tarfile.GNUTYPE_LONGLINK, tarfile.XGLTYPE):
+            first = at if first is None else first
+        else:
+            start = at if first is None else first
+            member_name = name if name is not None else header_name
+            first, name, size_override = None, None, None
+            if kind in _REGULAR:
+                yield TarMember(start, member_name, data, size)
+        tape.skip_to(end)
+
+
+def _open(sf: SourceFile, pos: int) -> tuple[IO[bytes], _Tape]:
+    f = open_file(sf.uri, sf.compression)
+    return f, _Tape(f, pos, sf.compression is None, sf.uri)
+
+
+def scan_samples(sf: SourceFile) -> tuple[np.ndarray, int]:
+    """The byte offsets of every sample's first header, and of the end-of-archive block."""
+    starts: list[int] = []
+    key: str | None = None
+    f, tape = _open(sf, 0)
+    with f:
+        for m in _members(tape, sf.size if sf.compression is None else None):
+            got = split_key(m.name)
+            if got is None:
+                continue
+            if got[0] != key:
+                starts.append(m.offset)
+                key = got[0]
+        return np.array(starts, dtype=np.int64), tape.pos
+
+
+@dataclass(frozen=True)
+class WdsSample:
+    """A raw record: the selected member's bytes (None: no such member) and the sample's
+    extensions, in member order."""
+
+    key: str
+    data: bytes | None
+    extensions: tuple[str, ...]
+    duplicate: str | None = None
+
+
+class WebDatasetReader:
+    """Samples of one source's tars (the member whose extension is the source's field)."""
+
+    def __init__(self, files: list[SourceFile], field: str) -> None:
+        self._files = files
+        self._ext = field.lower()
+
+    def _samples(self, file: int, pos: int, stop: int) -> Iterator[tuple[int, WdsSample]]:
+        """Samples starting at ``pos`` (a sample boundary) before byte ``stop`` (-1: all)."""
+        sf = self._files[file]
+        f, tape = _open(sf, pos)
+        with f:
+            key: str | None = None
+            start = pos
+            data: bytes | None = None
+            exts: list[str] = []
+            dup: str | None = None
+            for m in _members(tape, sf.size if sf.compression is None else None):
+                got = split_key(m.name)
+                if got is None:
+                    continue
+                if got[0] != key:
+                    if key is not None:
+                        yield start, WdsSample(key, data, tuple(exts), dup)
+                    if 0 <= stop <= m.offset:
+                        return
+                    key, start, data, exts, dup = got[0], m.offset, None, [], None
+                ext = got[1]
+                if ext in exts and dup is None:
+                    dup = ext
+                exts.append(ext)
+                if ext == self._ext and data is None:
+                    data = tape.read_at(m.data, m.size)
+            if key is not None:
+                yield start, WdsSample(key, data, tuple(exts), dup)
+
+    def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
+        return self._samples(chunk.file, chunk.start if start is None else start, chunk.stop)
+
+    def read_one(self, file: int, pos: int) -> Any:
+        for _, sample in self._samples(file, pos, pos + 1):
+            return sample
+        raise StorageError(f"{self._files[file].uri} has no sample at byte {pos}")
+
+    def fields(self, file: int) -> list[str]:
+        """The extensions of the file's first 100 samples, in the order first seen."""
+        seen: dict[str, None] = {}
+        for k, (_, sample) in enumerate(self._samples(file, 0, -1)):
+            seen.update(dict.fromkeys(sample.extensions))
+            if k >= 100:
+                break
+        return list(seen)
+
+    def close(self) -> None:
+        pass
+
+
+class WebDataset:
+    name = "webdataset"
+    unit = "byte"
+    bad_reasons = frozenset({"missing_field", "malformed_sample", "malformed_json"})
+
+    def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
+            chunk_rows: int | None) -> list[Chunk]:
+        if sf.compression is not None:
+            return [Chunk(index, 0, -1)] if sf.size > 0 else []
+        starts, end = scan_samples(sf)
+        n = len(starts)
+        if n == 0:
+            return []
+        if chunk_rows is not None:
+            firsts = list(range(0, n, chunk_rows))
+        else:  # a sample belongs to the chunk_bytes range its first header lies in
+            firsts = [0, *(int(c) for c in np.flatnonzero(np.diff(starts // chunk_bytes)) + 1)]
+        bounds = [int(starts[i]) for i in firsts] + [end]
+        return [Chunk(index, a, b) for a, b in itertools.pairwise(bounds)]
+
+    def reader(self, files: list[SourceFile], field: str) -> WebDatasetReader:
+        return WebDatasetReader(files, field)
+
+    def decode(self, raw: Any, field: str) -> Decoded:
+        sample: WdsSample = raw
+        if sample.duplicate is not None:
+            return None, "malformed_sample", (f"sample {sample.key!r} has two members with the "
+                                              f"extension {sample.duplicate!r}")
+        if sample.data is None:
+            return None, "missing_field", (f"sample {sample.key!r} has no .{field.lower()} "
+                                           f"member")
+        if not field.lower().endswith("json"):
+            return sample.data, None, None
+        try:
+            return json.loads(sample.data), None, None
+        except UnicodeDecodeError as e:
+            return None, "malformed_json", f"invalid UTF-8 at byte {e.start} of the JSON member"
+        except RecursionError:
+            return None, "malformed_json", "JSON nested deeper than the parser's limit"
+        except ValueError as e:
+            return None, "malformed_json", f"JSON the parser refuses: {e}"
+
+    def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
+        if all(f.compression is not None for f in files if f.format == self.name):
+            return "compressed tars are one chunk each: use uncompressed tars or more shards"
+        return f"set a smaller {where}.chunk_bytes or {where}.chunk_rows (samples per chunk)"
+
+
+WEBDATASET = WebDataset()
+
+
+def _read_error(e: Exception, uri: str) -> NoReturn:
+    from datalane.engine.formats.jsonl import _raise_read_error
+
+    _raise_read_error(e, uri)
