@@ -545,9 +545,10 @@ def test_cli_run_bad_records_fail_and_skip(tmp_path: Path, tok: str) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("step=0 sha256=")
-    assert all(ln.startswith(f"step={i} sha256=") for i, ln in enumerate(lines[:-1]))
-    summary = lines[-1]
+    assert all(ln.startswith(f"step={i} sha256=") for i, ln in enumerate(lines[:-2]))
+    summary = lines[-2]
     assert " documents_read=4 skipped=1 (malformed_json=1) " in summary
+    assert lines[-1] == "mixture: s=1.0000 (weight 1.0000)"
     tokens = expected_tokens(tok, GOOD).size
     assert f"tokens={tokens} " in summary
 
