@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-torchtitan check test lint bench cluster clean
+.PHONY: setup demo demo-torchtitan check test lint bench cluster images clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,7 +40,15 @@ check: lint
 cluster:
 	bash tests/cluster/build.sh
 
-test: $(STAMP) lint cluster
+# The images (operator, sidecar, the tests' trainer) built with podman from a locally made
+# Debian base (images/build.py), cached in podman's storage by a hash of their inputs:
+# ~10 min on a fresh machine, seconds once cached. images/setup.sh first installs podman,
+# buildah, runc and mmdebstrap where they are missing (as root, from Debian's packages).
+images: $(STAMP)
+	bash images/setup.sh
+	$(BIN)/python images/build.py --tag e2e
+
+test: $(STAMP) lint cluster images
 	$(BIN)/python -m pytest -q
 
 PEERS := .venv-peers

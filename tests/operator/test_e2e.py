@@ -1,8 +1,12 @@
 """End to end on the real control plane: Helm chart, operator, training-operator, kwok, S3.
 
-A DataPipeline (8 lanes, S3 checkpoints on a moto server, credentials by Secret reference)
-and a PyTorchJob with 4 workers; the injected pods are checked as stored; the pod runner
-starts each pod's sidecar and trainer as local processes; trainers run and checkpoint; the
+A DataPipeline (8 lanes, the corpus and the S3 checkpoints on a moto server, credentials by
+Secret reference) and a PyTorchJob with 4 workers; the injected pods are checked as stored;
+the container runner (tests/operator/containers.py) runs every container of each pod, as
+stored, in podman: the sidecar image as the native sidecar with its startup probe, the
+trainer image (another UID than the sidecar's, a shared fsGroup, read-only root filesystems)
+reaching the 0660 socket and the shared-memory rings in the memory emptyDir; trainers run
+and checkpoint; the
 operator lists and garbage-collects the checkpoints; ``kubectl scale`` to 2 workers updates
 the status, the recreated pods resume from the last committed checkpoint, and the per-step
 global batch hashes equal an uninterrupted 4-rank run; a scale to 3 is refused; deleting the
@@ -40,7 +44,8 @@ from tests.conftest import base_recipe_dict
 from tests.s3server import ACCESS_KEY, SECRET_KEY
 
 from .builders import RECIPE
-from .podrunner import PodRunner
+from .containers import trainer_image
+from .podrunner import PodRunner, make_runner
 from .stack import Stack, datalane_stack
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -76,7 +81,8 @@ def apply(c: Cluster, ns: str, obj: dict[str, Any]) -> None:
 
 
 def pipeline(name: str, workload: str, recipe: dict[str, Any], checkpoint: dict[str, Any],
-             tensor: int = 1) -> dict[str, Any]:
+             tensor: int = 1, data: dict[str, Any] | None = None,
+             socket_mode: str | None = None) -> dict[str, Any]:
     body = {"apiVersion": f"{G}/{V}", "kind": "DataPipeline", "metadata": {"name": name},
             "spec": {"workload": {"kind": "PyTorchJob", "name": workload}, "lanes": 8,
                      "globalBatchSize": 16, "recipe": recipe, "checkpoint": checkpoint,
@@ -84,18 +90,57 @@ def pipeline(name: str, workload: str, recipe: dict[str, Any], checkpoint: dict[
                                  "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}}}
     if tensor > 1:
         body["spec"]["parallelism"] = {"tensor": tensor}
+    if data is not None:
+        body["spec"]["data"] = data
+    if socket_mode is not None:
+        body["spec"]["sidecar"]["socketMode"] = socket_mode
     return body
 
 
-def pytorchjob(name: str, workers: int, nproc: int = 1) -> dict[str, Any]:
-    trainer = {"name": "pytorch", "image": "registry.invalid/trainer:1",
-               "command": ["python", "-m", "tests.operator.e2e_trainer", "--steps", str(STEPS),
-                           "--checkpoint-every", "2"],
-               "resources": {"limits": {"nvidia.com/gpu": str(nproc)}}}
+# The trainer of the container e2e: another user than the sidecar image's (65532), sharing the
+# pod's fsGroup, on a read-only root filesystem without privileges, as a hardened cluster runs it.
+TRAINER_UID, POD_FS_GROUP = 1000, 2000
+TRAINER_SECURITY = {"runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID, "runAsNonRoot": True,
+                    "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"]}}
+
+
+def pytorchjob(name: str, workers: int, nproc: int = 1, image: str = "registry.invalid/trainer:1",
+               hardened: bool = False) -> dict[str, Any]:
+    trainer: dict[str, Any] = {
+        "name": "pytorch", "image": image,
+        "command": ["python", "-m", "tests.operator.e2e_trainer", "--steps", str(STEPS),
+                    "--checkpoint-every", "2"],
+        "resources": {"limits": {"nvidia.com/gpu": str(nproc)}}}
+    template: dict[str, Any] = {"spec": {"containers": [trainer]}}
+    if hardened:
+        trainer["securityContext"] = copy.deepcopy(TRAINER_SECURITY)
+        template["spec"]["securityContext"] = {"fsGroup": POD_FS_GROUP}
     return {"apiVersion": f"{TG}/{TV}", "kind": "PyTorchJob", "metadata": {"name": name},
             "spec": {"nprocPerNode": str(nproc), "pytorchReplicaSpecs": {"Worker": {
                 "replicas": workers, "restartPolicy": "OnFailure",
-                "template": {"spec": {"containers": [trainer]}}}}}}
+                "template": template}}}}
+
+
+def corpus_on_s3(corpus: DemoCorpus, recipe: dict[str, Any], bucket: str,
+                 s3_server: str) -> dict[str, Any]:
+    """``recipe`` with its sources and tokenizer read from a copy of the corpus in ``bucket``
+    (a sidecar container sees the pod's volumes and the network, not the host's files)."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(key=ACCESS_KEY, secret=SECRET_KEY,
+                           client_kwargs={"endpoint_url": s3_server})
+    root = corpus.root.rstrip("/")
+    fs.put(root + "/", f"{bucket.removeprefix('s3://')}/corpus/", recursive=True)
+    out = copy.deepcopy(recipe)
+
+    def moved(uri: str) -> str:
+        assert uri.startswith(root + "/"), uri
+        return f"{bucket}/corpus/{uri[len(root) + 1:]}"
+    out["tokenizer"]["uri"] = moved(out["tokenizer"]["uri"])
+    for src in out["sources"]:
+        src["uris"] = [moved(u) for u in src["uris"]]
+    return out
 
 
 def live_pods(core: client.CoreV1Api, ns: str, job: str) -> dict[str, dict[str, Any]]:
@@ -193,22 +238,25 @@ class Case:
 @pytest.mark.parametrize("case", [Case(), Case(tensor=2, suffix="-tp2")],
                          ids=["dp", "tp2"])
 def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpus: DemoCorpus,
-                                  bucket: str, s3_server: str, case: Case) -> None:
+                                  bucket: str, s3_server: str, case: Case,
+                                  container_images: dict[str, str]) -> None:
     c, ns = stack.cluster, stack.namespace
     core, custom = client.CoreV1Api(k8s_api), client.CustomObjectsApi(k8s_api)
     dpn, job, secret = case.name("pretrain"), case.name("llama"), case.name("s3-creds")
     core.create_namespaced_secret(ns, {"metadata": {"name": secret}, "stringData": {
         "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}})
-    recipe = base_recipe_dict(corpus)
-    full = copy.deepcopy(recipe)
+    full = base_recipe_dict(corpus)  # the reference run reads the corpus here
+    recipe = corpus_on_s3(corpus, full, bucket, s3_server)  # the pods read it from S3
     del recipe["lanes"], recipe["global_batch_size"]
     store_uri = f"{bucket}/run"
     apply(c, ns, pipeline(dpn, job, recipe,
                           {"uri": store_uri, "secretRef": {"name": secret},
-                           "endpoint": s3_server, "keep": 2}, tensor=case.tensor))
+                           "endpoint": s3_server, "keep": 2}, tensor=case.tensor,
+                          data={"endpoint": s3_server}, socket_mode="0660"))
     wait_injection_active(core, ns, job)
-    custom.create_namespaced_custom_object(TG, TV, ns, TP, pytorchjob(job, 4, case.nproc))
-    runner = PodRunner(core, ns)
+    custom.create_namespaced_custom_object(TG, TV, ns, TP, pytorchjob(
+        job, 4, case.nproc, image=trainer_image(container_images), hardened=True))
+    runner = make_runner(core, ns, "containers")
     try:
         # ---- 4 workers: injected pods, status, training with checkpoints -------------------
         pods = eventually(lambda: (p := live_pods(core, ns, job)) and len(p) == 4 and all(

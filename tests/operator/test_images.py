@@ -1,6 +1,8 @@
-"""The Dockerfiles, checked statically (no Docker engine here): bases pinned by digest,
-dependencies installed at the exact versions of images/constraints.txt, multi-stage, non-root,
-read-only-rootfs friendly, entry points that exist in the package."""
+"""The Dockerfiles, checked statically: bases pinned by digest, dependencies installed at the
+exact versions of images/constraints.txt, multi-stage, non-root, read-only-rootfs friendly,
+entry points that exist in the package; the trainer image; the cache key and the dependency
+list of images/build.py and images/requirements.py. The images are run in
+test_images_run.py and test_e2e.py."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import importlib
 import re
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,7 +80,7 @@ def test_dockerfile(image: str) -> None:
     assert subcommand in parser._subparsers._group_actions[0].choices
 
 
-@pytest.mark.parametrize("image", sorted(IMAGES))
+@pytest.mark.parametrize("image", [*sorted(IMAGES), "trainer"])
 def test_build_context_is_trimmed(image: str) -> None:
     ignore = (ROOT / "images" / image / "Dockerfile.dockerignore").read_text().splitlines()
     assert ignore[ignore.index("*")] == "*"  # everything is excluded first
@@ -140,3 +143,107 @@ def test_the_lock_pins_every_dependency_of_the_images_within_pyproject_ranges() 
             continue
         assert req.specifier.contains(pinned[name], prereleases=True), (
             f"images/constraints.txt pins {name}=={pinned[name]}, outside {text!r}")
+
+
+# -- the trainer image and the local build (images/build.py) -------------------------------
+def _module(name: str) -> Any:
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(f"images_{name}",
+                                                  ROOT / "images" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_trainer_dockerfile() -> None:
+    path = ROOT / "images" / "trainer" / "Dockerfile"
+    ins = instructions(path)
+    args = {k: v for k, v in (a.split("=", 1) for w, a in ins if w == "ARG" and "=" in a)}
+    assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+[\w.-]*@sha256:[0-9a-f]{64}",
+                        args["PYTHON_IMAGE"]), "the default base is pinned by digest"
+    assert args["TORCH"] == "0", "torch is optional, off by default"
+    final = ins[max(i for i, (w, _) in enumerate(ins) if w == "FROM"):]
+    uid = [a for w, a in final if w == "USER"][-1].split(":")[0]
+    sidecar_uid = [a for w, a in instructions(ROOT / "images/sidecar/Dockerfile")
+                   if w == "USER"][-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0 and uid != sidecar_uid, (
+        "a non-root user other than the sidecar's: the socket is shared through a group")
+    installs = " ".join(a for w, a in ins if w == "RUN")
+    assert '--constraint constraints.txt ".[client]"' in installs
+    env = " ".join(a for w, a in final if w == "ENV")
+    assert "PYTHONDONTWRITEBYTECODE=1" in env and "HOME=/tmp" in env
+    # the e2e's command resolves from the working directory
+    assert ("WORKDIR", "/opt/trainer") in final
+    assert ("COPY", "tests/operator/e2e_trainer.py ./tests/operator/e2e_trainer.py") in final
+
+
+@pytest.mark.parametrize("image", ["operator", "sidecar", "trainer"])
+def test_every_copied_path_is_in_the_build_context(image: str) -> None:
+    """What a COPY names is what the ignore file lets through: the cache key of
+    images/build.py hashes exactly those files."""
+    build = _module("build")
+    files = build.context_files(build.IMAGES[image])
+    for w, a in instructions(ROOT / "images" / image / "Dockerfile"):
+        if w == "COPY" and not a.startswith("--from"):
+            for src in a.split()[:-1]:
+                assert any(f == src or f.startswith(src.rstrip("/") + "/") for f in files), src
+    assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
+    if image == "trainer":
+        assert "tests/operator/e2e_trainer.py" in files
+        assert "tests/operator/test_e2e.py" not in files  # only what the image needs
+
+
+def test_image_key_follows_the_build_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              ) -> None:
+    build = _module("build")
+    (tmp_path / "images" / "x").mkdir(parents=True)
+    (tmp_path / "pkg" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "images/x/Dockerfile").write_text("FROM base\nCOPY pkg ./pkg\n")
+    (tmp_path / "images/x/Dockerfile.dockerignore").write_text(
+        "*\n!pkg/**\n**/__pycache__\n**/*.pyc\n")
+    (tmp_path / "pkg/a.py").write_text("A = 1\n")
+    (tmp_path / "other/b.py").write_text("B = 1\n")
+    monkeypatch.setattr(build, "ROOT", tmp_path)
+    image = build.Image("x", "x")
+    assert build.context_files(image) == ["pkg/a.py"]
+    key = build.image_key(image, "base:1")
+    assert len(key) == 16
+    # outside the context: the same key
+    (tmp_path / "other/b.py").write_text("B = 2\n")
+    (tmp_path / "pkg/__pycache__/a.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "pkg/c.pyc").write_bytes(b"\0")
+    assert build.image_key(image, "base:1") == key
+    # a file of the context, the Dockerfile, a build argument, the base: a new key
+    (tmp_path / "pkg/a.py").write_text("A = 2\n")
+    changed = build.image_key(image, "base:1")
+    assert changed != key
+    (tmp_path / "pkg/new.py").write_text("")
+    assert build.image_key(image, "base:1") != changed
+    assert build.image_key(image, "base:2") != build.image_key(image, "base:1")
+    assert build.image_key(build.Image("x", "x", {"TORCH": "1"}), "base:1") != (
+        build.image_key(image, "base:1"))
+    (tmp_path / "images/x/Dockerfile").write_text("FROM base\nCOPY pkg ./pkg\nUSER 1\n")
+    assert build.image_key(image, "base:1") != build.image_key(
+        build.Image("x", "x"), "base:0")
+
+
+def test_requirements_of_an_extra_expand_the_self_references(tmp_path: Path) -> None:
+    req = _module("requirements")
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "datalane"\ndependencies = ["numpy>=1.26"]\n'
+        '[project.optional-dependencies]\n'
+        'engine = ["pyarrow>=15", "fsspec>=2024.2"]\n'
+        'client = ["grpcio>=1.85.1"]\n'
+        'sidecar = ["datalane[engine, client]", "s3fs>=2024.2"]\n'
+        'loop = ["datalane[sidecar,loop]"]\n')
+    assert req.requirements(tmp_path / "pyproject.toml", ["client"]) == [
+        "grpcio>=1.85.1", "numpy>=1.26"]
+    assert req.requirements(tmp_path / "pyproject.toml", ["loop"]) == [
+        "fsspec>=2024.2", "grpcio>=1.85.1", "numpy>=1.26", "pyarrow>=15", "s3fs>=2024.2"]
+    with pytest.raises(SystemExit, match="no extra 'gpu'"):
+        req.requirements(tmp_path / "pyproject.toml", ["gpu"])
