@@ -108,6 +108,7 @@ class DataLaneService(pbg.DataLaneServicer):
         self.checkpoints = PodCheckpoints(store, pod, ranks_per_pod)
         self.texts = CheckpointText(plan)  # the fingerprint document, serialized once
         self.sessions: dict[str, Session] = {}
+        metrics.sessions = lambda: list(self.sessions.values())  # read at every scrape
         self.handles: dict[str, _Handle] = {}  # what a client's session_id names
         self.rings: dict[str, ShmWriter] = {}  # per handle
         self.last_checkpoint: dict[str, int] = {}
@@ -375,6 +376,7 @@ class DataLaneService(pbg.DataLaneServicer):
             for it in items:
                 msg = delivery.items.add(step=it.step, index=it.index,
                                          sequences=it.rows, ended=it.ended,
+                                         step_tokens=it.step_tokens,
                                          state_json=self.texts.text(it.after)
                                          if it.after is not None else "")
                 for lane, digest in it.lane_digests.items():

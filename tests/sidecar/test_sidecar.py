@@ -271,6 +271,27 @@ def test_prometheus_metrics(sidecar, repeat_recipe) -> None:
     assert "datalane_trainer_wait_seconds" in text
 
 
+def test_prometheus_metrics_show_the_realized_mixture(sidecar, repeat_recipe) -> None:
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sc = sidecar(repeat_recipe, "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
+    with SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=4) as loader:
+        _take(loader, 8)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=10).read().decode()
+
+    def gauge(name: str) -> dict[str, float]:
+        return {m[1]: float(m[2]) for m in re.finditer(
+            rf'^{name}{{source="(\w+)"}} ([0-9.e+-]+)$', text, re.M)}
+
+    assert gauge("datalane_source_weight") == {"web": 0.7, "code": 0.3}
+    tokens, share = gauge("datalane_source_tokens"), gauge("datalane_source_share")
+    assert set(tokens) == {"web", "code"} and all(v > 0 for v in tokens.values())
+    total = tokens["web"] + tokens["code"]
+    assert share == pytest.approx({k: v / total for k, v in tokens.items()})
+
+
 def test_client_needs_a_socket(monkeypatch) -> None:
     monkeypatch.delenv("DATALANE_SOCKET", raising=False)
     with pytest.raises(ConfigError, match=r"no sidecar socket"):

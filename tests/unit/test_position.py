@@ -174,3 +174,28 @@ def test_a_position_inside_a_step_refuses_another_layout() -> None:
                                           r"consumed at world size 2\).*not world size 4 and "
                                           r"microbatch size 2"):
         pos.check_layout(4, 2, per_step=8)
+
+
+def test_the_in_process_loader_refuses_a_consumed_count_past_its_step(make_recipe) -> None:
+    """A state whose ``consumed`` is not inside a step of this layout used to start silently
+    at a later microbatch of the next step (step 1, consumed 9 of 8 -> step 2, microbatch 1)."""
+    from datalane.client import InProcessLoader
+
+    recipe = make_recipe()
+    ld = InProcessLoader(recipe, rank=0, world_size=1, microbatch_size=2)
+    try:
+        it = iter(ld)
+        for _ in range(ld.per_step + 3):
+            next(it)
+        state = ld.state_dict()
+    finally:
+        ld.close()
+    assert state["consumed"] == 3
+    bad = {**state, "consumed": ld.per_step}
+    again = InProcessLoader(recipe, rank=0, world_size=1, microbatch_size=2)
+    try:
+        with pytest.raises(ConfigError, match=rf"consumed {ld.per_step} microbatches of step "
+                                              rf"1"):
+            again.load_state_dict(bad)
+    finally:
+        again.close()
