@@ -198,6 +198,9 @@ def test_the_writer_matches_megatron_core_byte_for_byte(tmp_path: Path) -> None:
     write_dataset(str(tmp_path / "ours"), DOCS, "int32")
     assert (tmp_path / "ours.idx").read_bytes() == (tmp_path / "m.idx").read_bytes()
     assert (tmp_path / "ours.bin").read_bytes() == (tmp_path / "m.bin").read_bytes()
+    # and datalane reads what megatron-core wrote, document by document
+    chunks, reader = _megatron_records(tmp_path, "m", chunk_rows=2)
+    assert read_all(reader, chunks) == list(enumerate(DOCS))
 
 
 def _megatron_records(tmp_path: Path, name: str, chunk_rows: int | None = None,

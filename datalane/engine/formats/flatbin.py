@@ -125,40 +125,51 @@ class FlatbinReader:
         n = sf.size // layout.dtype.itemsize
         stop = min(chunk.stop, n)
         window = max(1, WINDOW_BYTES // layout.dtype.itemsize)
+        # buf holds tokens [at, at + len(buf)); hits: the boundaries in it, found once per read
+        buf = np.zeros(0, dtype=layout.dtype)
+        hits: list[int] = []
+        h = 0
         if start is not None:
             p = start
         elif chunk.start == 0:
             p = 0
         else:  # the first document that starts at or after chunk.start: after a boundary
             p = chunk.start - 1
-            while p < stop:
-                got = self._tf.read(sf.uri, layout.dtype, p, min(window, n - p))
-                hits = np.flatnonzero(got == boundary)
-                if len(hits):
-                    p += int(hits[0]) + 1
+            step = 8192
+            while True:
+                if p >= stop:
+                    return
+                buf = self._tf.read(sf.uri, layout.dtype, p, min(window, step, n - p))
+                hits = np.flatnonzero(buf == boundary).tolist()
+                if hits:
+                    at, p, h = p, p + hits[0] + 1, 1
                     break
-                p += len(got)
-            else:
-                return
-        buf = np.zeros(0, dtype=layout.dtype)
-        at = p  # token index of buf[0]
+                p += len(buf)
+                step *= 2
+        if not len(buf):
+            at = p
         while p < stop:
-            # buf holds tokens [at, at + len(buf)); find the end of the document at p
             rel = p - at
-            hits = np.flatnonzero(buf[rel:] == boundary)
-            if len(hits):
-                end = rel + int(hits[0]) + 1
+            while h < len(hits) and hits[h] < rel:
+                h += 1
+            if h < len(hits):  # the document at p ends at the next boundary
+                end = hits[h] + 1
+                h += 1
                 yield p, buf[rel:end]
                 p = at + end
                 continue
-            if at + len(buf) >= n:  # ids after the last boundary: the last document
+            have = at + len(buf)
+            if have >= n:  # ids after the last boundary: the last document
                 if rel < len(buf):
                     yield p, buf[rel:]
                 return
-            more = self._tf.read(sf.uri, layout.dtype, at + len(buf),
-                                 min(window, n - at - len(buf)))
+            # the rest of the chunk at once; past its end (the last document), growing steps
+            want = max(stop - have, 8192, len(buf) - rel)
+            more = self._tf.read(sf.uri, layout.dtype, have, min(window, want, n - have))
             buf = np.concatenate([buf[rel:], more]) if rel < len(buf) else more
             at = p
+            hits = np.flatnonzero(buf == boundary).tolist()
+            h = 0
 
     def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
         if self._fmt.layout(self._files[chunk.file]).boundary is None:
@@ -175,7 +186,7 @@ class FlatbinReader:
                                 f"did the file change?")
             return next(documents(self._tf, sf.uri, layout.dtype, starts, pos, pos + 1))[1]
         n = sf.size // layout.dtype.itemsize
-        for _, ids in self._bounded(Chunk(file, pos, n), pos):
+        for _, ids in self._bounded(Chunk(file, pos, pos + 1), pos):
             return ids
         raise DataError(f"{sf.uri} has {n} tokens, no document at token {pos}; did the file "
                         f"change?")
