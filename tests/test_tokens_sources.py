@@ -162,6 +162,27 @@ def test_token_sources_are_never_tokenized(tokens: TokenCorpus,
         len(tokens.docs[i]) for name in ("meg", "flat") for i in tokens.by_source[name])
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # megatron-core's own, on numpy 2
+def test_a_dataset_megatron_core_wrote_is_read_document_by_document(
+        tokens: TokenCorpus, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    import torch
+
+    ids = tokens.by_source["meg"][:180]
+    builder = indexed.IndexedDatasetBuilder(str(tmp_path / "m.bin"), dtype=np.uint16)
+    for i in ids:
+        builder.add_document(torch.from_numpy(tokens.docs[i]), [len(tokens.docs[i])])
+    builder.finalize(str(tmp_path / "m.idx"))
+    # datalane's writer (which the other tests use) writes the same bytes
+    for ext in (".idx", ".bin"):
+        assert (tmp_path / f"m{ext}").read_bytes() == (tokens.root / "meg" / f"a{ext}").read_bytes()
+    recipe = recipe_of([{"name": "m", "uris": [str(tmp_path / "m.idx")], "tokens": {},
+                         "chunk_rows": 16}])
+    seen = collections.Counter(doc_id(d) for s in lane_streams(recipe) for d in split_documents(s))
+    assert seen == collections.Counter(ids)
+
+
 def _bad_parquet(path: Path) -> list[Any]:
     rng = np.random.default_rng(5)
     rows: list[Any] = [document(9000 + k, 20, rng).tolist() for k in range(40)]
