@@ -29,6 +29,8 @@ explicit rlimits, what works on these hosts; the host's configuration is not cha
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -38,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -292,17 +294,32 @@ def prune(image: Image, keep: int = KEEP) -> None:
     podman("image", "prune", "--force", check=False)
 
 
+@contextlib.contextmanager
+def _one_build_at_a_time() -> Iterator[None]:
+    """A lock in the cache folder: a test run and `make images` (or two test runs) that
+    start together build each image once; the second finds it cached."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log("another build is running; waiting for it")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def ensure(names: Sequence[str] = tuple(IMAGES), tag: str | None = None) -> dict[str, str]:
     """Build what is missing; ``{folder: localhost/name:key}`` of the current images (each
     also tagged ``localhost/name:<tag>`` when ``tag`` is given)."""
-    base = build_base()
-    out = {}
-    for name in names:
-        ref = build_image(IMAGES[name], base)
-        if tag is not None:
-            podman("tag", ref, f"localhost/{IMAGES[name].name}:{tag}")
-        out[name] = ref
-    return out
+    with _one_build_at_a_time():
+        base = build_base()
+        out = {}
+        for name in names:
+            ref = build_image(IMAGES[name], base)
+            if tag is not None:
+                podman("tag", ref, f"localhost/{IMAGES[name].name}:{tag}")
+            out[name] = ref
+        return out
 
 
 def main(argv: list[str] | None = None) -> int:
