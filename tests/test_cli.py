@@ -114,9 +114,10 @@ def test_verify_agrees_across_worlds_workers_and_resumes(write_recipe) -> None:
 
 
 def test_bad_world_is_refused_with_the_sizes_that_work(write_recipe) -> None:
-    proc = datalane("run", write_recipe(), "--world", "3", "--steps", "1", check=False)
+    proc = datalane("run", write_recipe(), "--world", "9", "--steps", "1", check=False)
     assert proc.returncode == 2
-    assert "8 lanes cannot be split over 3 ranks; use 1, 2, 4 or 8" in proc.stderr
+    assert ("8 lanes cannot be split over 9 ranks (a rank owns at least one lane); use a world "
+            "size of 1 to 8") in proc.stderr
 
 
 @pytest.mark.slow

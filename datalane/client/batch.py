@@ -24,6 +24,14 @@ class Batch:
     once every lane of the rank has run out of data (finite recipes). The last microbatch of
     a step carries the window digest of each of the rank's lanes, from which the global step
     hash is composed (``datalane.spec.hashing.global_hash``).
+
+    ``step_tokens`` is the number of trained next-token targets in the rank's whole step
+    (every microbatch of the step carries the same count): targets that are not padding and,
+    with a ``loss_mask``, have mask 1 - exactly the torch adapter's labels that are not -100
+    (:mod:`datalane.spec.targets`). Summed over the data-parallel ranks it is the global
+    count a loss normalized over the global batch divides by (the torch adapter's
+    ``global_tokens``). A rank that owns fewer lanes than others ends each step with fully
+    padded microbatches (no trained target), so every rank yields as many per step.
     """
 
     step: int
@@ -32,6 +40,7 @@ class Batch:
     ended: bool = False
     lane_digests: dict[int, bytes] = field(default_factory=dict)  # last microbatch of a step
     schema: SampleSchema | None = None
+    step_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.schema is not None and tuple(self.columns) != self.schema.names:
@@ -55,4 +64,4 @@ class Batch:
         """A batch owning copies of its columns (zero-copy views live only until the next
         microbatch with ``copy=False``)."""
         return Batch(self.step, self.index, {k: a.copy() for k, a in self.columns.items()},
-                     self.ended, dict(self.lane_digests), self.schema)
+                     self.ended, dict(self.lane_digests), self.schema, self.step_tokens)

@@ -33,7 +33,7 @@ class DataParallel:
     rank: int
     """The data-parallel rank: which lanes this process reads."""
     world_size: int
-    """The data-parallel world size (it divides the lanes)."""
+    """The data-parallel world size (1 to the lane count)."""
     readers: int = 1
     """Processes that read this data-parallel rank through one sidecar (TP/CP peers)."""
     reader: int = 0

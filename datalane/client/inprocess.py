@@ -17,7 +17,7 @@ from datalane.client.position import Position
 from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.knobs import Knobs
-from datalane.spec.lanes import microbatches_per_step
+from datalane.spec.lanes import rank_shape
 from datalane.spec.recipe import Recipe
 from datalane.spec.schema import SampleSchema
 from datalane.spec.state import Checkpoint
@@ -41,8 +41,9 @@ class InProcessLoader:
         dp = dataparallel.resolve(rank, world_size, mesh=mesh, readers=1, reader=0)
         self.rank, self.world_size = dp.rank, dp.world_size
         self._loader = Loader(recipe, dp.rank, dp.world_size, knobs)
-        self.per_step = microbatches_per_step(recipe.global_batch_size, dp.world_size,
-                                              microbatch_size)
+        # the same count on every rank: a rank with fewer lanes ends a step with padded ones
+        self.per_step = rank_shape(recipe.lanes, recipe.global_batch_size, dp.world_size,
+                                   dp.rank, microbatch_size).total
         self.microbatch_size = microbatch_size
         self.position = Position(fingerprint=self._loader.plan.fingerprint,
                                  world_size=dp.world_size, microbatch_size=microbatch_size)
@@ -87,7 +88,8 @@ class InProcessLoader:
                     skip -= 1
                     continue
                 batch = Batch(step.step, i, step.microbatch(i, m).columns, step.ended,
-                              step.lane_digests if i == self.per_step - 1 else {}, schema)
+                              step.lane_digests if i == self.per_step - 1 else {}, schema,
+                              step.step_tokens)
                 pos.advance(step.step, i, self.per_step, after)
                 yield batch
                 if self._generation != generation:

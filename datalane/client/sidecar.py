@@ -341,7 +341,7 @@ class SidecarLoader:
                     acks.put(self._ack(pending, msg))
                     pending = []
                 batch = Batch(int(msg.step), msg.index, columns, msg.ended,
-                              dict(msg.lane_digests), schema)
+                              dict(msg.lane_digests), schema, int(msg.step_tokens))
                 self.position.advance(int(msg.step), msg.index, self.per_step,
                                       msg.state_json or None)
                 yield batch

@@ -15,6 +15,15 @@ one per column of the recipe's sample schema plus ``labels`` and ``cu_seqlens``:
   per-sequence column (mb,) as it is; int32 columns become int64, other dtypes stay
 * ``cu_seqlens`` int32 (segments + 1,): document boundaries over the flattened microbatch, for
   variable-length attention kernels (each padding run is a segment of its own)
+* ``step_tokens`` int64 scalar: the rank's trained targets (labels that are not -100) in the
+  whole step this microbatch belongs to (the same on every microbatch of the step)
+* ``global_tokens`` int64 scalar: ``step_tokens`` summed over the data-parallel group (one
+  all-reduce per step when ``torch.distributed`` is initialized; else the local count), the
+  divisor of a loss normalized over the global batch:
+  ``loss = sum(token losses) / global_tokens * dp_world_size`` under DDP's (or FSDP's)
+  gradient averaging gives the same gradient at every world size, including world sizes that
+  do not divide the lanes (whose ranks own unequal lane counts and end their steps with fully
+  padded microbatches)
 
 It implements ``state_dict()`` / ``load_state_dict()`` as a ``Stateful`` with one small JSON
 entry per lane the rank owns (:mod:`datalane.client.lanekeys`), so a checkpoint that
@@ -41,6 +50,7 @@ from torch.utils.data import IterableDataset
 from datalane.client import lanekeys
 from datalane.client.batch import Batch
 from datalane.spec.errors import ConfigError
+from datalane.spec.targets import trained_targets
 
 __all__ = ["DataLaneDataset", "cu_seqlens", "to_tensors"]
 
@@ -80,10 +90,9 @@ def to_tensors(batch: Batch) -> dict[str, torch.Tensor]:
     ``positions``, the schema's other columns, ``cu_seqlens``)."""
     columns = batch.columns
     ids, positions = columns["input_ids"], columns["positions"]
-    ignore = positions[:, 1:] < 0  # the target is padding
-    mask = columns.get("loss_mask")
-    if mask is not None:
-        ignore = ignore | (mask[:, 1:] == 0)  # the target is not trained on
+    # the target is padding or (with a loss_mask) not trained on: the same definition as the
+    # microbatch's step_tokens
+    ignore = ~trained_targets(columns)
     labels = _tensor(ids[:, 1:])
     labels[torch.from_numpy(ignore)] = IGNORE_INDEX
     pos = np.ascontiguousarray(positions[:, :-1])
@@ -96,6 +105,7 @@ def to_tensors(batch: Batch) -> dict[str, torch.Tensor]:
         else:  # the loss mask describes targets (labels); any other column, inputs
             out[name] = _tensor(a[:, 1:] if name == "loss_mask" else a[:, :-1])
     out["cu_seqlens"] = torch.from_numpy(cu_seqlens(pos))
+    out["step_tokens"] = torch.tensor(batch.step_tokens, dtype=torch.int64)
     return out
 
 
@@ -128,13 +138,42 @@ class DataLaneDataset(IterableDataset[dict[str, torch.Tensor]]):
     skips data.
     """
 
-    def __init__(self, loader: _Loader) -> None:
+    def __init__(self, loader: _Loader, *, dp_group: Any = None) -> None:
         self.loader = loader
+        self.dp_group = dp_group  # the data-parallel process group (None: the default one)
+        self._global: tuple[int, torch.Tensor] | None = None  # (step, global_tokens)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         _check_consumer(sys._getframe(1))
         for batch in self.loader:
-            yield to_tensors(batch)
+            item = to_tensors(batch)
+            item["global_tokens"] = self._global_tokens(batch.step, item["step_tokens"])
+            yield item
+
+    def _global_tokens(self, step: int, local: torch.Tensor) -> torch.Tensor:
+        """The step's trained targets over the data-parallel group: one all-reduce per step
+        (every rank yields the same number of microbatches per step, so every rank calls it
+        at the same microbatch)."""
+        if self._global is not None and self._global[0] == step:
+            return self._global[1]
+        total = local.clone()
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            group = self.dp_group
+            ranks = dist.get_world_size(group)
+            expected = getattr(self.loader, "world_size", ranks)
+            if ranks != expected:
+                raise ConfigError(
+                    f"the process group has {ranks} ranks but the loader's data-parallel world "
+                    f"size is {expected}; pass DataLaneDataset(loader, dp_group=...) the "
+                    f"data-parallel group (e.g. mesh['dp'].get_group())")
+            device = (torch.device("cuda", torch.cuda.current_device())
+                      if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+            on = total.to(device)
+            dist.all_reduce(on, op=dist.ReduceOp.SUM, group=group)
+            total = on.cpu()
+        self._global = (step, total)
+        return total
 
     def state_dict(self) -> dict[str, Any]:
         """One entry per lane this rank owns plus the recipe entry (plain strings)."""

@@ -20,7 +20,7 @@ RoPE indexes its cache with the positions, and block-causal masks see each paddi
 document of its own). The state is :class:`~datalane.client.torch.DataLaneDataset`'s: one
 entry per lane plus a ``recipe`` entry, which TorchTitan's ``CheckpointManager`` saves with
 ``torch.distributed.checkpoint`` under ``dataloader.*``, so a checkpoint saved at DP degree W
-resumes at any DP degree W' that divides the lanes.
+resumes at any DP degree W' from 1 to the lane count.
 
 Callers: TorchTitan's ``Trainer`` (through its config), :mod:`datalane.demo_torchtitan_rank`.
 """

@@ -1,10 +1,12 @@
 """The loader: the lanes of one rank, as steps and microbatches of numpy arrays.
 
-``Loader(recipe, rank, world_size, knobs)`` owns lanes ``[r*L/W, (r+1)*L/W)`` (DESIGN
-section 2); every step it concatenates its lanes' windows in lane order into the rank's local
-batch. All lanes of the loader share one worker pool. ``state_dict()`` between steps returns
-a checkpoint of the rank's lanes; the union of all ranks' checkpoints of a step restores any
-world size that divides ``L`` (:func:`datalane.spec.state.merge_checkpoints`).
+``Loader(recipe, rank, world_size, knobs)`` owns lanes ``[floor(r*L/W), floor((r+1)*L/W))``
+(DESIGN section 2; any ``1 <= W <= L``); every step it concatenates its lanes' windows in lane
+order into the rank's local batch. Cut into microbatches, a step has the same number on every
+rank (:func:`datalane.spec.lanes.rank_shape`): a rank with fewer lanes ends its step with
+fully padded microbatches. All lanes of the loader share one worker pool. ``state_dict()``
+between steps returns a checkpoint of the rank's lanes; the union of all ranks' checkpoints of
+a step restores any world size (:func:`datalane.spec.state.merge_checkpoints`).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
-from datalane.spec.lanes import lanes_of_rank, microbatches_per_step
+from datalane.spec.lanes import lanes_of_rank, rank_shape
 from datalane.spec.recipe import Recipe
 from datalane.spec.schema import SampleSchema
 from datalane.spec.state import Checkpoint, Counters, LaneState
+from datalane.spec.targets import trained_tokens
 
 __all__ = ["Loader", "Microbatch", "Step"]
 
@@ -41,6 +44,8 @@ class Step:
     columns: dict[str, np.ndarray]  # schema order; per-token columns (B/W, seq_len + 1)
     lane_digests: dict[int, bytes]  # window digest of each lane this rank owns
     ended: bool  # every lane of this rank has run out of data (later steps are padding)
+    schema: SampleSchema | None = None  # the pad values of microbatches past the real rows
+    step_tokens: int = 0  # trained targets of the step (datalane.spec.targets)
 
     @property
     def input_ids(self) -> np.ndarray:
@@ -57,10 +62,25 @@ class Step:
 
     def microbatch(self, index: int, size: int) -> Microbatch:
         """Sequences ``index*size .. (index+1)*size - 1`` of the step, as views: the one
-        place a step is cut into microbatches (the loader, the sidecar, in-process clients)."""
-        rows = slice(index * size, (index + 1) * size)
-        return Microbatch(self.step, index, {k: v[rows] for k, v in self.columns.items()},
-                          self.ended)
+        place a step is cut into microbatches (the loader, the sidecar, in-process clients).
+        An index past the step's rows (a rank with fewer lanes than others) is a fully padded
+        microbatch: every column its pad value."""
+        start = index * size
+        rows = len(self.columns["positions"])
+        if start >= rows:
+            if self.schema is None:
+                raise ValueError(f"microbatch {index} of {size} sequences lies past the "
+                                 f"{rows} rows of step {self.step}, and the step has no "
+                                 f"schema to pad with")
+            seq = self.columns["positions"].shape[1]
+            return Microbatch(self.step, index, self.schema.empty(size, seq), self.ended,
+                              self.step_tokens)
+        if start + size > rows:
+            raise ValueError(f"microbatch {index} of {size} sequences straddles the end of the "
+                             f"{rows} rows of step {self.step}")
+        cut = slice(start, start + size)
+        return Microbatch(self.step, index, {k: v[cut] for k, v in self.columns.items()},
+                          self.ended, self.step_tokens)
 
 
 @dataclass
@@ -71,6 +91,7 @@ class Microbatch:
     index: int
     columns: dict[str, np.ndarray]  # schema order
     ended: bool  # the step's ``ended``: this rank's lanes have run out of data
+    step_tokens: int = 0  # the step's trained targets on this rank (all its microbatches)
 
     @property
     def input_ids(self) -> np.ndarray:
@@ -90,7 +111,7 @@ class Loader:
         self.recipe = recipe
         self.rank = rank
         self.world_size = world_size
-        self.lanes = lanes_of_rank(recipe.lanes, world_size, rank)
+        self.lanes = lanes_of_rank(recipe.lanes, world_size, rank)  # checks rank and W
         self.knobs = knobs or Knobs()
         self.plan = plan if plan is not None else Plan.build(recipe)
         self._own_pool = pool is None
@@ -180,12 +201,15 @@ class Loader:
 
     def next_step(self) -> Step:
         windows = [s.next_window() for s in self._open()]
+        columns = {c.name: np.concatenate([w.columns[c.name] for w in windows])
+                   for c in self.plan.schema}
         step = Step(
             step=self._step,
-            columns={c.name: np.concatenate([w.columns[c.name] for w in windows])
-                     for c in self.plan.schema},
+            columns=columns,
             lane_digests={w.lane: w.digest for w in windows},
             ended=all(w.ended for w in windows),
+            schema=self.plan.schema,
+            step_tokens=trained_tokens(columns),
         )
         self._step += 1
         return step
@@ -196,8 +220,10 @@ class Loader:
             yield self.next_step()
 
     def microbatches(self, size: int) -> Iterator[Microbatch]:
-        """Microbatches of ``size`` sequences, step after step."""
-        per_step = microbatches_per_step(self.recipe.global_batch_size, self.world_size, size)
+        """Microbatches of ``size`` sequences, step after step: the same number per step on
+        every rank of the world, the rank's real ones then fully padded ones."""
+        per_step = rank_shape(self.recipe.lanes, self.recipe.global_batch_size,
+                              self.world_size, self.rank, size).total
         for step in self:
             for i in range(per_step):
                 yield step.microbatch(i, size)

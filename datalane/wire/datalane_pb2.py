@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x61talane/wire/datalane.proto\x12\x0b\x64\x61talane.v1\"\xa9\x02\n\x0bOpenRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x17\n\x0fmicrobatch_size\x18\x04 \x01(\r\x12\x14\n\nfrom_start\x18\x05 \x01(\x08H\x00\x12\x13\n\tfrom_step\x18\x06 \x01(\x04H\x00\x12\x14\n\nstate_json\x18\x07 \x01(\tH\x00\x12\x19\n\x11skip_microbatches\x18\x08 \x01(\r\x12)\n\ttransport\x18\t \x01(\x0e\x32\x16.datalane.v1.Transport\x12\x13\n\x0b\x66ingerprint\x18\n \x01(\t\x12\x0f\n\x07readers\x18\x0b \x01(\r\x12\x0e\n\x06reader\x18\x0c \x01(\rB\x08\n\x06resume\"\xbe\x02\n\tOpenReply\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x12\n\nlane_start\x18\x04 \x01(\r\x12\x11\n\tlane_stop\x18\x05 \x01(\r\x12\x12\n\nseq_tokens\x18\x06 \x01(\r\x12\x1d\n\x15microbatches_per_step\x18\x07 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x08 \x01(\t\x12\x10\n\x08shm_path\x18\t \x01(\t\x12\x11\n\tshm_bytes\x18\n \x01(\x04\x12\x0f\n\x07readers\x18\x0b \x01(\r\x12\x13\n\x0bschema_json\x18\x0c \x01(\t\x12\'\n\x06layout\x18\r \x03(\x0b\x32\x17.datalane.v1.ColumnSlot\x12\x12\n\nslot_bytes\x18\x0e \x01(\x04\"X\n\nColumnSlot\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\x12\r\n\x05shape\x18\x05 \x03(\r\"`\n\x03\x41\x63k\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07release\x18\x02 \x03(\r\x12\x14\n\x0chas_position\x18\x03 \x01(\x08\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x10\n\x08\x63onsumed\x18\x05 \x01(\r\"\xa4\x02\n\nMicrobatch\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\tsequences\x18\x03 \x01(\r\x12\x0c\n\x04slot\x18\x06 \x01(\r\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\r\n\x05\x65nded\x18\x08 \x01(\x08\x12\x12\n\nstate_json\x18\t \x01(\t\x12>\n\x0clane_digests\x18\n \x03(\x0b\x32(.datalane.v1.Microbatch.LaneDigestsEntry\x12\x0f\n\x07\x63olumns\x18\x0b \x03(\x0c\x1a\x32\n\x10LaneDigestsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01J\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06R\tinput_idsR\tpositions\"2\n\x08\x44\x65livery\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.datalane.v1.Microbatch\"5\n\x11\x43heckpointRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\"V\n\x0f\x43heckpointReply\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x0e\n\x06object\x18\x02 \x01(\t\x12\x11\n\tcommitted\x18\x03 \x01(\x08\x12\x12\n\nstate_json\x18\x04 \x01(\t\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0c\n\nCloseReply\"\x0f\n\rHealthRequest\"q\n\x0bHealthReply\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\r\n\x05lanes\x18\x04 \x01(\r\x12\x13\n\x0bschema_json\x18\x05 \x01(\t\"\x0e\n\x0cStatsRequest\"\x1a\n\nStatsReply\x12\x0c\n\x04json\x18\x01 \x01(\t*4\n\tTransport\x12\x14\n\x10TRANSPORT_INLINE\x10\x00\x12\x11\n\rTRANSPORT_SHM\x10\x01\x32\x81\x03\n\x08\x44\x61taLane\x12\x38\n\x04Open\x12\x18.datalane.v1.OpenRequest\x1a\x16.datalane.v1.OpenReply\x12\x35\n\x06Stream\x12\x10.datalane.v1.Ack\x1a\x15.datalane.v1.Delivery(\x01\x30\x01\x12J\n\nCheckpoint\x12\x1e.datalane.v1.CheckpointRequest\x1a\x1c.datalane.v1.CheckpointReply\x12;\n\x05\x43lose\x12\x19.datalane.v1.CloseRequest\x1a\x17.datalane.v1.CloseReply\x12>\n\x06Health\x12\x1a.datalane.v1.HealthRequest\x1a\x18.datalane.v1.HealthReply\x12;\n\x05Stats\x12\x19.datalane.v1.StatsRequest\x1a\x17.datalane.v1.StatsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x61talane/wire/datalane.proto\x12\x0b\x64\x61talane.v1\"\xa9\x02\n\x0bOpenRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x17\n\x0fmicrobatch_size\x18\x04 \x01(\r\x12\x14\n\nfrom_start\x18\x05 \x01(\x08H\x00\x12\x13\n\tfrom_step\x18\x06 \x01(\x04H\x00\x12\x14\n\nstate_json\x18\x07 \x01(\tH\x00\x12\x19\n\x11skip_microbatches\x18\x08 \x01(\r\x12)\n\ttransport\x18\t \x01(\x0e\x32\x16.datalane.v1.Transport\x12\x13\n\x0b\x66ingerprint\x18\n \x01(\t\x12\x0f\n\x07readers\x18\x0b \x01(\r\x12\x0e\n\x06reader\x18\x0c \x01(\rB\x08\n\x06resume\"\xbe\x02\n\tOpenReply\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x12\n\nlane_start\x18\x04 \x01(\r\x12\x11\n\tlane_stop\x18\x05 \x01(\r\x12\x12\n\nseq_tokens\x18\x06 \x01(\r\x12\x1d\n\x15microbatches_per_step\x18\x07 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x08 \x01(\t\x12\x10\n\x08shm_path\x18\t \x01(\t\x12\x11\n\tshm_bytes\x18\n \x01(\x04\x12\x0f\n\x07readers\x18\x0b \x01(\r\x12\x13\n\x0bschema_json\x18\x0c \x01(\t\x12\'\n\x06layout\x18\r \x03(\x0b\x32\x17.datalane.v1.ColumnSlot\x12\x12\n\nslot_bytes\x18\x0e \x01(\x04\"X\n\nColumnSlot\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\x12\r\n\x05shape\x18\x05 \x03(\r\"`\n\x03\x41\x63k\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07release\x18\x02 \x03(\r\x12\x14\n\x0chas_position\x18\x03 \x01(\x08\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x10\n\x08\x63onsumed\x18\x05 \x01(\r\"\xb9\x02\n\nMicrobatch\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\tsequences\x18\x03 \x01(\r\x12\x0c\n\x04slot\x18\x06 \x01(\r\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\r\n\x05\x65nded\x18\x08 \x01(\x08\x12\x12\n\nstate_json\x18\t \x01(\t\x12>\n\x0clane_digests\x18\n \x03(\x0b\x32(.datalane.v1.Microbatch.LaneDigestsEntry\x12\x0f\n\x07\x63olumns\x18\x0b \x03(\x0c\x12\x13\n\x0bstep_tokens\x18\x0c \x01(\x04\x1a\x32\n\x10LaneDigestsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01J\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06R\tinput_idsR\tpositions\"2\n\x08\x44\x65livery\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.datalane.v1.Microbatch\"5\n\x11\x43heckpointRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\"V\n\x0f\x43heckpointReply\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x0e\n\x06object\x18\x02 \x01(\t\x12\x11\n\tcommitted\x18\x03 \x01(\x08\x12\x12\n\nstate_json\x18\x04 \x01(\t\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0c\n\nCloseReply\"\x0f\n\rHealthRequest\"q\n\x0bHealthReply\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\r\n\x05lanes\x18\x04 \x01(\r\x12\x13\n\x0bschema_json\x18\x05 \x01(\t\"\x0e\n\x0cStatsRequest\"\x1a\n\nStatsReply\x12\x0c\n\x04json\x18\x01 \x01(\t*4\n\tTransport\x12\x14\n\x10TRANSPORT_INLINE\x10\x00\x12\x11\n\rTRANSPORT_SHM\x10\x01\x32\x81\x03\n\x08\x44\x61taLane\x12\x38\n\x04Open\x12\x18.datalane.v1.OpenRequest\x1a\x16.datalane.v1.OpenReply\x12\x35\n\x06Stream\x12\x10.datalane.v1.Ack\x1a\x15.datalane.v1.Delivery(\x01\x30\x01\x12J\n\nCheckpoint\x12\x1e.datalane.v1.CheckpointRequest\x1a\x1c.datalane.v1.CheckpointReply\x12;\n\x05\x43lose\x12\x19.datalane.v1.CloseRequest\x1a\x17.datalane.v1.CloseReply\x12>\n\x06Health\x12\x1a.datalane.v1.HealthRequest\x1a\x18.datalane.v1.HealthReply\x12;\n\x05Stats\x12\x19.datalane.v1.StatsRequest\x1a\x17.datalane.v1.StatsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MICROBATCH_LANEDIGESTSENTRY']._loaded_options = None
   _globals['_MICROBATCH_LANEDIGESTSENTRY']._serialized_options = b'8\001'
-  _globals['_TRANSPORT']._serialized_start=1570
-  _globals['_TRANSPORT']._serialized_end=1622
+  _globals['_TRANSPORT']._serialized_start=1591
+  _globals['_TRANSPORT']._serialized_end=1643
   _globals['_OPENREQUEST']._serialized_start=46
   _globals['_OPENREQUEST']._serialized_end=343
   _globals['_OPENREPLY']._serialized_start=346
@@ -44,27 +44,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ACK']._serialized_start=756
   _globals['_ACK']._serialized_end=852
   _globals['_MICROBATCH']._serialized_start=855
-  _globals['_MICROBATCH']._serialized_end=1147
-  _globals['_MICROBATCH_LANEDIGESTSENTRY']._serialized_start=1063
-  _globals['_MICROBATCH_LANEDIGESTSENTRY']._serialized_end=1113
-  _globals['_DELIVERY']._serialized_start=1149
-  _globals['_DELIVERY']._serialized_end=1199
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1201
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1254
-  _globals['_CHECKPOINTREPLY']._serialized_start=1256
-  _globals['_CHECKPOINTREPLY']._serialized_end=1342
-  _globals['_CLOSEREQUEST']._serialized_start=1344
-  _globals['_CLOSEREQUEST']._serialized_end=1378
-  _globals['_CLOSEREPLY']._serialized_start=1380
-  _globals['_CLOSEREPLY']._serialized_end=1392
-  _globals['_HEALTHREQUEST']._serialized_start=1394
-  _globals['_HEALTHREQUEST']._serialized_end=1409
-  _globals['_HEALTHREPLY']._serialized_start=1411
-  _globals['_HEALTHREPLY']._serialized_end=1524
-  _globals['_STATSREQUEST']._serialized_start=1526
-  _globals['_STATSREQUEST']._serialized_end=1540
-  _globals['_STATSREPLY']._serialized_start=1542
-  _globals['_STATSREPLY']._serialized_end=1568
-  _globals['_DATALANE']._serialized_start=1625
-  _globals['_DATALANE']._serialized_end=2010
+  _globals['_MICROBATCH']._serialized_end=1168
+  _globals['_MICROBATCH_LANEDIGESTSENTRY']._serialized_start=1084
+  _globals['_MICROBATCH_LANEDIGESTSENTRY']._serialized_end=1134
+  _globals['_DELIVERY']._serialized_start=1170
+  _globals['_DELIVERY']._serialized_end=1220
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1222
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1275
+  _globals['_CHECKPOINTREPLY']._serialized_start=1277
+  _globals['_CHECKPOINTREPLY']._serialized_end=1363
+  _globals['_CLOSEREQUEST']._serialized_start=1365
+  _globals['_CLOSEREQUEST']._serialized_end=1399
+  _globals['_CLOSEREPLY']._serialized_start=1401
+  _globals['_CLOSEREPLY']._serialized_end=1413
+  _globals['_HEALTHREQUEST']._serialized_start=1415
+  _globals['_HEALTHREQUEST']._serialized_end=1430
+  _globals['_HEALTHREPLY']._serialized_start=1432
+  _globals['_HEALTHREPLY']._serialized_end=1545
+  _globals['_STATSREQUEST']._serialized_start=1547
+  _globals['_STATSREQUEST']._serialized_end=1561
+  _globals['_STATSREPLY']._serialized_start=1563
+  _globals['_STATSREPLY']._serialized_end=1589
+  _globals['_DATALANE']._serialized_start=1646
+  _globals['_DATALANE']._serialized_end=2031
 # @@protoc_insertion_point(module_scope)

@@ -103,7 +103,7 @@ class Ack(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., release: _Optional[_Iterable[int]] = ..., has_position: _Optional[bool] = ..., step: _Optional[int] = ..., consumed: _Optional[int] = ...) -> None: ...
 
 class Microbatch(_message.Message):
-    __slots__ = ("step", "index", "sequences", "slot", "offset", "ended", "state_json", "lane_digests", "columns")
+    __slots__ = ("step", "index", "sequences", "slot", "offset", "ended", "state_json", "lane_digests", "columns", "step_tokens")
     class LaneDigestsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class Microbatch(_message.Message):
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
     LANE_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     step: int
     index: int
     sequences: int
@@ -129,7 +130,8 @@ class Microbatch(_message.Message):
     state_json: str
     lane_digests: _containers.ScalarMap[int, bytes]
     columns: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, step: _Optional[int] = ..., index: _Optional[int] = ..., sequences: _Optional[int] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., ended: _Optional[bool] = ..., state_json: _Optional[str] = ..., lane_digests: _Optional[_Mapping[int, bytes]] = ..., columns: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    step_tokens: int
+    def __init__(self, step: _Optional[int] = ..., index: _Optional[int] = ..., sequences: _Optional[int] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., ended: _Optional[bool] = ..., state_json: _Optional[str] = ..., lane_digests: _Optional[_Mapping[int, bytes]] = ..., columns: _Optional[_Iterable[bytes]] = ..., step_tokens: _Optional[int] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ("items",)

@@ -39,7 +39,7 @@ from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
 from datalane.spec.errors import ConfigError, MismatchError, StorageError
 from datalane.spec.knobs import Knobs
-from datalane.spec.lanes import microbatches_per_step
+from datalane.spec.lanes import rank_shape
 from datalane.spec.state import Checkpoint
 from datalane.wire.layout import Layout
 from datalane_sidecar.boundaries import Boundary, CheckpointText
@@ -65,6 +65,7 @@ class Prepared:
     ended: bool
     after: Boundary | None  # last index only: the lane states at the boundary after the step
     lane_digests: dict[int, bytes]  # last index only
+    step_tokens: int = 0  # trained targets of the rank's step (every microbatch of it)
 
     @property
     def rows(self) -> int:
@@ -82,8 +83,10 @@ class Session:
                  world_size: int, microbatch_size: int, start: Checkpoint | None,
                  skip_microbatches: int, prefetch: int, readers: int = 1,
                  texts: CheckpointText | None = None) -> None:
-        per_step = microbatches_per_step(plan.recipe.global_batch_size, world_size,
-                                         microbatch_size)
+        # every rank yields `total` microbatches per step; a rank with fewer lanes than others
+        # ends its step with fully padded ones, produced here like the real ones
+        per_step = rank_shape(plan.recipe.lanes, plan.recipe.global_batch_size, world_size,
+                              rank, microbatch_size).total
         if readers < 1:
             raise ConfigError(f"a session needs at least one reader, got {readers}")
         self.id = session_id
@@ -166,7 +169,7 @@ class Session:
                         continue
                     item = Prepared(s, i, step.microbatch(i, m).columns, step.ended,
                                     after if i == last else None,
-                                    step.lane_digests if i == last else {})
+                                    step.lane_digests if i == last else {}, step.step_tokens)
                     if not self._put(item):
                         return
         except BaseException as e:  # surfaced to the trainers through their streams

@@ -181,11 +181,11 @@ def test_probe_fails_without_a_sidecar(tmp_path) -> None:
 
 def test_bad_requests_get_clear_errors(sidecar, repeat_recipe, write_recipe) -> None:
     sc = sidecar(repeat_recipe)
-    with pytest.raises(ConfigError, match=r"8 lanes cannot be split over 3 ranks; "
-                                          r"use 1, 2, 4 or 8"):
-        next(iter(SidecarLoader(sc.socket, rank=0, world_size=3, microbatch_size=1)))
+    with pytest.raises(ConfigError, match=r"8 lanes cannot be split over 9 ranks \(a rank owns "
+                                          r"at least one lane\); use a world size of 1 to 8"):
+        next(iter(SidecarLoader(sc.socket, rank=0, world_size=9, microbatch_size=1)))
     with pytest.raises(ConfigError, match=r"microbatch size 3 does not divide the local batch "
-                                          r"of 8 sequences \(B=16, W=2\); use one of "
+                                          r"of 8 sequences \(B=16, L=8, W=2\); use one of "
                                           r"\[1, 2, 4, 8\]"):
         next(iter(SidecarLoader(sc.socket, rank=0, world_size=2, microbatch_size=3)))
     with pytest.raises(ConfigError, match="resume from_step needs a checkpoint store"):

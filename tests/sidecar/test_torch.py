@@ -37,7 +37,8 @@ def _chat_batch() -> Batch:
 
 def test_labels_are_ignored_where_the_target_is_padding_or_masked_off() -> None:
     t = to_tensors(_chat_batch())
-    assert list(t) == ["input_ids", "labels", "positions", "loss_mask", "cu_seqlens"]
+    assert list(t) == ["input_ids", "labels", "positions", "loss_mask", "cu_seqlens",
+                       "step_tokens"]
     # targets are tokens 1..6; row 0: 6 masked, 7 1 9 trained, 2 2 padding (one with mask 1);
     # row 1: 4 trained, 5 6 masked, 7 8 9 trained
     assert t["labels"].tolist() == [[-100, 7, 1, 9, -100, -100], [4, -100, -100, 7, 8, 9]]

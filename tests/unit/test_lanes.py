@@ -9,10 +9,14 @@ from hypothesis import strategies as st
 from datalane.engine.rng import permutation
 from datalane.spec import ConfigError
 from datalane.spec.lanes import (
+    RankShape,
     check_world_size,
     lanes_of_rank,
+    microbatch_sizes,
+    microbatches_per_step,
     nearest_multiples,
     rank_of_lane,
+    rank_shape,
     valid_world_sizes,
 )
 
@@ -66,22 +70,34 @@ def test_rank_out_of_range() -> None:
 
 
 def test_lanes_of_rank_checks_the_world_size_first() -> None:
-    assert error_of(lanes_of_rank, 8, 3, 0) == (
-        "8 lanes cannot be split over 3 ranks; use 1, 2, 4 or 8")
+    assert error_of(lanes_of_rank, 8, 9, 0) == (
+        "8 lanes cannot be split over 9 ranks (a rank owns at least one lane); use a world "
+        "size of 1 to 8")
+
+
+def test_uneven_worlds_split_contiguously_by_floor() -> None:
+    # floor(r*8/3) = 0, 2, 5, 8: sizes 2, 3, 3
+    assert [lanes_of_rank(8, 3, r) for r in range(3)] == [range(0, 2), range(2, 5),
+                                                         range(5, 8)]
+    # floor(r*8/5) = 0, 1, 3, 4, 6, 8
+    assert [len(lanes_of_rank(8, 5, r)) for r in range(5)] == [1, 2, 1, 2, 2]
+    assert [lanes_of_rank(8, 7, r).start for r in range(7)] == [0, 1, 2, 3, 4, 5, 6]
+    assert lanes_of_rank(8, 7, 6) == range(6, 8)
+    assert [rank_of_lane(8, 3, k) for k in range(8)] == [0, 0, 1, 1, 1, 2, 2, 2]
+    assert [rank_of_lane(8, 5, k) for k in range(8)] == [0, 1, 1, 2, 3, 3, 4, 4]
+    assert error_of(rank_of_lane, 8, 3, 8) == "lane 8 is outside 0..7"
 
 
 # -- world sizes ----------------------------------------------------------------------------------
 
 
-def test_check_world_size_message_lists_the_sizes_that_work() -> None:
-    assert error_of(check_world_size, 8, 3) == (
-        "8 lanes cannot be split over 3 ranks; use 1, 2, 4 or 8")
+def test_check_world_size_refuses_more_ranks_than_lanes_naming_the_lanes() -> None:
     assert error_of(check_world_size, 8, 16) == (
-        "8 lanes cannot be split over 16 ranks; use 1, 2, 4 or 8")
-    assert error_of(check_world_size, 7, 2) == "7 lanes cannot be split over 2 ranks; use 1 or 7"
-    assert error_of(check_world_size, 1, 2) == "1 lanes cannot be split over 2 ranks; use 1"
-    assert error_of(check_world_size, 12, 5) == (
-        "12 lanes cannot be split over 5 ranks; use 1, 2, 3, 4, 6 or 12")
+        "8 lanes cannot be split over 16 ranks (a rank owns at least one lane); use a world "
+        "size of 1 to 8")
+    assert error_of(check_world_size, 1, 2) == (
+        "1 lanes cannot be split over 2 ranks (a rank owns at least one lane); use a world "
+        "size of 1 to 1")
 
 
 @pytest.mark.parametrize("bad", [0, -4, 2.0, "2", None, True])
@@ -91,13 +107,69 @@ def test_world_size_must_be_a_positive_integer(bad: object) -> None:
 
 
 @pytest.mark.parametrize("lanes", [1, 2, 7, 8, 12, 64])
-def test_check_world_size_accepts_exactly_the_valid_sizes(lanes: int) -> None:
-    for world in range(1, lanes + 3):
-        if world in valid_world_sizes(lanes):
+def test_check_world_size_accepts_one_to_the_lane_count(lanes: int) -> None:
+    for world in range(1, lanes + 1):
+        check_world_size(lanes, world)
+    for world in (lanes + 1, lanes + 2):
+        with pytest.raises(ConfigError):
             check_world_size(lanes, world)
-        else:
-            with pytest.raises(ConfigError):
-                check_world_size(lanes, world)
+
+
+# -- microbatches per step ------------------------------------------------------------------------
+
+
+def test_rank_shape_pads_the_ranks_with_fewer_lanes() -> None:
+    # 8 lanes, B=32 (4 sequences a lane), W=3: ranks own 2, 3, 3 lanes; m=2 -> 6 microbatches
+    assert [rank_shape(8, 32, 3, r, 2) for r in range(3)] == [
+        RankShape(range(0, 2), 4, 6), RankShape(range(2, 5), 6, 6), RankShape(range(5, 8), 6, 6)]
+    assert rank_shape(8, 32, 3, 0, 2).padded == 2
+    # divisor worlds: no padding, B/W/m as before
+    assert rank_shape(8, 32, 4, 1, 2) == RankShape(range(2, 4), 4, 4)
+    assert microbatches_per_step(32, 4, 2, 8) == 4
+    assert microbatches_per_step(32, 4, 2) == 4  # the old form: B/W/m
+    # W=4 of 8 lanes with B=32: local batch 8, so m=8 serves it; at W=3 only divisors of 4
+    assert rank_shape(8, 32, 4, 0, 8) == RankShape(range(0, 2), 1, 1)
+    assert microbatch_sizes(8, 32, 3) == [1, 2, 4]
+    assert microbatch_sizes(8, 32, 4) == [1, 2, 4, 8]
+    assert microbatch_sizes(8, 64, 8) == [1, 2, 4, 8]
+
+
+def test_a_microbatch_size_that_cannot_serve_the_world_is_refused_naming_those_that_can() -> None:
+    assert error_of(rank_shape, 8, 32, 3, 0, 8) == (
+        "microbatch size 8 does not divide the local batch of 8 or 12 sequences (B=32, L=8, "
+        "W=3); use one of [1, 2, 4]")
+    assert error_of(rank_shape, 8, 32, 4, 0, 3) == (
+        "microbatch size 3 does not divide the local batch of 8 sequences (B=32, L=8, W=4); "
+        "use one of [1, 2, 4, 8]")
+    assert error_of(rank_shape, 8, 32, 4, 0, 0).startswith("microbatch size 0 does not")
+
+
+@given(st.integers(1, 64), st.integers(1, 8), st.data())
+def test_any_world_size_owns_every_lane_once_with_equal_microbatch_counts(
+        lanes: int, lane_batch: int, data: st.DataObject) -> None:
+    world = data.draw(st.integers(1, lanes), label="world")
+    batch = lanes * lane_batch
+    owned = [lanes_of_rank(lanes, world, r) for r in range(world)]
+    assert [lane for rng in owned for lane in rng] == list(range(lanes))  # once, in rank order
+    for r, rng in enumerate(owned):
+        assert rng.step == 1
+        assert len(rng) in (lanes // world, -(-lanes // world))
+        assert all(rank_of_lane(lanes, world, lane) == r for lane in rng)
+    sizes = microbatch_sizes(lanes, batch, world)
+    assert 1 in sizes
+    m = data.draw(st.integers(1, 2 * lane_batch * -(-lanes // world)), label="m")
+    if m not in sizes:
+        with pytest.raises(ConfigError):
+            rank_shape(lanes, batch, world, 0, m)
+        return
+    shapes = [rank_shape(lanes, batch, world, r, m) for r in range(world)]
+    total = -(-lanes // world) * lane_batch // m
+    assert {s.total for s in shapes} == {total}
+    for s in shapes:
+        assert s.real * m == len(s.lanes) * lane_batch  # the real ones hold the rank's rows
+        assert s.padded == (-(-lanes // world) - len(s.lanes)) * lane_batch // m
+    if lanes % world:  # non-divisor: exactly the divisors of the lane batch
+        assert sizes == [d for d in range(1, lane_batch + 1) if lane_batch % d == 0]
 
 
 def test_valid_world_sizes_are_the_divisors() -> None:
