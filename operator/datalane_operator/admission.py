@@ -3,11 +3,11 @@
 * :func:`review_pipeline` - a DataPipeline at CREATE/UPDATE: everything the CRD schema cannot
   express (the composed recipe loads, relative paths, formats that cannot be inferred, the
   endpoint fits the URI, one pipeline per workload, fields fixed for the life of a run, an
-  existing workload's data-parallel world size divides the lanes and its ranks fit
+  existing workload's data-parallel world size is at most the lanes and its ranks fit
   ``spec.parallelism``; and the cluster :class:`~datalane_operator.policy.Policy`: the
   operator may act on the checkpoint store, the filter predicates come from allowed modules);
 * :func:`review_workload` - a PyTorchJob at CREATE/UPDATE whose data-parallel world size
-  (ranks / (TP x PP x CP)) must divide the lanes of the pipeline that references it, with
+  (ranks / (TP x PP x CP)) must not exceed the lanes of the pipeline that references it, with
   whole TP x CP groups in each pod;
 * :func:`review_scale` - the same for ``pytorchjobs/scale`` (``kubectl scale``).
 

@@ -154,12 +154,17 @@ def status_schema() -> dict[str, Any]:
             "ranksPerPod": integer("Ranks torchrun starts per pod (nprocPerNode)."),
             "ranks": integer("Trainer ranks (torchrun's WORLD_SIZE): pods x ranks per pod."),
             "worldSize": integer("Data-parallel (DP) world size: ranks / (TP x PP x CP) of "
-                                 "spec.parallelism (pods x ranks per pod without it); it "
-                                 "divides the lanes."),
+                                 "spec.parallelism (pods x ranks per pod without it); 1 to "
+                                 "the lanes."),
             "readersPerDataRank": integer("Ranks that read one DP rank through their pod's "
                                           "sidecar: TP x CP."),
-            "lanesPerRank": integer("Lanes each DP rank serves (lanes / world size); DP rank "
-                                    "r owns lanes [r*k, (r+1)*k)."),
+            "lanesPerRank": {"anyOf": [{"type": "integer"}, {"type": "string"}],
+                             "pattern": "^[0-9]+-[0-9]+$", "x-kubernetes-int-or-string": True,
+                             "description": "Lanes each DP rank serves: lanes / world size "
+                                            "when it divides them (DP rank r owns lanes "
+                                            "[r*k, (r+1)*k)), else the range \"floor-ceil\" "
+                                            "(8 lanes over 3 ranks: \"2-3\"; DP rank r owns "
+                                            "lanes [floor(r*L/W), floor((r+1)*L/W)))."},
             "lastCommittedStep": integer("Newest committed checkpoint step in the store."),
             "checkpoints": {"type": "array", "maxItems": 10,
                             "items": {"type": "integer", "minimum": 0},

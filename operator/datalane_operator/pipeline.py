@@ -186,8 +186,9 @@ class PipelineSpec:
     """The typed part of a DataPipeline's spec (``recipe`` and ``sidecar.resources`` aside)."""
 
     workload: WorkloadRef = doc("The training job the data is for.")  # noqa: RUF009
-    lanes: int = doc("Number of logical lanes L, fixed for the life of the run; the world "
-                     "size must divide it.", ge=1, le=1 << 20)
+    lanes: int = doc("Number of logical lanes L, fixed for the life of the run; the "
+                     "data-parallel world size may be anything from 1 to L.", ge=1,
+                     le=1 << 20)
     globalBatchSize: int = doc("Sequences per step B; a multiple of `lanes`.", ge=1)
     checkpoint: CheckpointSpec = doc("Checkpoint store of the lane resume points.")  # noqa: RUF009
     data: DataSpec = doc(  # noqa: RUF009 - doc() is dataclasses.field

@@ -9,7 +9,7 @@ rebuilt from the world").
 
 Conditions:
 
-* ``Ready`` - the workload exists, its data-parallel world size divides the lanes, every pod
+* ``Ready`` - the workload exists, its data-parallel world size is at most the lanes, every pod
   carries the sidecar and is ready, and the checkpoint store can be listed;
 * ``Degraded`` - something needs a human: ``SidecarFailed`` (a sidecar cannot start or keeps
   exiting: a glob that matches nothing, missing credentials, an unreachable store, a Secret
@@ -41,7 +41,7 @@ from datalane_operator.names import (
 )
 from datalane_operator.pipeline import Parallelism, Pipeline
 from datalane_operator.storage import Listing
-from datalane_operator.workload import Topology, check_workers, topology_of
+from datalane_operator.workload import Topology, check_workers, lanes_per_rank, topology_of
 
 __all__ = ["MAX_LISTED_CHECKPOINTS", "Decision", "Event", "PodCounts", "SidecarFailure", "decide",
            "decide_invalid", "count_pods", "sidecar_failures"]
@@ -244,7 +244,7 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
             try:
                 check_workers(lanes, topo)
                 if dp:
-                    status["lanesPerRank"] = lanes // dp
+                    status["lanesPerRank"] = lanes_per_rank(lanes, dp)  # 4, or "2-3"
             except ConfigError as e:
                 fits = topo.pod_problem() is None and topo.mesh_problem() is None
                 problems.append(("WorldSizeMismatch" if fits else "ParallelismMismatch",

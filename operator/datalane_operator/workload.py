@@ -15,7 +15,9 @@ ranks and must share a pod (they read one sidecar session), and a pod must hold 
 pipeline stage only (its ``nproc / (TP x CP)`` DP ranks are DP ranks of that stage).
 
 The scale guard lives here: :func:`check_workers` refuses a worker count whose DP world size
-does not divide the lanes or does not fit the parallelism, naming the counts that would work.
+exceeds the lanes (a DP rank owns at least one lane; any size from 1 to the lane count works,
+ranks then owning floor or ceil of lanes / DP lanes) or does not fit the parallelism, naming
+the counts that would work; :func:`lanes_per_rank` says how unevenly the lanes are dealt.
 Pure functions over plain dicts (the objects as the API server sends them). Callers: the
 admission verdicts, the reconciler and the webhook handlers.
 """
@@ -27,13 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from datalane.spec.errors import ConfigError
-from datalane.spec.lanes import valid_world_sizes
 from datalane_operator.pipeline import Parallelism
 
 __all__ = [
     "GPU_RESOURCE",
     "Topology",
     "check_workers",
+    "lanes_per_rank",
     "nproc_of_container",
     "topology_of",
     "trainer_container",
@@ -45,8 +47,26 @@ WORKER = "Worker"
 
 
 def _or_list(values: list[int]) -> str:
-    words = [str(v) for v in values]
+    """"1, 2, 4 or 8"; a run of three or more consecutive values as "1 to 8"."""
+    words: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        if j - i >= 2:
+            words.append(f"{values[i]} to {values[j]}")
+        else:
+            words.extend(str(v) for v in values[i:j + 1])
+        i = j + 1
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def lanes_per_rank(lanes: int, dp: int) -> int | str:
+    """Lanes a DP rank of ``dp`` owns: ``lanes / dp`` when it divides them, else the range
+    "floor-ceil" (8 lanes over 3 ranks: "2-3")."""
+    low, high = lanes // dp, -(-lanes // dp)
+    return low if low == high else f"{low}-{high}"
 
 
 @dataclass(frozen=True)
@@ -215,14 +235,14 @@ def topology_of(job: Mapping[str, Any], container: str = "pytorch",
 
 
 def valid_worker_counts(lanes: int, topo: Topology) -> list[int]:
-    """Worker counts (>= 1) whose DP world size divides ``lanes`` and whose ranks fit the
+    """Worker counts (>= 1) whose DP world size is at most ``lanes`` and whose ranks fit the
     parallelism, for the job's other pods and ranks per pod."""
     nproc = topo.nproc
     if nproc is None or topo.pod_problem() is not None:
         return []
     mp = topo.parallelism.model_parallel
     out = []
-    for dp in valid_world_sizes(lanes):
+    for dp in range(1, lanes + 1):
         pods, rest = divmod(dp * mp, nproc)
         workers = pods - topo.others
         if rest == 0 and workers >= 1 and topo.with_workers(workers).mesh_problem() is None:
@@ -231,13 +251,13 @@ def valid_worker_counts(lanes: int, topo: Topology) -> list[int]:
 
 
 def check_workers(lanes: int, topo: Topology, workers: int | None = None) -> None:
-    """Raise :class:`ConfigError` unless the job (with ``workers`` Worker pods) splits ``lanes``
-    over its data-parallel ranks and fits the pipeline's parallelism.
+    """Raise :class:`ConfigError` unless the job (with ``workers`` Worker pods) has at most
+    ``lanes`` data-parallel ranks and fits the pipeline's parallelism.
 
     The message names the worker counts that would work, in the words of the user who typed
-    ``kubectl scale --replicas``: "8 lanes cannot be split over 3 workers; use 1, 2, 4 or 8",
-    "8 lanes cannot be split over 3 workers (world size 6: 3 pods x 2 ranks, TP 2 -> DP 3);
-    use 1, 2, 4 or 8 workers".
+    ``kubectl scale --replicas``: "8 lanes cannot be split over 9 workers; use 1 to 8",
+    "8 lanes cannot be split over 5 workers (world size 10: 5 pods x 2 ranks); use 1 to 4
+    workers".
     """
     t = topo if workers is None else topo.with_workers(workers)
     if t.nproc is None:
@@ -250,7 +270,7 @@ def check_workers(lanes: int, topo: Topology, workers: int | None = None) -> Non
         raise ConfigError(pod)
     mesh = t.mesh_problem()
     dp = t.dp_size
-    if mesh is None and dp is not None and lanes % dp == 0:
+    if mesh is None and dp is not None and dp <= lanes:
         return
     options = valid_worker_counts(lanes, t)
     plain = t.others == 0 and t.nproc == 1 and par.model_parallel == 1

@@ -18,7 +18,7 @@ from datalane_operator.policy import Policy
 
 from .builders import dp, job, scale
 
-ISSUE_MESSAGE = "8 lanes cannot be split over 3 workers; use 1, 2, 4 or 8"
+ISSUE_MESSAGE = "8 lanes cannot be split over 9 workers; use 1 to 8"
 
 
 def test_a_good_pipeline_is_allowed() -> None:
@@ -102,12 +102,13 @@ def test_run_defining_fields_are_fixed(field, value) -> None:  # type: ignore[no
 
 
 def test_existing_workload_must_fit_the_lanes() -> None:
-    v = review_pipeline(dp(), workload=job(workers=3))
+    v = review_pipeline(dp(), workload=job(workers=9))
     assert not v.allowed
     assert v.message == ("spec.lanes 8 does not fit PyTorchJob llama as it runs now: "
                          + ISSUE_MESSAGE)
     assert review_pipeline(dp(), workload=job(workers=4)).allowed
-    unknown = review_pipeline(dp(), workload=job(workers=3, nproc="cpu", gpus=None))
+    assert review_pipeline(dp(), workload=job(workers=3)).allowed  # 2, 3 and 3 lanes
+    unknown = review_pipeline(dp(), workload=job(workers=9, nproc="cpu", gpus=None))
     assert unknown.allowed and "scale guard is off" in unknown.warnings[0]
 
 
@@ -128,25 +129,26 @@ def test_dropped_nulls_from_client_side_apply_are_refused() -> None:
 
 
 def test_scale_guard_uses_the_issue_message() -> None:
-    v = review_scale(scale(3), job(workers=4), lanes=8, pipeline="pretrain")
+    v = review_scale(scale(9), job(workers=4), lanes=8, pipeline="pretrain")
     assert not v.allowed
     assert v.message == ISSUE_MESSAGE + " (DataPipeline pretrain)"
-    for ok in (1, 2, 4, 8, 0):
+    for ok in (1, 2, 3, 4, 5, 6, 7, 8, 0):
         assert review_scale(scale(ok), job(workers=4), 8, "pretrain").allowed, ok
     bad = review_scale({"spec": {"replicas": -1}}, job(), 8, "pretrain")
     assert not bad.allowed and "spec.replicas -1" in bad.message
 
 
 def test_scale_guard_counts_ranks_per_pod() -> None:
-    v = review_scale(scale(3), job(workers=2, nproc="2"), lanes=8, pipeline="p")
-    assert v.message == ("8 lanes cannot be split over 3 workers (world size 6: 3 pods x 2 "
-                         "ranks); use 1, 2 or 4 workers (DataPipeline p)")
+    assert review_scale(scale(3), job(workers=2, nproc="2"), lanes=8, pipeline="p").allowed
+    v = review_scale(scale(5), job(workers=2, nproc="2"), lanes=8, pipeline="p")
+    assert v.message == ("8 lanes cannot be split over 5 workers (world size 10: 5 pods x 2 "
+                         "ranks); use 1 to 4 workers (DataPipeline p)")
 
 
 def test_workload_updates_are_guarded_too() -> None:
-    assert not review_workload(job(workers=3), 8, "p").allowed
-    assert review_workload(job(workers=2), 8, "p").allowed
-    unknown = review_workload(job(workers=3, nproc="gpu", gpus=None), 8, "p")
+    assert not review_workload(job(workers=9), 8, "p").allowed
+    assert review_workload(job(workers=3), 8, "p").allowed
+    unknown = review_workload(job(workers=9, nproc="gpu", gpus=None), 8, "p")
     assert unknown.allowed and "not checked" in unknown.warnings[0]
 
 
@@ -156,23 +158,24 @@ def test_workload_updates_are_guarded_too() -> None:
 def test_scale_guard_uses_the_data_parallel_world() -> None:
     tp2 = Parallelism(tensor=2)
     j = job(workers=2, nproc="2")  # 2 pods x 2 ranks, TP 2: DP 2
-    v = review_scale(scale(3), j, lanes=8, pipeline="p", parallelism=tp2)
+    v = review_scale(scale(9), j, lanes=8, pipeline="p", parallelism=tp2)
     assert not v.allowed
-    assert v.message == ("8 lanes cannot be split over 3 workers (world size 6: 3 pods x 2 "
-                         "ranks, TP 2 -> DP 3); use 1, 2, 4 or 8 workers (DataPipeline p)")
-    # 8 workers: 16 ranks do not split 8 lanes, but DP 8 does
+    assert v.message == ("8 lanes cannot be split over 9 workers (world size 18: 9 pods x 2 "
+                         "ranks, TP 2 -> DP 9); use 1 to 8 workers (DataPipeline p)")
+    # 8 workers: 16 ranks are more than 8 lanes, but DP 8 is not
     assert not review_scale(scale(8), j, 8, "p").allowed
     assert review_scale(scale(8), j, 8, "p", parallelism=tp2).allowed
     assert review_workload(job(workers=8, nproc="2"), 8, "p", parallelism=tp2).allowed
-    assert not review_workload(job(workers=3, nproc="2"), 8, "p", parallelism=tp2).allowed
+    assert review_workload(job(workers=3, nproc="2"), 8, "p", parallelism=tp2).allowed
+    assert not review_workload(job(workers=9, nproc="2"), 8, "p", parallelism=tp2).allowed
 
 
 def test_workload_ranks_must_be_whole_model_replicas() -> None:
     v = review_workload(job(workers=3, nproc="2"), 8, "p",
                         parallelism=Parallelism(tensor=2, pipeline=2))
     assert v.message == ("3 workers do not fit TP 2 x PP 2: world size 6 (3 pods x 2 ranks) is "
-                         "not a multiple of TP 2 x PP 2 = 4; use 2, 4, 8 or 16 workers "
-                         "(DataPipeline p)")
+                         "not a multiple of TP 2 x PP 2 = 4; use 2, 4, 6, 8, 10, 12, 14 or 16 "
+                         "workers (DataPipeline p)")
 
 
 def test_pipeline_parallelism_is_checked_against_the_running_job() -> None:

@@ -50,7 +50,7 @@ def test_messages_quoted_in_the_docs_are_the_real_ones() -> None:
 
     text = " ".join(DOC.read_text().split())
     for workers, lanes, master, nproc, par in (
-            (3, 8, 0, "1", {}), (2, 16, 1, "2", {}), (3, 8, 0, "2", {"tensor": 2}),
+            (9, 8, 0, "1", {}), (4, 8, 1, "2", {}), (9, 8, 0, "2", {"tensor": 2}),
             (2, 8, 0, "2", {"tensor": 4}), (3, 8, 0, "2", {"tensor": 2, "pipeline": 2}),
             (1, 8, 0, "8", {"tensor": 2, "pipeline": 2})):
         topo = topology_of(job(workers=workers, master=master, nproc=nproc),

@@ -294,7 +294,7 @@ def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpu
                    "client_kwargs": {"endpoint_url": s3_server}}
         assert CheckpointStore(store_uri, options).committed_steps() == [4, 6]
 
-        # ---- scale to 2: status within the target, 3 refused ------------------------------
+        # ---- scale to 2: status within the target, 9 refused (more DP ranks than lanes) ----
         t0 = time.monotonic()
         c.kubectl("scale", "pytorchjob", job, "--replicas=2", "-n", ns)
         eventually(lambda: dp_status(custom, ns, dpn).get("worldSize") == 2,
@@ -302,12 +302,12 @@ def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpu
         MEASURED[f"scale_to_status_s{case.suffix}"] = round(time.monotonic() - t0, 3)
         st = dp_status(custom, ns, dpn)
         assert (st["lanesPerRank"], st["ranks"]) == (4, 2 * case.nproc)
-        refused = c.kubectl("scale", "pytorchjob", job, "--replicas=3", "-n", ns,
+        refused = c.kubectl("scale", "pytorchjob", job, "--replicas=9", "-n", ns,
                             check=False)
         assert refused.returncode != 0
-        assert (f"8 lanes cannot be split over 3 workers (world size 6: 3 pods x 2 ranks, TP 2 "
-                f"-> DP 3); use 1, 2, 4 or 8 workers (DataPipeline {dpn})" if case.tensor > 1
-                else "8 lanes cannot be split over 3 workers; use 1, 2, 4 or 8") in " ".join(
+        assert (f"8 lanes cannot be split over 9 workers (world size 18: 9 pods x 2 ranks, TP 2 "
+                f"-> DP 9); use 1 to 8 workers (DataPipeline {dpn})" if case.tensor > 1
+                else "8 lanes cannot be split over 9 workers; use 1 to 8") in " ".join(
             refused.stderr.split()), refused.stderr
         # a refusal is the webhook working: the operator logs it at INFO, not as a failure
         line = eventually(lambda: next((ln for ln in stack.log.read_text().splitlines()

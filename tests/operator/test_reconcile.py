@@ -66,6 +66,15 @@ def test_rescale_updates_world_and_emits_an_event() -> None:
     assert d.events[0].message == "world size 4 -> 2 (2 pods x 1 ranks, 4 lanes per rank)"
 
 
+def test_scaling_to_a_world_that_does_not_divide_the_lanes_reports_the_imbalance() -> None:
+    before = decide(PIPE, job(workers=4), running_pods(4), None, None, T0).status
+    d = decide(PIPE, job(workers=3), running_pods(3), None, before, T1)
+    assert (d.status["phase"], d.status["worldSize"], d.status["lanesPerRank"]) == (
+        "Running", 3, "2-3")
+    assert cond(d.status, "Degraded")["status"] == "False"
+    assert d.events[0].message == "world size 4 -> 3 (3 pods x 1 ranks, 2-3 lanes per rank)"
+
+
 def test_starting_while_pods_are_not_ready() -> None:
     pods = running_pods(4)
     pods[3]["status"]["phase"] = "Pending"
@@ -86,11 +95,11 @@ def test_pods_without_sidecar_degrade() -> None:
 
 
 def test_world_size_mismatch_and_recovery() -> None:
-    bad = decide(PIPE, job(workers=3), running_pods(3), None, None, T0)
+    bad = decide(PIPE, job(workers=9), running_pods(9), None, None, T0)
     deg = cond(bad.status, "Degraded")
     assert deg["reason"] == "WorldSizeMismatch"
-    assert deg["message"] == "8 lanes cannot be split over 3 workers; use 1, 2, 4 or 8"
-    assert "lanesPerRank" not in bad.status and bad.status["worldSize"] == 3
+    assert deg["message"] == "8 lanes cannot be split over 9 workers; use 1 to 8"
+    assert "lanesPerRank" not in bad.status and bad.status["worldSize"] == 9
     good = decide(PIPE, job(workers=2), running_pods(2), None, bad.status, T1)
     assert cond(good.status, "Degraded")["status"] == "False"
     assert [e.reason for e in good.events] == ["Rescaled", "Recovered"]
@@ -170,5 +179,5 @@ def test_ranks_that_do_not_fit_the_parallelism_degrade() -> None:
     assert deg["reason"] == "ParallelismMismatch"
     assert deg["message"].startswith("3 workers do not fit TP 2 x PP 2: world size 6")
     assert "worldSize" not in d.status and d.status["ranks"] == 6
-    plain = decide(PIPE, job(workers=3, nproc="2"), [], None, None, T0)
+    plain = decide(PIPE, job(workers=5, nproc="2"), [], None, None, T0)  # 10 ranks, 8 lanes
     assert cond(plain.status, "Degraded")["reason"] == "WorldSizeMismatch"

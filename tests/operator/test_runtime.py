@@ -103,10 +103,11 @@ def test_scale_webhook_applies_the_pipelines_parallelism() -> None:
             return str(e)
         return "allowed"
 
-    assert review(3, pipelines) == ("8 lanes cannot be split over 3 workers (world size 6: 3 "
-                                    "pods x 2 ranks, TP 2 -> DP 3); use 1, 2, 4 or 8 workers "
+    assert review(9, pipelines) == ("8 lanes cannot be split over 9 workers (world size 18: 9 "
+                                    "pods x 2 ranks, TP 2 -> DP 9); use 1 to 8 workers "
                                     "(DataPipeline pretrain)")
-    assert review(8, pipelines) == "allowed"  # DP 8 (16 ranks would not split 8 lanes)
+    assert review(8, pipelines) == "allowed"  # DP 8 (16 ranks would be more than 8 lanes)
+    assert review(3, pipelines) == "allowed"  # DP 3: ranks of 2, 3 and 3 lanes
     broken = {key: [dp(parallelism={"tensor": 0})]}
     assert review(8, broken).startswith("DataPipeline pretrain is invalid, so the world size "
                                         "cannot be checked: spec.parallelism.tensor 0")

@@ -7,6 +7,7 @@ from datalane_operator.pipeline import Parallelism
 from datalane_operator.workload import (
     Topology,
     check_workers,
+    lanes_per_rank,
     nproc_of_container,
     topology_of,
     valid_worker_counts,
@@ -47,26 +48,36 @@ def test_topology_counts_every_replica_type() -> None:
     assert topology_of(deprecated).nproc == 4
 
 
-def test_the_issue_message_for_plain_workers() -> None:
+def test_any_world_size_up_to_the_lanes_is_accepted() -> None:
     t = topology_of(job(workers=4, nproc="1"))
-    check_workers(8, t)  # 4 divides 8
+    for workers in range(1, 9):  # 3, 5, 6 and 7 do not divide 8: accepted all the same
+        check_workers(8, t, workers=workers)
+    assert valid_worker_counts(8, t) == [1, 2, 3, 4, 5, 6, 7, 8]
     with pytest.raises(ConfigError) as e:
-        check_workers(8, t, workers=3)
-    assert str(e.value) == "8 lanes cannot be split over 3 workers; use 1, 2, 4 or 8"
+        check_workers(8, t, workers=9)
+    assert str(e.value) == "8 lanes cannot be split over 9 workers; use 1 to 8"
+
+
+def test_lanes_per_rank_reports_the_imbalance() -> None:
+    assert [lanes_per_rank(8, w) for w in (1, 2, 3, 4, 5, 7, 8)] == [
+        8, 4, "2-3", 2, "1-2", "1-2", 1]
+    assert lanes_per_rank(64, 7) == "9-10"
 
 
 def test_message_with_a_master_and_several_ranks_per_pod() -> None:
-    t = topology_of(job(workers=2, master=1, nproc="2"))  # world 6
-    assert valid_worker_counts(16, t) == [1, 3, 7]  # (1+w)*2 divides 16
+    t = topology_of(job(workers=4, master=1, nproc="2"))  # world 10
+    assert valid_worker_counts(16, t) == [1, 2, 3, 4, 5, 6, 7]  # (1+w)*2 <= 16
+    check_workers(16, t)
+    assert valid_worker_counts(8, t) == [1, 2, 3]
     with pytest.raises(ConfigError) as e:
-        check_workers(16, t)
-    assert str(e.value) == ("16 lanes cannot be split over 2 workers (world size 6: 3 pods x 2 "
-                            "ranks); use 1, 3 or 7 workers")
+        check_workers(8, t)
+    assert str(e.value) == ("8 lanes cannot be split over 4 workers (world size 10: 5 pods x 2 "
+                            "ranks); use 1 to 3 workers")
 
 
 def test_no_worker_count_works() -> None:
-    t = topology_of(job(workers=1, master=1, nproc="3"))
-    with pytest.raises(ConfigError, match="no worker count works with 1 other pods and 3 ranks"):
+    t = topology_of(job(workers=1, master=1, nproc="5"))  # 10 ranks at least
+    with pytest.raises(ConfigError, match="no worker count works with 1 other pods and 5 ranks"):
         check_workers(8, t)
 
 
@@ -98,19 +109,20 @@ def test_tensor_parallel_job_has_a_smaller_data_parallel_world() -> None:
         check_workers(2, topology_of(job(workers=2, nproc="2")))
 
 
-def test_scale_to_three_tensor_parallel_workers_names_the_dp_size() -> None:
+def test_scale_to_nine_tensor_parallel_workers_names_the_dp_size() -> None:
     t = topology_of(job(workers=2, nproc="2"), parallelism=tp(2))
-    assert valid_worker_counts(8, t) == [1, 2, 4, 8]  # w pods x 2 ranks / TP 2 = DP w
-    assert refusal(8, t, workers=3) == (
-        "8 lanes cannot be split over 3 workers (world size 6: 3 pods x 2 ranks, TP 2 -> DP 3); "
-        "use 1, 2, 4 or 8 workers")
+    assert valid_worker_counts(8, t) == list(range(1, 9))  # w pods x 2 ranks / TP 2 = DP w
+    check_workers(8, t, workers=3)  # DP 3 of 8 lanes: ranks of 2, 3 and 3 lanes
+    assert refusal(8, t, workers=9) == (
+        "8 lanes cannot be split over 9 workers (world size 18: 9 pods x 2 ranks, TP 2 -> DP 9); "
+        "use 1 to 8 workers")
 
 
 def test_a_master_counts_in_the_dp_world_too() -> None:
-    t = topology_of(job(workers=2, master=1, nproc="2"), parallelism=tp(2))
-    assert valid_worker_counts(8, t) == [1, 3, 7]  # (1 + w) x 2 / 2 divides 8
-    assert refusal(8, t) == ("8 lanes cannot be split over 2 workers (world size 6: 3 pods x 2 "
-                             "ranks, TP 2 -> DP 3); use 1, 3 or 7 workers")
+    t = topology_of(job(workers=8, master=1, nproc="2"), parallelism=tp(2))
+    assert valid_worker_counts(8, t) == list(range(1, 8))  # (1 + w) x 2 / 2 <= 8
+    assert refusal(8, t) == ("8 lanes cannot be split over 8 workers (world size 18: 9 pods x 2 "
+                             "ranks, TP 2 -> DP 9); use 1 to 7 workers")
 
 
 def test_tp_times_cp_must_divide_the_ranks_per_pod() -> None:
@@ -131,11 +143,11 @@ def test_pipeline_parallel_world_must_hold_whole_model_replicas() -> None:
     # 2 pods x 2 ranks = 4 = one replica of TP 2 x PP 2: DP 1
     assert (t.ranks, t.dp_size, t.dp_ranks_per_pod) == (4, 1, 1)
     check_workers(8, t)
-    # DP d needs 4d ranks = 2d pods: 2, 4, 8, 16 workers for DP 1, 2, 4, 8
-    assert valid_worker_counts(8, t) == [2, 4, 8, 16]
+    # DP d needs 4d ranks = 2d pods: 2, 4, ..., 16 workers for DP 1 to 8
+    assert valid_worker_counts(8, t) == [2, 4, 6, 8, 10, 12, 14, 16]
     assert refusal(8, t, workers=3) == (
         "3 workers do not fit TP 2 x PP 2: world size 6 (3 pods x 2 ranks) is not a multiple of "
-        "TP 2 x PP 2 = 4; use 2, 4, 8 or 16 workers")
+        "TP 2 x PP 2 = 4; use 2, 4, 6, 8, 10, 12, 14 or 16 workers")
 
 
 def test_pods_must_not_span_pipeline_stages() -> None:
@@ -152,9 +164,9 @@ def test_pods_must_not_span_pipeline_stages() -> None:
 
 def test_no_worker_count_works_under_the_parallelism() -> None:
     # a Master and 3 ranks per pod under PP 3: DP = 1 + w, a stage has 1 + w ranks, which
-    # must be a multiple of 3 (whole pods) while 1 + w divides 8: never
+    # must be a multiple of 3 (whole pods) while 1 + w <= 2 lanes: never
     t = topology_of(job(workers=1, master=1, nproc="3"), parallelism=tp(pipeline=3))
-    assert refusal(8, t) == (
+    assert refusal(2, t) == (
         "1 worker does not fit PP 3: a pipeline stage has 2 ranks (world size 6 / PP 3), fewer "
         "than the 3 ranks of a pod, so a pod would hold ranks of several stages; no worker "
         "count works with 1 other pods and 3 ranks per pod under PP 3")
