@@ -49,7 +49,7 @@ def test_valid_pipeline_is_stored_with_defaults(crd: Cluster, k8s_namespace: str
     assert spec["workload"]["container"] == "pytorch"
     assert spec["parallelism"] == {"tensor": 1, "pipeline": 1, "context": 1}  # defaulted
     table = crd.kubectl("get", "dp", "-n", k8s_namespace).stdout.split("\n")[0].split()
-    assert table == ["NAME", "LANES", "WORLD", "STEP", "PHASE", "AGE"]
+    assert table == ["NAME", "LANES", "WORLD", "STEP", "READY", "PHASE", "AGE"]
 
 
 @pytest.mark.parametrize(("change", "message"), [
