@@ -223,7 +223,7 @@ def test_parquet_without_the_text_column(tmp_path: Path, tok: str) -> None:
     assert str(info.value) == (f"source 's': no value in field 'text' in {path} at row 0 "
                                f"(bad_records is 'fail')")
     # naming the right column reads it
-    tokens, counters = drain(recipe(tok, [path], text_field="content"))
+    tokens, _ = drain(recipe(tok, [path], text_field="content"))
     np.testing.assert_array_equal(tokens, expected_tokens(tok, GOOD))
 
 
@@ -327,11 +327,15 @@ def test_tokenizer_pin_mismatch(tmp_path: Path, tok: str) -> None:
 # -- topology -------------------------------------------------------------------------------------
 
 
-def test_world_size_not_dividing_lanes(make_recipe: Callable[..., Recipe]) -> None:
-    for world in (3, 5, 16):
+def test_world_size_above_the_lanes(make_recipe: Callable[..., Recipe]) -> None:
+    """Any world size up to the lane count works (issue 12); more ranks than lanes cannot."""
+    for world in (9, 16):
         with pytest.raises(ConfigError) as info:
             Loader(make_recipe(), 0, world)
-        assert str(info.value) == f"8 lanes cannot be split over {world} ranks; use 1, 2, 4 or 8"
+        assert str(info.value) == (f"8 lanes cannot be split over {world} ranks (a rank owns "
+                                   f"at least one lane); use a world size of 1 to 8")
+    with Loader(make_recipe(), 2, 3) as loader:
+        assert loader.lanes == range(5, 8)
 
 
 def test_rank_outside_the_world(make_recipe: Callable[..., Recipe]) -> None:
@@ -378,7 +382,7 @@ def test_microbatch_size_must_divide_the_local_batch(tmp_path: Path, tok: str) -
                 next(loader.microbatches(size))
             assert str(info.value) == (
                 f"microbatch size {size} does not divide the local batch of 6 sequences "
-                f"(B=12, W=2); use one of [1, 2, 3, 6]")
+                f"(B=12, L=2, W=2); use one of [1, 2, 3, 6]")
         first = next(loader.microbatches(3))  # a valid size works
         assert first.input_ids.shape == (3, 17)
 
@@ -512,11 +516,11 @@ def datalane(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_run_reports_config_errors(write_recipe: Callable[..., str],
                                        tmp_path: Path) -> None:
-    proc = datalane("run", write_recipe(), "--world", "3", "--steps", "1")
+    proc = datalane("run", write_recipe(), "--world", "9", "--steps", "1")
     assert proc.returncode == 2
     assert proc.stdout == ""
-    assert proc.stderr == "datalane run: error: 8 lanes cannot be split over 3 ranks; use 1, " \
-                          "2, 4 or 8\n"
+    assert proc.stderr == ("datalane run: error: 8 lanes cannot be split over 9 ranks (a rank "
+                           "owns at least one lane); use a world size of 1 to 8\n")
     proc = datalane("run", write_recipe(global_batch_size=100), "--steps", "1")
     assert proc.returncode == 2
     assert proc.stderr == ("datalane run: error: global_batch_size 100 is not a multiple of "

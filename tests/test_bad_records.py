@@ -168,7 +168,7 @@ def test_max_fraction_stops_a_run_that_is_mostly_broken(tmp_path: Path) -> None:
     assert message.startswith("lane 0: ") and "records are malformed (malformed_json=" in message
     assert "more than bad_records_max_fraction 0.1" in message and str(path) in message
     # at or under the bound nothing stops, and everything is still counted
-    tokens, counters = _drain(_recipe([path], bad_records_max_fraction=0.25))
+    _, counters = _drain(_recipe([path], bad_records_max_fraction=0.25))
     assert counters.skipped == {"malformed_json": 400} and counters.kept == 1600
     _, unbounded = _drain(_recipe([path]))
     assert unbounded.skipped == counters.skipped

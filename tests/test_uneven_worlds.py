@@ -86,7 +86,7 @@ def test_the_torch_adapter_counts_trained_labels_per_step(
         make_recipe: Callable[..., Recipe]) -> None:
     loader = InProcessLoader(make_recipe(), 0, 3, 2, Knobs(workers=2))
     try:
-        items = list(islice(iter(DataLaneDataset(loader)), 6))
+        items = list(islice(iter(DataLaneDataset(loader, global_tokens=True)), 6))
     finally:
         loader.close()
     for step in (items[:3], items[3:]):

@@ -17,9 +17,11 @@ one per column of the recipe's sample schema plus ``labels`` and ``cu_seqlens``:
   variable-length attention kernels (each padding run is a segment of its own)
 * ``step_tokens`` int64 scalar: the rank's trained targets (labels that are not -100) in the
   whole step this microbatch belongs to (the same on every microbatch of the step)
-* ``global_tokens`` int64 scalar: ``step_tokens`` summed over the data-parallel group (one
-  all-reduce per step when ``torch.distributed`` is initialized; else the local count), the
-  divisor of a loss normalized over the global batch:
+* ``global_tokens`` int64 scalar, with ``DataLaneDataset(loader, global_tokens=True)``:
+  ``step_tokens`` summed over the data-parallel group (one all-reduce per step when
+  ``torch.distributed`` is initialized; else the local count; opt-in, because a collective in
+  the data iterator hangs a job whose ranks do not all iterate), the divisor of a loss
+  normalized over the global batch:
   ``loss = sum(token losses) / global_tokens * dp_world_size`` under DDP's (or FSDP's)
   gradient averaging gives the same gradient at every world size, including world sizes that
   do not divide the lanes (whose ranks own unequal lane counts and end their steps with fully
@@ -138,8 +140,10 @@ class DataLaneDataset(IterableDataset[dict[str, torch.Tensor]]):
     skips data.
     """
 
-    def __init__(self, loader: _Loader, *, dp_group: Any = None) -> None:
+    def __init__(self, loader: _Loader, *, global_tokens: bool = False,
+                 dp_group: Any = None) -> None:
         self.loader = loader
+        self.global_tokens = global_tokens  # add item["global_tokens"] (an all-reduce a step)
         self.dp_group = dp_group  # the data-parallel process group (None: the default one)
         self._global: tuple[int, torch.Tensor] | None = None  # (step, global_tokens)
 
@@ -147,7 +151,8 @@ class DataLaneDataset(IterableDataset[dict[str, torch.Tensor]]):
         _check_consumer(sys._getframe(1))
         for batch in self.loader:
             item = to_tensors(batch)
-            item["global_tokens"] = self._global_tokens(batch.step, item["step_tokens"])
+            if self.global_tokens:
+                item["global_tokens"] = self._global_tokens(batch.step, item["step_tokens"])
             yield item
 
     def _global_tokens(self, step: int, local: torch.Tensor) -> torch.Tensor:
@@ -165,7 +170,8 @@ class DataLaneDataset(IterableDataset[dict[str, torch.Tensor]]):
             if ranks != expected:
                 raise ConfigError(
                     f"the process group has {ranks} ranks but the loader's data-parallel world "
-                    f"size is {expected}; pass DataLaneDataset(loader, dp_group=...) the "
+                    f"size is {expected}; pass DataLaneDataset(loader, global_tokens=True, "
+                    f"dp_group=...) the "
                     f"data-parallel group (e.g. mesh['dp'].get_group())")
             device = (torch.device("cuda", torch.cuda.current_device())
                       if dist.get_backend(group) == "nccl" else torch.device("cpu"))

@@ -42,7 +42,7 @@ def main() -> int:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
     loader = InProcessLoader(load_recipe(args.recipe), rank, world, args.microbatch)
     per_step = loader.per_step
-    it = iter(DataLaneDataset(loader))
+    it = iter(DataLaneDataset(loader, global_tokens=True))
     grads, counts = [], []
     for _ in range(args.steps):
         opt.zero_grad()
