@@ -97,8 +97,10 @@ class Source:
         "Paths, globs or fsspec URIs of the source files (`s3://bucket/web/*.parquet`). "
         "Matches are sorted; a pattern matching nothing is an error.", min_items=1)
     format: str | None = doc(
-        "File format; null infers it from the extension (.parquet, .jsonl/.json/.ndjson, "
-        "optionally .gz or .zst).", default=None, choices=FORMAT_NAMES)
+        "File format; null infers it from the extension: .parquet, .jsonl/.json/.ndjson "
+        "(optionally .gz or .zst), .idx (megatron), .u16/.u32 (flatbin), .mds, .lance, .tar "
+        "(webdataset), .arrow (hf); a directory is read as an MDS, HF or Lance dataset.",
+        default=None, choices=FORMAT_NAMES)
     text_field: str = doc(
         "Column (Parquet, MDS, Lance, HF) or key (JSONL) holding the document text; for "
         "WebDataset the extension of the member holding it (`txt`).", default="text")

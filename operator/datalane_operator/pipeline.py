@@ -197,7 +197,7 @@ class PipelineSpec:
     sidecar: SidecarSpec = doc("The injected sidecar.", factory=SidecarSpec)  # noqa: RUF009
     parallelism: Parallelism = doc(  # noqa: RUF009 - doc() is dataclasses.field
         "Model parallelism of the trainer. The data-parallel (DP) world size is pods x "
-        "nprocPerNode / (TP x PP x CP), and DP must divide `lanes`. Ranks are laid out with "
+        "nprocPerNode / (TP x PP x CP), at most `lanes`. Ranks are laid out with "
         "TP innermost, then CP, then DP, PP outermost (TorchTitan, Megatron-LM).",
         factory=Parallelism)
 
