@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from datalane.spec.schema import SampleSchema
+from datalane.spec.schema import SampleSchema, TextColumns
 
 __all__ = ["Batch"]
 
 
 @dataclass
-class Batch:
+class Batch(TextColumns):
     """``columns``: the recipe's sample columns in schema order, numpy arrays of shape
     (microbatch, seq_len + 1) (a per-sequence column: (microbatch,)), each of its own dtype.
 
@@ -46,14 +46,6 @@ class Batch:
         if self.schema is not None and tuple(self.columns) != self.schema.names:
             raise ValueError(f"a batch with the columns {list(self.columns)} does not match "
                              f"its schema's {list(self.schema.names)}")
-
-    @property
-    def input_ids(self) -> np.ndarray:
-        return self.columns["input_ids"]
-
-    @property
-    def positions(self) -> np.ndarray:
-        return self.columns["positions"]
 
     @property
     def nbytes(self) -> int:

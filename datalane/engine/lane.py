@@ -20,13 +20,13 @@ from datalane.engine.pool import TaskPool
 from datalane.spec.errors import MismatchError
 from datalane.spec.hashing import window_digest
 from datalane.spec.knobs import Knobs
-from datalane.spec.schema import SampleSchema
+from datalane.spec.schema import SampleSchema, TextColumns
 from datalane.spec.state import Counters, LaneState, PackerState
 
 __all__ = ["LaneStream", "Window"]
 
 
-class Window:
+class Window(TextColumns):
     """One lane's share of one step: its sequences' columns, in schema order."""
 
     __slots__ = ("columns", "digest", "ended", "lane")
@@ -37,14 +37,6 @@ class Window:
         self.columns = columns
         self.ended = ended
         self.digest = window_digest(schema, columns)
-
-    @property
-    def input_ids(self) -> np.ndarray:
-        return self.columns["input_ids"]
-
-    @property
-    def positions(self) -> np.ndarray:
-        return self.columns["positions"]
 
 
 class LaneStream:

@@ -27,7 +27,7 @@ from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import lanes_of_rank, rank_shape
 from datalane.spec.recipe import Recipe
-from datalane.spec.schema import SampleSchema
+from datalane.spec.schema import SampleSchema, TextColumns
 from datalane.spec.state import Checkpoint, Counters, LaneState
 from datalane.spec.targets import trained_tokens
 
@@ -37,7 +37,7 @@ _OPEN_THREADS = 8  # lanes opened side by side
 
 
 @dataclass
-class Step:
+class Step(TextColumns):
     """A rank's local batch of one step: its lanes' windows, in lane order."""
 
     step: int
@@ -46,15 +46,6 @@ class Step:
     ended: bool  # every lane of this rank has run out of data (later steps are padding)
     schema: SampleSchema | None = None  # the pad values of microbatches past the real rows
     step_tokens: int = 0  # trained targets of the step (datalane.spec.targets)
-
-    @property
-    def input_ids(self) -> np.ndarray:
-        return self.columns["input_ids"]
-
-    @property
-    def positions(self) -> np.ndarray:
-        """Position of each token in its document; -1 marks padding."""
-        return self.columns["positions"]
 
     def global_hash(self) -> str:
         """The global step hash; valid only when this step holds every lane (W = 1)."""
@@ -84,7 +75,7 @@ class Step:
 
 
 @dataclass
-class Microbatch:
+class Microbatch(TextColumns):
     """Consecutive sequences of a rank's local batch."""
 
     step: int
@@ -92,14 +83,6 @@ class Microbatch:
     columns: dict[str, np.ndarray]  # schema order
     ended: bool  # the step's ``ended``: this rank's lanes have run out of data
     step_tokens: int = 0  # the step's trained targets on this rank (all its microbatches)
-
-    @property
-    def input_ids(self) -> np.ndarray:
-        return self.columns["input_ids"]
-
-    @property
-    def positions(self) -> np.ndarray:
-        return self.columns["positions"]
 
 
 class Loader:

@@ -27,7 +27,7 @@ import numpy as np
 
 from datalane.spec.errors import MismatchError
 
-__all__ = ["DTYPES", "Column", "SampleSchema", "SlotField", "text_schema"]
+__all__ = ["DTYPES", "Column", "SampleSchema", "SlotField", "TextColumns", "text_schema"]
 
 #: Column types, by name, as little-endian numpy dtypes (the wire and the hash use these bytes).
 DTYPES: dict[str, np.dtype[Any]] = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8"),
@@ -167,6 +167,23 @@ class SampleSchema:
             return cls(tuple(cols))
         except ValueError as e:
             raise MismatchError(f"{where}: {e}") from e
+
+
+class TextColumns:
+    """``input_ids`` and ``positions`` as attributes of anything that holds ``columns`` (a
+    window, a step, a microbatch, a client's batch): every schema has these two."""
+
+    __slots__ = ()
+    columns: dict[str, np.ndarray]
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.columns["input_ids"]
+
+    @property
+    def positions(self) -> np.ndarray:
+        """Position of each token in its document piece; -1 marks padding."""
+        return self.columns["positions"]
 
 
 def text_schema(pad_id: int, extra: Sequence[Column] = ()) -> SampleSchema:
