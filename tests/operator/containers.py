@@ -65,6 +65,7 @@ from .podrunner import (
     RunningPod,
     _now,
     expand,
+    secret_key,
 )
 
 CONF = ROOT / "images" / "containers.conf"
@@ -253,16 +254,9 @@ class ContainerRunner(PodRunner):
             elif field in ("status.podIP", "status.hostIP"):
                 env[e["name"]] = "127.0.0.1"  # the host network's pod
             elif "secretKeyRef" in source:
-                ref = source["secretKeyRef"]
-                secret = self._secret(ref["name"])
-                if secret is None or ref["key"] not in secret:
-                    if ref.get("optional"):
-                        continue
-                    raise ContainerConfigError(
-                        f'secret "{ref["name"]}" not found' if secret is None else
-                        f"couldn't find key {ref['key']} in Secret "
-                        f"{self.namespace}/{ref['name']}")
-                env[e["name"]] = secret[ref["key"]].decode()
+                value = secret_key(self._secret, self.namespace, source["secretKeyRef"])
+                if value is not None:
+                    env[e["name"]] = value
             else:
                 raise PodRunError(f"env {e} is not supported by the container runner")
         return env

@@ -59,6 +59,19 @@ _MAX_MESSAGE = 4096
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)|\$\$")
 
 
+def secret_key(secret_of: Any, namespace: str, ref: dict[str, Any]) -> str | None:
+    """The value an env ``secretKeyRef`` names, as the kubelet resolves it: None for a missing
+    optional one, ContainerConfigError (the kubelet's CreateContainerConfigError) otherwise."""
+    secret = secret_of(ref["name"])
+    if secret is None or ref["key"] not in secret:
+        if ref.get("optional"):
+            return None
+        raise ContainerConfigError(
+            f'secret "{ref["name"]}" not found' if secret is None else
+            f"couldn't find key {ref['key']} in Secret {namespace}/{ref['name']}")
+    return str(secret[ref["key"]].decode())
+
+
 def expand(value: str, env: dict[str, str]) -> str:
     """Kubernetes' ``$(VAR)`` expansion of an env value: a defined variable is replaced,
     ``$$`` is a literal ``$``, an undefined reference stays as it is."""
@@ -176,16 +189,9 @@ class PodRunner:
             elif source.get("fieldRef", {}).get("fieldPath") == "metadata.name":
                 env[e["name"]] = pod["metadata"]["name"]
             elif "secretKeyRef" in source:
-                ref = source["secretKeyRef"]
-                secret = self._secret(ref["name"])
-                if secret is None or ref["key"] not in secret:
-                    if ref.get("optional"):
-                        continue
-                    raise ContainerConfigError(
-                        f'secret "{ref["name"]}" not found' if secret is None else
-                        f"couldn't find key {ref['key']} in Secret "
-                        f"{self.namespace}/{ref['name']}")
-                env[e["name"]] = secret[ref["key"]].decode()
+                value = secret_key(self._secret, self.namespace, source["secretKeyRef"])
+                if value is not None:
+                    env[e["name"]] = value
             else:
                 raise PodRunError(f"env {e} is not supported by the pod runner")
         if folder is not None and container.get("terminationMessagePath"):

@@ -159,3 +159,17 @@ def test_volume_ownership_follows_fs_group(runner: ContainerRunner, tmp_path: Pa
     st = (vol / "sub" / "f").stat()
     assert st.st_gid == 2000 and stat.S_IMODE(st.st_mode) == 0o660
     assert stat.S_IMODE(vol.stat().st_mode) == 0o2777
+
+
+def test_secret_key_refs_resolve_as_the_kubelet_does() -> None:
+    """Both runners resolve env ``secretKeyRef`` through one function: the value, nothing for
+    a missing optional one, CreateContainerConfigError's message otherwise."""
+    from .podrunner import ContainerConfigError, secret_key
+
+    secrets = {"creds": {"KEY": b"v1"}}
+    assert secret_key(secrets.get, "ns", {"name": "creds", "key": "KEY"}) == "v1"
+    assert secret_key(secrets.get, "ns", {"name": "gone", "key": "K", "optional": True}) is None
+    with pytest.raises(ContainerConfigError, match='secret "gone" not found'):
+        secret_key(secrets.get, "ns", {"name": "gone", "key": "K"})
+    with pytest.raises(ContainerConfigError, match="couldn't find key NOPE in Secret ns/creds"):
+        secret_key(secrets.get, "ns", {"name": "creds", "key": "NOPE"})
