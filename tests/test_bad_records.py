@@ -18,11 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tokenizers import Tokenizer
 
 from datalane import ConfigError, DataError, Loader, load_recipe
 from datalane.corpus import tokenizer_path
-from datalane.spec.state import Counters
+from tests.test_bad_inputs import drain, expected_tokens
 
 GOOD = ["first good document", "second good one", "third and last"]
 
@@ -32,23 +31,6 @@ def _recipe(uris: list[str], **top: Any) -> Any:
                         "tokenizer": {"uri": tokenizer_path()},
                         "sources": [{"name": "s", "uris": uris, "epochs": 1}],
                         "shuffle": {"block_size": 1}, **top})
-
-
-def _drain(recipe: Any) -> tuple[np.ndarray, Counters]:
-    with Loader(recipe) as ld:
-        tokens = []
-        for step in ld:
-            tokens.append(step.input_ids[step.positions >= 0])
-            if step.ended:
-                return np.concatenate(tokens), ld.counters()
-    raise AssertionError("unreachable")
-
-
-def _expected(texts: list[str]) -> np.ndarray:
-    tok = Tokenizer.from_file(tokenizer_path())
-    eos = tok.token_to_id("<|eos|>")
-    return np.array([t for x in texts for t in [*tok.encode(x, add_special_tokens=False).ids,
-                                                 eos]], dtype=np.int32)
 
 
 def _jsonl(path: Path, lines: list[str]) -> str:
@@ -69,11 +51,11 @@ def test_json_the_parser_refuses_is_a_counted_bad_record(tmp_path: Path, case: s
     line, detail = BROKEN_JSON[case]
     good = [json.dumps({"text": t}) for t in GOOD]
     path = _jsonl(tmp_path / "a.jsonl", [good[0], line, good[1], good[2]])
-    tokens, counters = _drain(_recipe([path]))
-    np.testing.assert_array_equal(tokens, _expected(GOOD))
+    tokens, counters = drain(_recipe([path]))
+    np.testing.assert_array_equal(tokens, expected_tokens(tokenizer_path(), GOOD))
     assert counters.skipped == {"malformed_json": 1}
     with pytest.raises(DataError) as info:
-        _drain(_recipe([path], bad_records="fail"))
+        drain(_recipe([path], bad_records="fail"))
     offset = len(good[0]) + 1
     assert f"{detail}" in str(info.value) and f"{path} at byte {offset}" in str(info.value)
 
@@ -83,11 +65,11 @@ def test_a_lone_surrogate_is_a_counted_bad_record_not_a_crash(tmp_path: Path) ->
     lines = [json.dumps({"text": GOOD[0]}), '{"text": "broken \\udc80 text"}',
              json.dumps({"text": GOOD[1]}), json.dumps({"text": GOOD[2]})]
     path = _jsonl(tmp_path / "a.jsonl", lines)
-    tokens, counters = _drain(_recipe([path]))
-    np.testing.assert_array_equal(tokens, _expected(GOOD))
+    tokens, counters = drain(_recipe([path]))
+    np.testing.assert_array_equal(tokens, expected_tokens(tokenizer_path(), GOOD))
     assert counters.skipped == {"invalid_unicode": 1}
     with pytest.raises(DataError) as info:
-        _drain(_recipe([path], bad_records="fail"))
+        drain(_recipe([path], bad_records="fail"))
     assert "field 'text' holds the lone surrogate U+DC80 at character 7" in str(info.value)
     assert f"{path} at byte {len(lines[0]) + 1}" in str(info.value)
 
@@ -98,11 +80,11 @@ def test_invalid_utf8_in_a_parquet_string_column_is_counted_per_value(tmp_path: 
     strings = pa.Array.from_buffers(pa.string(), len(values), binary.buffers())  # unvalidated
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"text": strings}), path)
-    tokens, counters = _drain(_recipe([str(path)]))
-    np.testing.assert_array_equal(tokens, _expected(GOOD))
+    tokens, counters = drain(_recipe([str(path)]))
+    np.testing.assert_array_equal(tokens, expected_tokens(tokenizer_path(), GOOD))
     assert counters.skipped == {"non_utf8": 1}
     with pytest.raises(DataError) as info:
-        _drain(_recipe([str(path)], bad_records="fail"))
+        drain(_recipe([str(path)], bad_records="fail"))
     assert f"invalid UTF-8 at byte 0 of the value in {path} at row 1" in str(info.value)
 
 
@@ -112,7 +94,7 @@ def test_a_truncated_gzip_file_is_an_error_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "cut.jsonl.gz"
     path.write_bytes(whole[:len(whole) // 2])
     with pytest.raises(DataError) as info:
-        _drain(_recipe([str(path)]))
+        drain(_recipe([str(path)]), max_steps=10_000)
     assert str(path) in str(info.value) and "corrupt or truncated" in str(info.value)
 
 
@@ -139,7 +121,7 @@ def test_a_misnamed_field_fails_at_once_naming_the_fields_there(tmp_path: Path) 
     path = _jsonl(tmp_path / "a.jsonl",
                   [json.dumps({"id": i, "body": t}) for i, t in enumerate(GOOD * 50)])
     with pytest.raises(DataError) as info:
-        _drain(_recipe([path]))
+        drain(_recipe([path]))
     assert str(info.value) == (
         f"source 's': none of the first 100 records of lane 0 holds a document "
         f"(missing_field=100); the source reads the field 'text', but its records have the "
@@ -149,8 +131,8 @@ def test_a_misnamed_field_fails_at_once_naming_the_fields_there(tmp_path: Path) 
 def test_a_few_bad_first_records_of_a_healthy_source_are_only_counted(tmp_path: Path) -> None:
     lines = ['{"broken', '{"no_text": 1}'] + [json.dumps({"text": t}) for t in GOOD]
     path = _jsonl(tmp_path / "a.jsonl", lines)
-    tokens, counters = _drain(_recipe([path]))
-    np.testing.assert_array_equal(tokens, _expected(GOOD))
+    tokens, counters = drain(_recipe([path]))
+    np.testing.assert_array_equal(tokens, expected_tokens(tokenizer_path(), GOOD))
     assert counters.skipped == {"malformed_json": 1, "missing_field": 1}
 
 
@@ -163,20 +145,20 @@ def _mostly(tmp_path: Path, bad_every: int, n: int = 2000) -> str:
 def test_max_fraction_stops_a_run_that_is_mostly_broken(tmp_path: Path) -> None:
     path = _mostly(tmp_path, bad_every=5)  # 20% malformed
     with pytest.raises(DataError) as info:
-        _drain(_recipe([path], bad_records_max_fraction=0.1))
+        drain(_recipe([path], bad_records_max_fraction=0.1))
     message = str(info.value)
     assert message.startswith("lane 0: ") and "records are malformed (malformed_json=" in message
     assert "more than bad_records_max_fraction 0.1" in message and str(path) in message
     # at or under the bound nothing stops, and everything is still counted
-    _, counters = _drain(_recipe([path], bad_records_max_fraction=0.25))
+    _, counters = drain(_recipe([path], bad_records_max_fraction=0.25))
     assert counters.skipped == {"malformed_json": 400} and counters.kept == 1600
-    _, unbounded = _drain(_recipe([path]))
+    _, unbounded = drain(_recipe([path]))
     assert unbounded.skipped == counters.skipped
 
 
 def test_max_fraction_is_checked_only_from_the_thousandth_record(tmp_path: Path) -> None:
     path = _mostly(tmp_path, bad_every=2, n=900)  # 50% malformed, but fewer than 1,000 records
-    _, counters = _drain(_recipe([path], bad_records_max_fraction=0.1))
+    _, counters = drain(_recipe([path], bad_records_max_fraction=0.1))
     assert counters.skipped == {"malformed_json": 450}
 
 

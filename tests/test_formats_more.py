@@ -42,6 +42,7 @@ from datalane.spec.state import Counters, SourceCursor
 from datalane.verify import verify
 from tests.data.format_corpus import WRITERS, FormatData, text_of
 from tests.data.make_mds import HERE as MDS_DATA
+from tests.test_bad_inputs import drain
 from tests.test_resume import assert_resume_anywhere
 
 NEW_FORMATS = ["mds", "webdataset", "hf", "lance"]
@@ -273,16 +274,6 @@ def _one_lane(uris: list[str], bad_records: str = "skip", **source: Any) -> Any:
                         "shuffle": {"block_size": 1}, "bad_records": bad_records})
 
 
-def _drain(recipe: Any) -> tuple[np.ndarray, Counters]:
-    with Loader(recipe) as ld:
-        tokens = []
-        for step in ld:
-            tokens.append(step.input_ids[step.positions >= 0])
-            if step.ended:
-                return np.concatenate(tokens), ld.counters()
-    raise AssertionError("unreachable")
-
-
 def _expected(texts: list[str]) -> np.ndarray:
     tok = _tokenizer()
     eos = tok.token_to_id("<|eos|>")
@@ -292,7 +283,7 @@ def _expected(texts: list[str]) -> np.ndarray:
 
 def _fail_message(recipe_uris: list[str], **source: Any) -> str:
     with pytest.raises(DataError) as info:
-        _drain(_one_lane(recipe_uris, bad_records="fail", **source))
+        drain(_one_lane(recipe_uris, bad_records="fail", **source))
     return str(info.value)
 
 
@@ -316,7 +307,7 @@ def test_mds_bad_records_are_counted_and_named(tmp_path: Path) -> None:
     raw[at + 4] = 0xFF
     struct.pack_into("<I", raw, offsets[5], 1 << 30)
     path.write_bytes(bytes(raw))
-    tokens, counters = _drain(_one_lane([str(path)]))
+    tokens, counters = drain(_one_lane([str(path)]))
     good = [i for i in ids if i not in (206, 208)]
     np.testing.assert_array_equal(tokens, _expected([text_of("mds", i) for i in good]))
     assert counters.skipped == {"non_utf8": 1, "malformed_sample": 1}
@@ -331,13 +322,13 @@ def test_a_truncated_mds_shard_and_a_missing_column_stop_with_the_file(tmp_path:
         Plan.build(_one_lane([str(path)]))
     path.write_bytes(bytes(raw))
     with pytest.raises(DataError) as info:
-        _drain(_one_lane([str(path)], text_field="body"))
+        drain(_one_lane([str(path)], text_field="body"))
     assert "'big', 'grid', 'id', 'ids', 'meta', 'raw', 'score', 'small', 'text'" in str(
         info.value)
 
 
 def test_a_compressed_mds_dataset_is_read_and_its_truncation_named(tmp_path: Path) -> None:
-    tokens, counters = _drain(_one_lane([os.path.join(MDS_DATA, "zstd")]))
+    tokens, counters = drain(_one_lane([os.path.join(MDS_DATA, "zstd")]))
     assert counters.kept == 60 and counters.skipped == {}
     # one chunk per compressed shard; lanes=1 reads the 2 shards in a permuted order
     expected = {_expected([text_of("zmds", i) for i in r]).tobytes()
@@ -347,7 +338,7 @@ def test_a_compressed_mds_dataset_is_read_and_its_truncation_named(tmp_path: Pat
     whole = (Path(MDS_DATA) / "zstd" / "shard.00000.mds.zstd").read_bytes()
     shard.write_bytes(whole[:len(whole) // 2])
     with pytest.raises(DataError) as info:
-        _drain(_one_lane([str(shard)]))
+        drain(_one_lane([str(shard)]))
     assert str(shard) in str(info.value)
 
 
@@ -372,7 +363,7 @@ def test_webdataset_bad_records_are_counted_and_named(tmp_path: Path) -> None:
                      ("a/k3.txt", good[1].encode()), ("a/k3.txt", b"again"),  # duplicate
                      ("a/" + "long" * 40 + ".txt", good[2].encode()),  # a GNU long name
                      ("a/k5.TXT", good[3].encode())])  # extensions are lowercased
-    tokens, counters = _drain(_one_lane([str(path)], text_field="txt"))
+    tokens, counters = drain(_one_lane([str(path)], text_field="txt"))
     np.testing.assert_array_equal(tokens, _expected([good[0], good[2], good[3]]))
     assert counters.skipped == {"non_utf8": 1, "missing_field": 1, "malformed_sample": 1}
     message = _fail_message([str(path)], text_field="txt")
@@ -397,7 +388,7 @@ def test_truncated_tars_stop_with_the_file(tmp_path: Path) -> None:
     packed = gzip.compress(whole)
     gz.write_bytes(packed[:len(packed) // 2])
     with pytest.raises(DataError) as info:
-        _drain(_one_lane([str(gz)], text_field="txt"))
+        drain(_one_lane([str(gz)], text_field="txt"))
     assert str(gz) in str(info.value)
 
 
@@ -408,7 +399,7 @@ def test_a_compressed_tar_is_one_chunk_read_as_a_stream(tmp_path: Path) -> None:
     gz.write_bytes(gzip.compress(path.read_bytes()))
     recipe = _one_lane([str(gz)], text_field="txt")
     assert [(c.start, c.stop) for c in Plan.build(recipe).sources[0].chunks] == [(0, -1)]
-    tokens, _ = _drain(recipe)
+    tokens, _ = drain(recipe)
     np.testing.assert_array_equal(tokens, _expected([text_of("wds", i) for i in range(50)]))
 
 
@@ -421,7 +412,7 @@ def test_hf_bad_records_are_counted_and_named(tmp_path: Path) -> None:
     path = tmp_path / "data-00000-of-00001.arrow"
     with pa.ipc.new_stream(str(path), pa.schema([("text", pa.string())])) as w:
         w.write_batch(pa.record_batch([strings], names=["text"]))
-    tokens, counters = _drain(_one_lane([str(path)]))
+    tokens, counters = drain(_one_lane([str(path)]))
     np.testing.assert_array_equal(tokens, _expected(good))
     assert counters.skipped == {"non_utf8": 1, "missing_field": 1}
     assert f"{path} at row 1" in _fail_message([str(path)])
@@ -441,7 +432,7 @@ def test_a_dataset_dict_directory_is_refused_naming_its_splits(tmp_path: Path) -
     with pytest.raises(ConfigError, match=r"DatasetDict with the splits train, test; name one "
                                           r"split's directory"):
         Plan.build(_one_lane([str(tmp_path / "dd")], format="hf"))
-    tokens, _ = _drain(_one_lane([str(tmp_path / "dd" / "train")], format="hf"))
+    tokens, _ = drain(_one_lane([str(tmp_path / "dd" / "train")], format="hf"))
     np.testing.assert_array_equal(tokens, _expected(["a", "b"]))
 
 
@@ -451,7 +442,7 @@ def test_lance_bad_records_are_counted_and_named(tmp_path: Path) -> None:
     good = [text_of("lance", i) for i in range(3)]
     path = tmp_path / "t.lance"
     lance.write_dataset(pa.table({"text": [good[0], None, good[1], "", good[2]]}), str(path))
-    tokens, counters = _drain(_one_lane([str(path)]))
+    tokens, counters = drain(_one_lane([str(path)]))
     np.testing.assert_array_equal(tokens, _expected(good))
     assert counters.skipped == {"missing_field": 1, "empty_text": 1}
     assert f"{path} at row 1" in _fail_message([str(path)])
