@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import urllib.request
+from typing import Any
 
 import grpc
 import numpy as np
@@ -257,14 +258,20 @@ def test_open_and_health_announce_the_schema_and_layout(sidecar, repeat_recipe) 
         assert loader.schema == text_schema(pad)  # from Health, before any session
 
 
-def test_prometheus_metrics(sidecar, repeat_recipe) -> None:
+def _with_metrics(sidecar: Any, recipe: str) -> tuple[Any, str]:
+    """A sidecar exporting metrics on a free loopback port, and its /metrics URL."""
     with socketlib.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    sc = sidecar(repeat_recipe, "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
+    sc = sidecar(recipe, "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
+    return sc, f"http://127.0.0.1:{port}/metrics"
+
+
+def test_prometheus_metrics(sidecar, repeat_recipe) -> None:
+    sc, url = _with_metrics(sidecar, repeat_recipe)
     with SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=4) as loader:
         _take(loader, 8)
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
     assert "datalane_tokens_total" in text
     assert "datalane_microbatches_total 8.0" in text or "datalane_microbatches_total" in text
     assert "datalane_queue_depth" in text
@@ -272,14 +279,10 @@ def test_prometheus_metrics(sidecar, repeat_recipe) -> None:
 
 
 def test_prometheus_metrics_show_the_realized_mixture(sidecar, repeat_recipe) -> None:
-    with socketlib.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    sc = sidecar(repeat_recipe, "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
+    sc, url = _with_metrics(sidecar, repeat_recipe)
     with SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=4) as loader:
         _take(loader, 8)
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                      timeout=10).read().decode()
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
 
     def gauge(name: str) -> dict[str, float]:
         return {m[1]: float(m[2]) for m in re.finditer(
