@@ -176,10 +176,17 @@ def dump(obj: Any) -> Any:
     """Canonical plain-data form of a model object: every field, defaults included."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: dump(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)}
+                if not (f.metadata.get("omit_default") and getattr(obj, f.name) == _default(f))}
     if isinstance(obj, (list, tuple)):
         return [dump(v) for v in obj]
     return obj
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """A field's default value (a ``factory`` field's too: a fresh empty list, say)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def _schema_of(tp: Any, meta: Mapping[str, Any]) -> dict[str, Any]:

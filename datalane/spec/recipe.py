@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from datalane.spec import model
+from datalane.spec import evals, model
 from datalane.spec.chat import ChatSpec
 from datalane.spec.errors import ConfigError
 from datalane.spec.formats import FORMAT_NAMES, TOKEN_FORMATS, infer_format
@@ -198,6 +198,10 @@ class Recipe:
         "With `skip`: stop with an error once more than this fraction of a lane's records "
         "are malformed (checked from the lane's 1,000th record on); null never stops.",
         default=None, gt=0, le=1, omit_default=True)
+    eval: list[evals.EvalStream] = doc(
+        "Eval streams: named held-out streams the sidecar serves next to the training "
+        "stream (`SidecarLoader(stream=name)`), each read like the recipe's sources; not "
+        "part of the training stream's fingerprint.", factory=list, omit_default=True)
     version: int = doc("Recipe schema version.", default=RECIPE_VERSION, ge=1,
                        le=RECIPE_VERSION)
 
@@ -239,6 +243,7 @@ class Recipe:
                 raise ConfigError(f"{_at(where, f'sources[{i}].name')} {src.name!r} is used by "
                                   f"another source; names must be unique")
             seen.add(src.name)
+        evals.validate_streams(self, where)
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical plain form (every field, defaults included)."""
@@ -333,5 +338,7 @@ def _resolve_relative(recipe: Recipe, base: str) -> Recipe:
         return dataclasses.replace(s, **changes)
 
     sources = [fixed(s) for s in recipe.sources]
+    streams = [dataclasses.replace(e, sources=[fixed(s) for s in e.sources])
+               for e in recipe.eval]
     tok = dataclasses.replace(recipe.tokenizer, uri=fix(recipe.tokenizer.uri))
-    return dataclasses.replace(recipe, sources=sources, tokenizer=tok)
+    return dataclasses.replace(recipe, sources=sources, tokenizer=tok, eval=streams)

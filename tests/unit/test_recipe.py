@@ -123,7 +123,7 @@ def test_unknown_key_without_a_close_match_lists_the_known_keys() -> None:
     assert error_of(minimal(xyzzy=1)) == (
         "xyzzy is not a known key; known keys: lanes, global_batch_size, seq_len, tokenizer, "
         "sources, seed, filters, packing, shuffle, bad_records, bad_records_max_fraction, "
-        "version")
+        "eval, version")
 
 
 def test_knobs_are_not_recipe_keys() -> None:
@@ -363,7 +363,10 @@ def test_schema_is_strict_and_describes_every_field() -> None:
     assert set(objects) == {"recipe", "recipe.tokenizer", "recipe.sources[]",
                             "recipe.sources[].filters", "recipe.sources[].chat",
                             "recipe.sources[].tokens",
-                            "recipe.filters", "recipe.packing", "recipe.shuffle"}
+                            "recipe.filters", "recipe.packing", "recipe.shuffle",
+                            "recipe.eval[]", "recipe.eval[].sources[]",
+                            "recipe.eval[].sources[].filters", "recipe.eval[].sources[].chat",
+                            "recipe.eval[].sources[].tokens"}
     for path, obj in objects.items():
         assert obj["additionalProperties"] is False, path
         assert obj["description"].strip(), path
