@@ -22,6 +22,7 @@ from datalane.spec.formats import FORMAT_NAMES, TOKEN_FORMATS, infer_format
 from datalane.spec.integrity import MAX_DEPTH, check_depth, parse_json, parse_text, read_bytes
 from datalane.spec.lanes import nearest_multiples
 from datalane.spec.model import doc
+from datalane.spec.phases import Phase, check_phases
 from datalane.spec.tokens import TokensSpec
 
 __all__ = [
@@ -104,8 +105,9 @@ class Source:
     text_field: str = doc(
         "Column (Parquet, MDS, Lance, HF) or key (JSONL) holding the document text; for "
         "WebDataset the extension of the member holding it (`txt`).", default="text")
-    weight: float = doc("Share of *tokens* this source contributes to each lane's mix.",
-                        default=1.0, gt=0)
+    weight: float = doc(
+        "Share of *tokens* this source contributes to each lane's mix from step 0 (0: none "
+        "until a phase gives it a weight).", default=1.0, ge=0)
     epochs: int | None = doc("Passes over the source; null repeats it forever.",
                              default=1, ge=1)
     chunk_bytes: int = doc(
@@ -202,6 +204,10 @@ class Recipe:
         "Eval streams: named held-out streams the sidecar serves next to the training "
         "stream (`SidecarLoader(stream=name)`), each read like the recipe's sources; not "
         "part of the training stream's fingerprint.", factory=list, omit_default=True)
+    phases: list[Phase] = doc(
+        "Mixture schedule: phases that change the source weights from a step on (a jump or "
+        "a linear ramp); phase 0 is the sources' own weights from step 0.",
+        factory=list, omit_default=True)
     version: int = doc("Recipe schema version.", default=RECIPE_VERSION, ge=1,
                        le=RECIPE_VERSION)
 
@@ -243,6 +249,7 @@ class Recipe:
                 raise ConfigError(f"{_at(where, f'sources[{i}].name')} {src.name!r} is used by "
                                   f"another source; names must be unique")
             seen.add(src.name)
+        check_phases(self, where)
         evals.validate_streams(self, where)
 
     def to_dict(self) -> dict[str, Any]:
