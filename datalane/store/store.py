@@ -34,8 +34,8 @@ from typing import Any
 import fsspec
 
 from datalane.spec.errors import ConfigError, MismatchError, StorageError
-from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.state import Checkpoint, LaneState, merge_checkpoints
+from datalane.store.amendments import check_consumed_prefix
 from datalane.store.audit import AuditReport, ManifestRecord, audit_records
 from datalane.store.layout import (
     basename,
@@ -241,15 +241,17 @@ class CheckpointStore:
 
         ``lanes`` restricts the restore to some lanes (a pod's share after a re-deal): only
         the objects holding them are read. With ``fingerprint``, a checkpoint of another
-        recipe is refused with a MismatchError naming the fields that differ.
+        recipe is refused with a MismatchError naming the fields that differ; a recipe that
+        only appended (or changed) phases starting at or after ``step`` is the same run.
         """
         check_step(step)
         data = self._read_manifest(step)
         wanted = None if lanes is None else sorted(set(lanes))
         manifest, reads = self._verify(step, data, wanted)
         if fingerprint is not None:
-            check_fingerprint(manifest.fingerprint, manifest.fingerprint_doc, fingerprint,
-                              fingerprint_doc or {}, f"checkpoint step {step} in {self.uri}")
+            check_consumed_prefix(manifest.fingerprint, manifest.fingerprint_doc, fingerprint,
+                                  fingerprint_doc or {}, step,
+                                  f"checkpoint step {step} in {self.uri}")
         chosen = range(manifest.lanes_total) if wanted is None else wanted
         parts = []
         for read in reads.values():
