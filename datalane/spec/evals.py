@@ -32,7 +32,9 @@ __all__ = [
     "NAME_PATTERN",
     "TRAIN",
     "EvalStream",
+    "check_stream",
     "eval_recipe",
+    "eval_steps",
     "stream_names",
     "training_view",
     "validate_streams",
@@ -93,6 +95,23 @@ def _described(recipe: _recipe.Recipe) -> str:
     if len(names) == 1:
         return "the recipe has only the 'train' stream (no `eval:` streams)"
     return "the recipe's streams are " + ", ".join(repr(n) for n in names)
+
+
+def check_stream(recipe: _recipe.Recipe, name: str) -> str:
+    """The stream a client asks for by ``name``: ``train`` for ``""`` or ``"train"``, else the
+    name of one of the recipe's eval streams; ConfigError naming ``name`` and listing the
+    recipe's streams if it has none so named."""
+    if name in ("", TRAIN):
+        return TRAIN
+    if any(s.name == name for s in recipe.eval):
+        return name
+    raise ConfigError(f"no stream is named {name!r}; {_described(recipe)}")
+
+
+def eval_steps(recipe: _recipe.Recipe, name: str) -> int | None:
+    """Steps of every evaluation of stream ``name``; None for the training stream (endless)."""
+    name = check_stream(recipe, name)
+    return None if name == TRAIN else next(s.steps for s in recipe.eval if s.name == name)
 
 
 def eval_recipe(recipe: _recipe.Recipe, name: str) -> _recipe.Recipe:

@@ -97,7 +97,7 @@ def test_every_recipe_field_is_inherited_given_by_the_stream_or_about_training_o
     assert names - set(INHERITED) - by_stream <= {"eval", "phases"}
     r = eval_recipe(load_recipe(minimal()), "heldout")
     if "phases" in names:
-        assert not getattr(r, "phases")  # a schedule is the training run's course
+        assert not r.phases  # a schedule is the training run's course
 
 
 def test_unknown_stream_names_it_and_lists_the_recipe_s_streams() -> None:
