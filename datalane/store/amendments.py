@@ -29,7 +29,7 @@ from datalane.spec.fingerprint import check_fingerprint, fingerprint_of
 from datalane.spec.phases import phase_diff, prefix_document
 
 __all__ = ["Amendment", "PhaseStart", "amendment_between", "check_consumed_prefix",
-           "recorded_phases"]
+           "recorded_phases", "same_consumed_prefix"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,17 @@ def _prefix(fp_doc: Mapping[str, Any], step: int) -> dict[str, Any]:
         return prefix_document(dict(fp_doc), step)
     except (KeyError, TypeError, ValueError, AttributeError):
         return dict(fp_doc)
+
+
+def same_consumed_prefix(fp_a: str, doc_a: Mapping[str, Any] | None, fp_b: str,
+                         doc_b: Mapping[str, Any] | None, step: int) -> bool:
+    """Do two recipes serve the same first ``step`` steps (same fingerprint, or the same
+    consumed prefix at ``step``)? False when a document is missing to tell."""
+    if fp_a == fp_b:
+        return True
+    if not doc_a or not doc_b:
+        return False
+    return fingerprint_of(_prefix(doc_a, step)) == fingerprint_of(_prefix(doc_b, step))
 
 
 def amendment_between(earlier_step: int, earlier_fp: str,

@@ -46,7 +46,7 @@ from typing import Any
 
 from datalane.spec.errors import MismatchError, StorageError
 from datalane.spec.hashing import global_hash
-from datalane.store.amendments import PhaseStart, recorded_phases
+from datalane.store.amendments import PhaseStart, recorded_phases, same_consumed_prefix
 from datalane.store.layout import is_pod_object_name
 from datalane.store.podstate import (
     PodObject,
@@ -204,9 +204,18 @@ def _lane_owners(step: int, pods: Sequence[PodRead]) -> dict[int, PodRead]:
         if p.name != f"pod-{p.pod.pod}.json":
             raise MismatchError(f"{p.uri} claims to be the object of pod {p.pod.pod!r}")
         if p.pod.fingerprint != head.pod.fingerprint:
+            hint = ""
+            if same_consumed_prefix(head.pod.fingerprint, head.pod.fingerprint_doc,
+                                    p.pod.fingerprint, p.pod.fingerprint_doc, step):
+                hint = (f"; both recipes served the same steps so far (phases that start at or "
+                        f"after step {step} differ: the recipe was edited and only some pods "
+                        f"restarted since); restart every pod of the job so that all serve the "
+                        f"same recipe, or discard the uncommitted step if it holds stale "
+                        f"objects")
             raise MismatchError(
                 f"step {step} mixes recipes: {head.uri} has fingerprint "
-                f"{head.pod.fingerprint[:16]}..., {p.uri} has {p.pod.fingerprint[:16]}...")
+                f"{head.pod.fingerprint[:16]}..., {p.uri} has {p.pod.fingerprint[:16]}..."
+                f"{hint}")
         if p.pod.lanes_total != head.pod.lanes_total:
             raise MismatchError(f"step {step} mixes lane counts: {head.uri} has "
                                 f"{head.pod.lanes_total} lanes, {p.uri} has {p.pod.lanes_total}")

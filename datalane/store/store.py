@@ -35,7 +35,7 @@ import fsspec
 
 from datalane.spec.errors import ConfigError, MismatchError, StorageError
 from datalane.spec.state import Checkpoint, LaneState, merge_checkpoints
-from datalane.store.amendments import check_consumed_prefix
+from datalane.store.amendments import check_consumed_prefix, same_consumed_prefix
 from datalane.store.audit import AuditReport, ManifestRecord, audit_records
 from datalane.store.layout import (
     basename,
@@ -125,7 +125,8 @@ class CheckpointStore:
         ``{lane: window digest}`` (32 bytes or hex); they become the manifest's ledger. If
         ``step`` is already committed nothing is written: the given lane states must equal
         the committed ones (MismatchError otherwise, a sign of a nondeterministic stream or a
-        changed recipe) and the manifest's URI is returned.
+        changed recipe; a recipe that only appended phases starting at or after ``step`` is
+        the same run) and the manifest's URI is returned.
         """
         check_step(step)
         pod = str(pod_id)
@@ -145,7 +146,9 @@ class CheckpointStore:
 
     def _check_against_committed(self, obj: PodObject, manifest: Manifest) -> None:
         where = self._io.uri(manifest_path(self._base, obj.step))
-        if (obj.fingerprint, obj.lanes_total) != (manifest.fingerprint, manifest.lanes_total):
+        same_run = same_consumed_prefix(obj.fingerprint, obj.fingerprint_doc,
+                                        manifest.fingerprint, manifest.fingerprint_doc, obj.step)
+        if not same_run or obj.lanes_total != manifest.lanes_total:
             raise MismatchError(
                 f"step {obj.step} is already committed in {where} with fingerprint "
                 f"{manifest.fingerprint[:16]}... and {manifest.lanes_total} lanes; pod "

@@ -237,3 +237,40 @@ def test_a_resume_under_appended_phases_loads_and_one_editing_the_past_is_refuse
     # a phase starting exactly at the checkpoint's step has consumed nothing yet
     at = fp_doc([WARMUP, {**ANNEAL, "start_step": 20}])
     assert store.load(20, fingerprint=fingerprint_of(at), fingerprint_doc=at).step == 20
+
+
+def test_a_committed_step_rewritten_under_appended_phases_is_the_same_run(local: Backend,
+                                                                         ) -> None:
+    """A trainer resumed at step 20 under B that checkpoints step 20 again (its first save)."""
+    store = local.store()
+    commit(store, 10, None, A)
+    commit(store, 20, 10, A)
+    own = pod_lanes(0, 2)
+    states = {lane: lane_state(lane, 20) for lane in own}
+    uri = store.write_pod(20, 0, states, {}, fingerprint_of(B), B, LANES)
+    assert uri.endswith("MANIFEST.json")
+    past = fp_doc([{**WARMUP, "weights": {"web": 0.9}}])
+    with pytest.raises(MismatchError, match="step 20 is already committed"):
+        store.write_pod(20, 0, states, {}, fingerprint_of(past), past, LANES)
+
+
+def test_a_step_whose_pods_serve_two_recipes_is_refused_with_the_way_out(local: Backend,
+                                                                         ) -> None:
+    """Pods of one step under A and B (the DataPipeline was edited, one pod restarted)."""
+    store = local.store()
+    for pod, doc in ((0, A), (1, B)):
+        own = pod_lanes(pod, 2)
+        store.write_pod(10, pod, {lane: lane_state(lane, 10) for lane in own}, {},
+                        fingerprint_of(doc), doc, LANES)
+    with pytest.raises(MismatchError, match=r"step 10 mixes recipes: .*; both recipes served "
+                                            r"the same steps so far .* restart every pod of "
+                                            r"the job"):
+        store.commit(10)
+    other = Backend(local.kind, local.uri + "-seed", {}).store()
+    for pod, doc in ((0, A), (1, fp_doc([WARMUP], seed=6))):
+        own = pod_lanes(pod, 2)
+        other.write_pod(10, pod, {lane: lane_state(lane, 10) for lane in own}, {},
+                        fingerprint_of(doc), doc, LANES)
+    with pytest.raises(MismatchError, match=r"step 10 mixes recipes") as err:
+        other.commit(10)
+    assert "both recipes served" not in str(err.value)
