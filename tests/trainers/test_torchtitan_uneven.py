@@ -14,11 +14,12 @@ import re
 import subprocess
 import sys
 from itertools import islice
+from pathlib import Path
 
 import pytest
 import torch
 
-from datalane.client.torchtitan import DataLaneDataLoader, titan_global_batch_size
+from datalane.client.torchtitan import DataLaneDataLoader, TitanBatch, titan_global_batch_size
 from datalane.spec.errors import ConfigError
 
 IGNORE = -100
@@ -27,9 +28,10 @@ LOCAL = 2  # divides the local batches of 2, 4 and 6 sequences (1, 2 or 3 lanes 
 
 def build(recipe: str, dp_rank: int, dp_world_size: int) -> DataLaneDataLoader:
     """As ``Trainer.__init__`` builds ``config.dataloader``."""
-    return DataLaneDataLoader.Config(recipe=recipe).build(
+    loader: DataLaneDataLoader = DataLaneDataLoader.Config(recipe=recipe).build(
         dp_world_size=dp_world_size, dp_rank=dp_rank, tokenizer=None, seq_len=128,
         local_batch_size=LOCAL, snapshot_every_n_steps=10)
+    return loader
 
 
 def test_torchtitans_global_batch_size_is_the_padded_global_batch() -> None:
@@ -45,7 +47,7 @@ def test_torchtitans_global_batch_size_is_the_padded_global_batch() -> None:
         titan_global_batch_size(8, 16, 3, 4)
 
 
-def _steps(loader: DataLaneDataLoader, steps: int, per_step: int) -> list[list[tuple]]:
+def _steps(loader: DataLaneDataLoader, steps: int, per_step: int) -> list[list[TitanBatch]]:
     items = list(islice(loader, steps * per_step))
     loader.close()
     return [items[i * per_step:(i + 1) * per_step] for i in range(steps)]
@@ -91,7 +93,7 @@ def test_a_checkpoint_in_the_middle_of_a_step_is_refused_naming_the_batch_size(
 
 
 @pytest.mark.slow
-def test_torchtitan_trains_the_same_on_1_3_and_4_ranks(tmp_path) -> None:
+def test_torchtitan_trains_the_same_on_1_3_and_4_ranks(tmp_path: Path) -> None:
     """A real TorchTitan train_step (CPU demo, torchrun, gloo) on 1, 3 and 4 ranks over 8 lanes
     and 4 -> 3 through TorchTitan's checkpointer: the same global batch at every step and the
     same loss up to float-reduction order."""
