@@ -124,13 +124,20 @@ def _prefix(fp_doc: Mapping[str, Any], step: int) -> dict[str, Any]:
         return dict(fp_doc)
 
 
+def _vouched(fp: str, doc: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``doc`` if it is the document of fingerprint ``fp`` (its SHA-256), else None: a
+    document that does not hash to its fingerprint proves nothing about the recipe."""
+    return doc if doc and fingerprint_of(dict(doc)) == fp else None
+
+
 def same_consumed_prefix(fp_a: str, doc_a: Mapping[str, Any] | None, fp_b: str,
                          doc_b: Mapping[str, Any] | None, step: int) -> bool:
     """Do two recipes serve the same first ``step`` steps (same fingerprint, or the same
     consumed prefix at ``step``)? False when a document is missing to tell."""
     if fp_a == fp_b:
         return True
-    if not doc_a or not doc_b:
+    doc_a, doc_b = _vouched(fp_a, doc_a), _vouched(fp_b, doc_b)
+    if doc_a is None or doc_b is None:
         return False
     return fingerprint_of(_prefix(doc_a, step)) == fingerprint_of(_prefix(doc_b, step))
 
@@ -150,14 +157,16 @@ def amendment_between(earlier_step: int, earlier_fp: str,
     appended, changed, removed = _phase_diff(earlier_doc, later_doc)
     where = f"checkpoint {later_step} was written under another recipe than checkpoint " \
             f"{earlier_step}"
-    if earlier_doc is None or later_doc is None:
-        which = earlier_step if earlier_doc is None else later_step
+    early, late = _vouched(earlier_fp, earlier_doc), _vouched(later_fp, later_doc)
+    if early is None or late is None:
+        which, doc = ((earlier_step, earlier_doc) if early is None else (later_step, later_doc))
+        lacks = ("carries no fingerprint document" if not doc else
+                 "carries a fingerprint document that does not hash to its fingerprint")
         return Amendment(earlier_step, later_step, appended, changed, removed, None,
                          f"{where} (fingerprint {earlier_fp[:16]}... -> {later_fp[:16]}...), "
-                         f"and checkpoint {which} carries no fingerprint document: the steps "
-                         f"before {earlier_step} cannot be proven unchanged")
-    old_prefix = _prefix(earlier_doc, earlier_step)
-    new_prefix = _prefix(later_doc, earlier_step)
+                         f"and checkpoint {which} {lacks}: the steps before {earlier_step} "
+                         f"cannot be proven unchanged")
+    old_prefix, new_prefix = _prefix(early, earlier_step), _prefix(late, earlier_step)
     old_fp, new_fp = fingerprint_of(old_prefix), fingerprint_of(new_prefix)
     if old_fp == new_fp:
         return Amendment(earlier_step, later_step, appended, changed, removed, old_fp, None)
@@ -178,11 +187,12 @@ def check_consumed_prefix(saved_fp: str, saved_doc: Mapping[str, Any] | None, cu
     names the phase and field of the consumed part that differs."""
     if saved_fp == current_fp:
         return
-    if not saved_doc or not current_doc:
+    saved, current = _vouched(saved_fp, saved_doc), _vouched(current_fp, current_doc)
+    if saved is None or current is None:
         check_fingerprint(saved_fp, dict(saved_doc) if saved_doc else None, current_fp,
                           dict(current_doc), what)
         return
-    old_prefix, new_prefix = _prefix(saved_doc, step), _prefix(current_doc, step)
+    old_prefix, new_prefix = _prefix(saved, step), _prefix(current, step)
     if fingerprint_of(old_prefix) == fingerprint_of(new_prefix):
         return
     lines = phase_diff(old_prefix, new_prefix, step) or ["  (the documents differ)"]

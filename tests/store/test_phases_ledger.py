@@ -274,3 +274,21 @@ def test_a_step_whose_pods_serve_two_recipes_is_refused_with_the_way_out(local: 
     with pytest.raises(MismatchError, match=r"step 10 mixes recipes") as err:
         other.commit(10)
     assert "both recipes served" not in str(err.value)
+
+
+def test_a_document_that_does_not_hash_to_its_fingerprint_proves_nothing(local: Backend,
+                                                                         ) -> None:
+    store = local.store()
+    commit(store, 10, None, A)
+    for pod in range(2):  # B's document under a made-up fingerprint
+        own = pod_lanes(pod, 2)
+        store.write_pod(20, pod, {lane: lane_state(lane, 20) for lane in own},
+                        {s: {lane: digest(s, lane) for lane in own} for s in range(10, 20)},
+                        "c" * 64, B, LANES)
+    assert store.commit(20) is not None
+    (problem,) = store.audit().all_problems()
+    assert problem.endswith("and checkpoint 20 carries a fingerprint document that does not "
+                            "hash to its fingerprint: the steps before 10 cannot be proven "
+                            "unchanged"), problem
+    with pytest.raises(MismatchError, match="was saved with recipe fingerprint"):
+        store.load(10, fingerprint="c" * 64, fingerprint_doc=B)
