@@ -1,8 +1,26 @@
 """The mixture stage: exact token-weighted interleaving of sources (DESIGN section 3.4).
 
-The next document comes from the source with the smallest ``consumed_tokens / weight``; ties
-go to the earlier source. The only state is the per-source token counter; a source that runs
-out is skipped from then on (its cursor says so, so nothing else needs saving).
+The next document comes from the source with the smallest *pass*; ties go to the earlier
+source. While the weights are those of step 0 the pass is ``consumed_tokens / weight`` (stride
+scheduling), and a recipe without phases runs exactly that arithmetic. A source that runs out
+is skipped from then on (its cursor says so, so nothing else needs saving); a source of weight
+0 is never chosen.
+
+Under a schedule (spec/phases.py) the lane tells the mixture its step at the start of every
+window (:meth:`Mixture.at_step`). When the weights in force change, the mixture *re-bases*,
+as stride scheduling does for a changed weight: the pass of source ``i`` is
+``P_i + (consumed_i - a_i) / w_i``; at a change, with ``G`` the pass of the last document
+taken (the global pass: every source still in the race has a pass >= G), each source keeps its
+lag ``(pass_i - G) * w_old_i`` in tokens, ``P_i = G + lag_i / w_new_i`` and ``a_i =
+consumed_i``; a source joining (weight 0 before) starts at ``P_i = G``. The lag of a source is
+always between 0 and its last document's tokens, so over any run of constant weights the
+tokens taken match the weights within one document per source, and over a ramp the tokens
+track the integral of the weights with no drift (tests/stages/test_mixture_schedule.py).
+``G`` is the pass of the last document taken rather than the least pass of the sources in the
+race because the mixture learns that a source ran out only when it asks it, and a restored
+lane has not asked yet: ``G`` depends on nothing a restore forgets. The re-basing values
+(:class:`~datalane.spec.state.MixtureBase`) are part of the lane state when the recipe has
+phases.
 """
 
 from __future__ import annotations
@@ -11,6 +29,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from datalane.engine.documents.base import Doc
+from datalane.spec.phases import Schedule
+from datalane.spec.state import MixtureBase
 
 __all__ = ["Mixture"]
 
@@ -20,31 +40,90 @@ class DocSource(Protocol):
 
 
 class Mixture:
-    """Single ordered accumulator choosing which source feeds the packer next."""
+    """Single ordered accumulator choosing which source feeds the packer next.
 
-    def __init__(self, streams: Sequence[DocSource], weights: list[float],
-                 consumed: list[int] | None = None) -> None:
+    ``weights`` are those in force now (at step ``step`` of ``schedule``, when one is given);
+    ``base`` the re-basing values of a restored lane (None: no weight change so far)."""
+
+    def __init__(self, streams: Sequence[DocSource], weights: Sequence[float],
+                 consumed: list[int] | None = None, *, schedule: Schedule | None = None,
+                 step: int = 0, base: MixtureBase | None = None) -> None:
         self.streams = streams
-        self.weights = weights
+        self.weights = list(weights)
         self.consumed = list(consumed) if consumed is not None else [0] * len(streams)
+        self.schedule = schedule if schedule is not None and not schedule.constant else None
+        self._step = step
         self._done = [False] * len(streams)
+        self._passes = list(base.passes) if base is not None else None
+        self._anchors = list(base.anchors) if base is not None else None
+        self.level: float | None = base.level if base is not None else None
 
     def next_doc(self) -> Doc | None:
         """The next document, or None when every source has ended."""
+        consumed, weights, done = self.consumed, self.weights, self._done
+        passes, anchors = self._passes, self._anchors
         while True:
             best = -1
             best_key = 0.0
-            for i, done in enumerate(self._done):
-                if done:
+            for i, w in enumerate(weights):
+                if done[i] or not w:
                     continue
-                key = self.consumed[i] / self.weights[i]
+                if passes is None:
+                    key = consumed[i] / w
+                else:
+                    assert anchors is not None
+                    key = passes[i] + (consumed[i] - anchors[i]) / w
                 if best < 0 or key < best_key:
                     best, best_key = i, key
             if best < 0:
                 return None
             got = self.streams[best].next_doc()
             if got is None:
-                self._done[best] = True
+                done[best] = True
                 continue
-            self.consumed[best] += len(got)
+            consumed[best] += len(got)
+            self.level = best_key
             return got
+
+    def at_step(self, step: int) -> None:
+        """Take the weights the schedule has in force at ``step`` (the lane's next window)."""
+        if self.schedule is None or step == self._step:
+            return
+        self._step = step
+        weights = self.schedule.weights(step)
+        if list(weights) != self.weights:
+            self.reweigh(weights)
+
+    def reweigh(self, new: Sequence[float]) -> None:
+        """Change the weights in force, keeping every source's lag (see the module text)."""
+        old, consumed = self.weights, self.consumed
+        n = len(old)
+        passes = self._passes if self._passes is not None else [0.0] * n
+        anchors = self._anchors if self._anchors is not None else [0] * n
+        level = self.level
+        if level is None:  # nothing taken since a restore of a state without a level
+            both = [passes[i] + (consumed[i] - anchors[i]) / old[i]
+                    for i in range(n) if old[i] and new[i]]
+            level = min(both) if both else 0.0
+        out = []
+        for i in range(n):
+            if old[i] and new[i]:
+                pass_i = passes[i] + (consumed[i] - anchors[i]) / old[i]
+                if old[i] == new[i]:
+                    out.append(pass_i)
+                else:
+                    lag = (pass_i - level) * old[i]
+                    out.append(level + lag / new[i])
+            else:  # joins (or leaves: its pass is never looked at while its weight is 0)
+                out.append(level)
+        self._passes = out
+        self._anchors = list(consumed)
+        self.level = level
+        self.weights = [float(w) for w in new]
+
+    def base(self) -> MixtureBase:
+        """The re-basing values, for the lane state of a recipe with phases."""
+        n = len(self.consumed)
+        return MixtureBase(tuple(self._passes) if self._passes is not None else (0.0,) * n,
+                           tuple(self._anchors) if self._anchors is not None else (0,) * n,
+                           self.level)

@@ -165,8 +165,12 @@ class DataLaneService(pbg.DataLaneServicer):
                 check_fingerprint(start.fingerprint, start.fingerprint_doc,
                                   plan.fingerprint, plan.fingerprint_doc,
                                   "the resume state" if stream == TRAIN
-                                  else f"the resume state of eval stream {stream!r}")
-            if request.fingerprint and request.fingerprint != plan.fingerprint:
+                                  else f"the resume state of eval stream {stream!r}",
+                                  step=start.step)
+            # a trainer resuming with phases appended expects the recipe its state was saved
+            # with, which check_fingerprint accepted
+            if request.fingerprint and request.fingerprint != plan.fingerprint and not (
+                    start is not None and request.fingerprint == start.fingerprint):
                 what = "recipe" if stream == TRAIN else f"eval stream {stream!r}"
                 raise MismatchError(f"the trainer expects {what} fingerprint "
                                     f"{request.fingerprint[:16]}..., this sidecar serves "
