@@ -55,8 +55,7 @@ training run's course) keeps its default in :func:`eval_recipe`."""
 
 @dataclass(frozen=True)
 class EvalStream:
-    """A named eval stream: its own sources, read like the recipe's, for a fixed number of
-    steps."""
+    """A named eval stream: its own sources, read as the recipe's, for a fixed count of steps."""
 
     name: str = doc(
         "Unique name of the stream (lowercase letters, digits, '-', '_'); a client opens it "
