@@ -315,3 +315,33 @@ def test_the_recorded_step_is_status_last_committed_step(status, step) -> None: 
     if status is not None:
         body["status"] = status
     assert recorded_step(body) == step
+
+
+def test_the_edits_quoted_in_the_operator_guide_are_the_real_answers() -> None:
+    """docs/operator.md "Editing a running DataPipeline": its example's warning and refusals."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
+    text = " ".join(doc.split())
+    old = yaml.safe_load(re.findall(r'```yaml title="pretrain.yaml"\n(.*?)```', doc, re.S)[0])
+    old["metadata"]["namespace"] = "ml"
+    old["status"] = {"lastCommittedStep": 42000}
+    new = copy.deepcopy(old)
+    new["spec"]["recipe"]["phases"] = [{"name": "anneal", "start_step": 90000, "ramp_steps": 2000,
+                                        "weights": {"web": 0.3, "code": 0.7}}]
+    admitted = review_pipeline(new, old, workload=job(workers=8))
+    assert admitted.allowed and len(admitted.warnings) == 1
+    assert f"Warning: {admitted.warnings[0]}" in text
+    past = copy.deepcopy(new)
+    past["spec"]["recipe"]["sources"][1]["weight"] = 0.3
+    refused = review_pipeline(past, new)
+    assert not refused.allowed and f"denied the request: {refused.message}" in text
+    early = copy.deepcopy(new)
+    early["spec"]["recipe"]["phases"].insert(0, {"name": "warmup", "start_step": 1000,
+                                                 "weights": {"web": 1.0}})
+    refused = review_pipeline(early, new)
+    quoted = "phases[0] 'warmup' (starts at step 1000, before the resume step 42000): added"
+    assert quoted in refused.message and quoted in text
