@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import check_fingerprint, fingerprint_of
 from datalane.spec.phases import phase_diff, prefix_document
 
@@ -183,20 +182,10 @@ def check_consumed_prefix(saved_fp: str, saved_doc: Mapping[str, Any] | None, cu
                           current_doc: Mapping[str, Any], step: int, what: str) -> None:
     """MismatchError unless a state saved at ``step`` under ``saved_fp`` may continue under
     the current recipe: the same fingerprint, or the same consumed prefix at ``step`` (the
-    current recipe appended or changed phases that start at or after ``step``). The message
-    names the phase and field of the consumed part that differs."""
-    if saved_fp == current_fp:
-        return
-    saved, current = _vouched(saved_fp, saved_doc), _vouched(current_fp, current_doc)
-    if saved is None or current is None:
-        check_fingerprint(saved_fp, dict(saved_doc) if saved_doc else None, current_fp,
-                          dict(current_doc), what)
-        return
-    old_prefix, new_prefix = _prefix(saved, step), _prefix(current, step)
-    if fingerprint_of(old_prefix) == fingerprint_of(new_prefix):
-        return
-    lines = phase_diff(old_prefix, new_prefix, step) or ["  (the documents differ)"]
-    raise MismatchError(
-        f"{what} was saved at step {step} under a recipe whose consumed part differs from this "
-        f"recipe's (phases starting at or after step {step} may change freely); these fields "
-        f"differ:\n" + "\n".join(lines))
+    current recipe appended or changed phases that start at or after ``step``), as
+    :func:`datalane.spec.fingerprint.check_fingerprint` decides with ``step``. Documents that
+    do not hash to their fingerprints are compared whole (they prove no amendment)."""
+    vouched = (_vouched(saved_fp, saved_doc) is not None
+               and _vouched(current_fp, current_doc) is not None)
+    check_fingerprint(saved_fp, dict(saved_doc) if saved_doc else None, current_fp,
+                      dict(current_doc), what, step=step if vouched else None)
