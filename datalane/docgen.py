@@ -62,21 +62,21 @@ def _table(title: str, schema: dict[str, Any], prefix: str, out: list[str],
     required = set(schema.get("required", []))
     for name, prop in schema["properties"].items():
         item = prop["items"] if prop.get("type") == "array" else prop
+        desc = prop.get("description", "")
         if item.get("type") == "object" and "properties" in item:
             # an object already described (eval streams' sources are sources) is not again
             same = tables.setdefault(_shape(item), f"{prefix}{name}")
             if same == f"{prefix}{name}":
                 nested.append((same, item, f"{same}."))
             else:
-                prop = {**prop, "description": f"{prop.get('description', '')} Fields as in "
-                                               f"`{same}`.".strip()}
+                desc = f"{desc} Fields as in `{same}`.".strip()
         if name in required:
             default = "required"
         elif "default" in prop:
             default = _code(json.dumps(prop["default"]))
         else:
             default = "`null`" if prop.get("nullable") else "see below"
-        desc = prop.get("description", "").replace("|", "\\|")
+        desc = desc.replace("|", "\\|")
         out.append(f"| `{name}` | {_type(prop)} | {default} | {_bounds(prop)} | {desc} |")
     out.append("")
 

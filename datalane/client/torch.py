@@ -155,8 +155,6 @@ class DataLaneDataset(IterableDataset[dict[str, torch.Tensor]]):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         _check_consumer(sys._getframe(1))
-        if getattr(self.loader, "steps", None) is not None:
-            self._global = None  # an eval stream: this iterator starts again at step 0
         for batch in self.loader:
             item = to_tensors(batch)
             if self.global_tokens:

@@ -195,3 +195,46 @@ def test_the_wire_unknown_streams_the_end_of_an_eval_stream_and_no_checkpoints(
         assert time.monotonic() - t0 < 30
         assert [(m.step, m.index) for m in items] == [(s, 0) for s in range(STEPS)]
         assert items[-1].ended and not items[0].ended
+
+
+def test_a_sidecar_that_predates_eval_streams_is_refused(eval_recipe_path: str,
+                                                         tmp_path: Path) -> None:
+    """A sidecar without eval streams ignores the request's `stream` (an unknown proto3
+    field) and serves the training stream, answering "" and 0: the client must refuse it
+    rather than evaluate on training data forever."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from datalane_sidecar.metrics import Metrics
+    from datalane_sidecar.service import DataLaneService
+
+    from datalane.engine.plan import Plan
+    from datalane.spec.errors import MismatchError
+    from datalane.spec.knobs import Knobs
+
+    class Older(DataLaneService):
+        def Open(self, request: pb.OpenRequest, context: Any) -> pb.OpenReply:
+            request.stream = ""  # what it reads of the request
+            reply = super().Open(request, context)
+            reply.ClearField("stream")
+            reply.ClearField("steps")
+            return reply
+
+    service = Older(Plan.build(load_recipe(eval_recipe_path)), Knobs(workers=1), 8, None,
+                    "pod", 1, str(tmp_path), Metrics())
+    server = grpc.server(ThreadPoolExecutor(max_workers=8))
+    pbg.add_DataLaneServicer_to_server(service, server)
+    sock = str(tmp_path / "dl.sock")
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    try:
+        with SidecarLoader(sock, rank=0, world_size=1, microbatch_size=8, transport="inline",
+                           stream="heldout") as loader, pytest.raises(MismatchError) as info:
+            next(iter(loader))
+        assert str(info.value) == (f"the sidecar at {sock} serves stream 'train' to a loader "
+                                   f"of stream 'heldout': it predates eval streams; upgrade it")
+        with SidecarLoader(sock, rank=0, world_size=1, microbatch_size=8,
+                           transport="inline") as train:
+            assert next(iter(train)).step == 0  # training through it is unchanged
+    finally:
+        server.stop(0)
+        service.pool.shutdown(wait=False)
