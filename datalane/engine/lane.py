@@ -69,7 +69,8 @@ class LaneStream:
         self.mixture = Mixture(self.streams, schedule.weights(step),
                                list(state.mixture) if state is not None else None,
                                schedule=schedule, step=step,
-                               base=state.mixture_base if state is not None else None)
+                               base=state.mixture_base if state is not None else None,
+                               ran_out=self._ran_out)
         self._phases = not schedule.constant
         ctx = PackContext(self.mixture.next_doc, self._fetch, recipe.sequence_tokens,
                           plan.schema, self.counters, recipe.packing, f"lane {lane} state")
@@ -109,6 +110,12 @@ class LaneStream:
         if state.sequences % recipe.lane_batch:
             raise MismatchError(f"lane {self.lane} state is {state.sequences} sequences in, not "
                                 f"on a step boundary of {recipe.lane_batch} sequences")
+
+    def _ran_out(self, source: int) -> bool:
+        """Whether the source's resume point is past its last epoch (the same in a run and in
+        its restore, unlike the mixture's discovery that a stream has ended)."""
+        epochs = self.plan.sources[source].spec.epochs
+        return epochs is not None and self.streams[source].cursor.epoch >= epochs
 
     def _fetch(self, source: int, ref: tuple[int, ...]) -> Doc:
         """A carried document, by reference; MismatchError for one the recipe cannot hold."""

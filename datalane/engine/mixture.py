@@ -9,23 +9,25 @@ is skipped from then on (its cursor says so, so nothing else needs saving); a so
 Under a schedule (spec/phases.py) the lane tells the mixture its step at the start of every
 window (:meth:`Mixture.at_step`). When the weights in force change, the mixture *re-bases*,
 as stride scheduling does for a changed weight: the pass of source ``i`` is
-``P_i + (consumed_i - a_i) / w_i``; at a change, with ``G`` the pass of the last document
-taken (the global pass: every source still in the race has a pass >= G), each source keeps its
-lag ``(pass_i - G) * w_old_i`` in tokens, ``P_i = G + lag_i / w_new_i`` and ``a_i =
-consumed_i``; a source joining (weight 0 before) starts at ``P_i = G``. The lag of a source is
-always between 0 and its last document's tokens, so over any run of constant weights the
-tokens taken match the weights within one document per source, and over a ramp the tokens
-track the integral of the weights with no drift (tests/stages/test_mixture_schedule.py).
-``G`` is the pass of the last document taken rather than the least pass of the sources in the
-race because the mixture learns that a source ran out only when it asks it, and a restored
-lane has not asked yet: ``G`` depends on nothing a restore forgets. The re-basing values
+``P_i + (consumed_i - a_i) / w_i``; at a change, with ``G`` the least pass of the sources in
+the race both before and after (0 if none), each source keeps its lag ``(pass_i - G) *
+w_old_i`` in tokens, ``P_i = G + lag_i / w_new_i`` and ``a_i = consumed_i``; a source joining
+(weight 0 before) starts at ``P_i = G``. The lag of a source is always between 0 and its last
+document's tokens, so over any run of constant weights the tokens taken match the weights
+within one document per source, and over a ramp the tokens track the integral of the weights
+with no drift (tests/stages/test_mixture_schedule.py).
+
+"In the race" must not depend on what a restore forgets: the mixture learns that a source
+ran out only when it asks it (a restored lane has not asked yet), so a source counts as out
+only when its resume point says so (``ran_out``: its cursor is past its last epoch), which is
+the same in a run and in its restore. The re-basing values
 (:class:`~datalane.spec.state.MixtureBase`) are part of the lane state when the recipe has
 phases.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from datalane.engine.documents.base import Doc
@@ -43,11 +45,13 @@ class Mixture:
     """Single ordered accumulator choosing which source feeds the packer next.
 
     ``weights`` are those in force now (at step ``step`` of ``schedule``, when one is given);
-    ``base`` the re-basing values of a restored lane (None: no weight change so far)."""
+    ``base`` the re-basing values of a restored lane (None: no weight change so far);
+    ``ran_out(i)`` whether source ``i``'s resume point is past its end."""
 
     def __init__(self, streams: Sequence[DocSource], weights: Sequence[float],
                  consumed: list[int] | None = None, *, schedule: Schedule | None = None,
-                 step: int = 0, base: MixtureBase | None = None) -> None:
+                 step: int = 0, base: MixtureBase | None = None,
+                 ran_out: Callable[[int], bool] | None = None) -> None:
         self.streams = streams
         self.weights = list(weights)
         self.consumed = list(consumed) if consumed is not None else [0] * len(streams)
@@ -56,7 +60,7 @@ class Mixture:
         self._done = [False] * len(streams)
         self._passes = list(base.passes) if base is not None else None
         self._anchors = list(base.anchors) if base is not None else None
-        self.level: float | None = base.level if base is not None else None
+        self._ran_out = ran_out or (lambda i: False)
 
     def next_doc(self) -> Doc | None:
         """The next document, or None when every source has ended."""
@@ -82,7 +86,6 @@ class Mixture:
                 done[best] = True
                 continue
             consumed[best] += len(got)
-            self.level = best_key
             return got
 
     def at_step(self, step: int) -> None:
@@ -100,11 +103,9 @@ class Mixture:
         n = len(old)
         passes = self._passes if self._passes is not None else [0.0] * n
         anchors = self._anchors if self._anchors is not None else [0] * n
-        level = self.level
-        if level is None:  # nothing taken since a restore of a state without a level
-            both = [passes[i] + (consumed[i] - anchors[i]) / old[i]
-                    for i in range(n) if old[i] and new[i]]
-            level = min(both) if both else 0.0
+        both = [passes[i] + (consumed[i] - anchors[i]) / old[i]
+                for i in range(n) if old[i] and new[i] and not self._ran_out(i)]
+        level = min(both) if both else 0.0
         out = []
         for i in range(n):
             if old[i] and new[i]:
@@ -118,12 +119,10 @@ class Mixture:
                 out.append(level)
         self._passes = out
         self._anchors = list(consumed)
-        self.level = level
         self.weights = [float(w) for w in new]
 
     def base(self) -> MixtureBase:
         """The re-basing values, for the lane state of a recipe with phases."""
         n = len(self.consumed)
         return MixtureBase(tuple(self._passes) if self._passes is not None else (0.0,) * n,
-                           tuple(self._anchors) if self._anchors is not None else (0,) * n,
-                           self.level)
+                           tuple(self._anchors) if self._anchors is not None else (0,) * n)

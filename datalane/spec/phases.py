@@ -212,9 +212,10 @@ def prefix_document(document: Mapping[str, Any], step: int) -> dict[str, Any]:
     Drops the phases that start at or after ``step``, the sources that had weight 0 at every
     step before ``step`` (the step-0 weights always count) with their files and document
     identities, and the recipe's ``eval`` streams (which never affect training). When a
-    source is dropped, ``source_index`` records the index of every kept one (lane states hold
-    sources by index). For a recipe without phases whose sources all have a positive weight
-    the prefix is the document itself, so states saved before phases existed still match.
+    dropped source comes before a kept one, ``source_index`` records the index of every kept
+    one (lane states hold sources by index). For a recipe without phases whose sources all
+    have a positive weight the prefix is the document itself, so states saved before phases
+    existed still match.
     """
     out = copy.deepcopy(dict(document))
     out.pop("eval", None)
@@ -233,8 +234,9 @@ def prefix_document(document: Mapping[str, Any], step: int) -> dict[str, Any]:
     if all(used):
         return out
     dropped = {s["name"] for s, u in zip(sources, used, strict=True) if not u}
-    out["source_index"] = {s["name"]: i for i, (s, u) in enumerate(zip(sources, used,
-                                                                      strict=True)) if u}
+    kept = {s["name"]: i for i, (s, u) in enumerate(zip(sources, used, strict=True)) if u}
+    if list(kept.values()) != list(range(len(kept))):  # an unused source before a used one
+        out["source_index"] = kept
     recipe["sources"] = [s for s in sources if s["name"] not in dropped]
     for p in recipe.get("phases", []):  # a kept phase may name a dropped source (weight 0)
         p["weights"] = {k: v for k, v in p["weights"].items() if k not in dropped}

@@ -183,25 +183,23 @@ class Counters:
 class MixtureBase:
     """The mixture's re-basing values under a schedule (engine/mixture.py): per source the
     pass ``P_i`` and the consumed tokens ``a_i`` at the last weight change (the pass is
-    ``P_i + (consumed_i - a_i) / w_i``), and the pass of the last document taken (``level``;
-    None before the first). Floats are written in their shortest repr, which JSON reads back
-    exactly."""
+    ``P_i + (consumed_i - a_i) / w_i``). Floats are written in their shortest repr, which
+    JSON reads back exactly."""
 
     passes: tuple[float, ...]
     anchors: tuple[int, ...]
-    level: float | None
 
     @classmethod
     def initial(cls, sources: int) -> MixtureBase:
-        return cls((0.0,) * sources, (0,) * sources, None)
+        return cls((0.0,) * sources, (0,) * sources)
 
     def encode(self) -> list[Any]:
-        return [list(self.passes), list(self.anchors), self.level]
+        return [list(self.passes), list(self.anchors)]
 
     @classmethod
     def decode(cls, data: Any, where: str) -> MixtureBase:
-        if not isinstance(data, list) or len(data) != 3:
-            raise MismatchError(f"{where} must be [[pass...], [anchor...], level], got "
+        if not isinstance(data, list) or len(data) != 2:
+            raise MismatchError(f"{where} must be [[pass...], [anchor...]], got "
                                 f"{_short(data)}")
         passes = tuple(_float(v, f"{where} pass[{i}]")
                        for i, v in enumerate(_list(data[0], f"{where} passes")))
@@ -210,15 +208,13 @@ class MixtureBase:
         if len(passes) != len(anchors):
             raise MismatchError(f"{where} has {len(passes)} passes and {len(anchors)} anchors; "
                                 f"one of each per source")
-        level = None if data[2] is None else _float(data[2], f"{where} level")
-        return cls(passes, anchors, level)
+        return cls(passes, anchors)
 
     def extended(self, sources: int) -> MixtureBase:
         """The same values for ``sources`` sources (sources added after the others start at
         pass 0, consumed 0)."""
         more = sources - len(self.passes)
-        return MixtureBase((*self.passes, *(0.0,) * more), (*self.anchors, *(0,) * more),
-                           self.level)
+        return MixtureBase((*self.passes, *(0.0,) * more), (*self.anchors, *(0,) * more))
 
 
 @dataclass(frozen=True)

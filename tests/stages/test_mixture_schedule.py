@@ -58,27 +58,38 @@ def schedule(weights: list[float], *phases: tuple[int, dict[int, float], int]) -
 # -- hand-worked -------------------------------------------------------------------------------
 
 def test_a_change_keeps_each_sources_lag_and_continues_at_the_new_weights() -> None:
-    # 1-token documents, weights 1:1: A B A B, consumed (2, 2); the last document (B) was
-    # taken at pass G = 1. New weights 1:3: A's pass 2, lag (2 - 1) * 1 = 1, P_A = 1 + 1/1 = 2;
-    # B's pass 2, lag 1, P_B = 1 + 1/3. Then B 4/3 -> B 5/3 -> tie at 2 -> A -> B 7/3, 8/3, 3
-    # -> tie at 3 -> A: one A for three B.
-    mixture = Mixture(streams([1] * 20, [1] * 20), [1.0, 1.0])
-    assert order(mixture, 4) == "ABAB"
-    assert mixture.level == 1.0
-    mixture.reweigh([1.0, 3.0])
-    assert mixture.base() == MixtureBase((2.0, 1.0 + 1.0 / 3.0), (2, 2), 1.0)
-    assert order(mixture, 8) == "BBABBBAB"
+    # 1-token documents, weights 1:2: A B B A B B A, consumed (3, 4); passes A 3, B 2: the
+    # least pass G = 2, A's lag (3 - 2) * 1 = 1 token, B's 0. New weights 1:4: P_A = 2 + 1/1
+    # = 3 (A keeps its weight: its pass stays), P_B = 2 + 0/4 = 2. Then B at 2, 2.25, 2.5,
+    # 2.75, the tie at 3 goes to A, B at 3, 3.25, ...: one A for four B.
+    mixture = Mixture(streams([1] * 20, [1] * 20), [1.0, 2.0])
+    assert order(mixture, 7) == "ABBABBA"
+    mixture.reweigh([1.0, 4.0])
+    assert mixture.base() == MixtureBase((3.0, 2.0), (3, 4))
+    assert order(mixture, 10) == "BBBBABBBBA"
+
+
+def test_a_lag_in_tokens_is_kept_across_the_change() -> None:
+    # weights 1:1, A's documents 3 tokens, B's 1: A(0) B(0) B(1) B(2) A(3) B(3): consumed
+    # (6, 4), passes 6 and 4: G = 4, A is 2 tokens ahead. New weights 2:1: P_A = 4 + 2/2 = 5
+    # (still 2 tokens ahead, at its new weight), P_B = 4.
+    mixture = Mixture(streams([3] * 20, [1] * 20), [1.0, 1.0])
+    assert order(mixture, 6) == "ABBBAB"
+    mixture.reweigh([2.0, 1.0])
+    assert mixture.base() == MixtureBase((5.0, 4.0), (6, 4))
+    # B 4 -> 5; tie A 5, B 5 -> A (6.5); B 5 -> 6; B 6 -> 7; A 6.5 -> 8; B 7 -> 8; tie -> A
+    assert order(mixture, 7) == "BABBABA"
 
 
 def test_a_source_that_joins_starts_level_with_the_others_without_a_catch_up_burst() -> None:
-    # B has weight 0 for 10 one-token A documents (the last taken at pass 9); when B joins
-    # at weight 1 it starts at pass G = 9, A's lag is 1 token: B once, then they alternate.
-    # (Keyed on consumed / weight alone, B would take ten documents in a row.)
+    # B has weight 0 for 10 one-token A documents (A's pass 10); when B joins at weight 1 it
+    # starts at pass G = 10 (A's: the only source in the race before and after): they
+    # alternate. (Keyed on consumed / weight alone, B would take ten documents in a row.)
     mixture = Mixture(streams([1] * 30, [1] * 30), [1.0, 0.0])
     assert order(mixture, 10) == "A" * 10
     mixture.reweigh([1.0, 1.0])
-    assert mixture.base() == MixtureBase((10.0, 9.0), (10, 0), 9.0)
-    assert order(mixture, 6) == "BABABA"
+    assert mixture.base() == MixtureBase((10.0, 10.0), (10, 0))
+    assert order(mixture, 6) == "ABABAB"
 
 
 def test_a_source_brought_to_weight_0_is_never_chosen() -> None:
@@ -86,23 +97,21 @@ def test_a_source_brought_to_weight_0_is_never_chosen() -> None:
     assert order(mixture, 2) == "AB"
     mixture.reweigh([0.0, 1.0])
     assert order(mixture, 5) == "BBBBB"
-    # A rejoins at the pass of the last document taken (B's at 5); B, at 6, is one token
-    # ahead: A at 5, then the tie at 6 goes to A, then B at 6, then A at 7 ...
-    mixture.reweigh([1.0, 1.0])
-    assert mixture.base() == MixtureBase((5.0, 6.0), (1, 6), 5.0)
-    assert order(mixture, 5) == "AABAB"
+    mixture.reweigh([1.0, 1.0])  # A rejoins level with B: both at B's pass 6
+    assert mixture.base() == MixtureBase((6.0, 6.0), (1, 6))
+    assert order(mixture, 5) == "ABABA"
 
 
 def test_at_step_follows_the_schedule_and_re_bases_only_when_the_weights_change() -> None:
-    sched = schedule([1.0, 1.0], (2, {1: 3.0}, 1))
+    sched = schedule([1.0, 2.0], (2, {1: 4.0}, 1))
     mixture = Mixture(streams([1] * 20, [1] * 20), sched.weights(0), schedule=sched)
     mixture.at_step(0)
     mixture.at_step(1)
-    assert mixture.base() == MixtureBase((0.0, 0.0), (0, 0), None), "no change, no re-base"
-    assert order(mixture, 4) == "ABAB"
+    assert mixture.base() == MixtureBase((0.0, 0.0), (0, 0)), "no change, no re-base"
+    assert order(mixture, 7) == "ABBABBA"
     mixture.at_step(2)
-    assert mixture.weights == [1.0, 3.0]
-    assert order(mixture, 4) == "BBAB"
+    assert mixture.weights == [1.0, 4.0]
+    assert order(mixture, 5) == "BBBBA"
 
 
 def test_without_a_change_the_general_pass_is_todays_key_bit_for_bit() -> None:
@@ -113,20 +122,27 @@ def test_without_a_change_the_general_pass_is_todays_key_bit_for_bit() -> None:
     assert order(plain, 60) == order(based, 60)
 
 
-def test_an_exhausted_source_does_not_move_the_re_basing() -> None:
-    # A (2 documents) runs out and is found out; a restored mixture has not found out yet.
-    # Re-basing uses the pass of the last document taken, so both choose alike afterwards.
+def test_a_source_that_ran_out_does_not_move_the_re_basing() -> None:
+    # A (2 documents) runs out and the mixture finds out; a restored mixture has not found out
+    # yet (it has not asked A). Re-basing counts a source out by its resume point (ran_out),
+    # so both choose alike afterwards. (Counting out the sources the mixture found ended, the
+    # run would take A's stale pass 2 as G and the restore would not.)
     lengths = ([1, 1], [1] * 30, [2] * 30)
-    first = Mixture(streams(*lengths), [1.0, 1.0, 1.0])
+
+    def mixture(fakes: list[FakeStream], consumed: list[int] | None = None,
+                base: MixtureBase | None = None) -> Mixture:
+        return Mixture(fakes, [1.0, 1.0, 1.0], consumed, base=base,
+                       ran_out=lambda i: fakes[i].next >= len(fakes[i].lengths))
+
+    fakes = streams(*lengths)
+    first = mixture(fakes)
     head = order(first, 12)
-    assert "A" not in head[6:]
-    saved = (list(first.consumed), first.base(),
-             [s.next for s in first.streams])  # type: ignore[attr-defined]
+    assert "A" not in head[6:] and fakes[0].calls_after_end == 1, "A ended and was found out"
+    consumed, base, positions = list(first.consumed), first.base(), [s.next for s in fakes]
     first.reweigh([1.0, 2.0, 1.0])
     uninterrupted = order(first, 20)
-    consumed, base, positions = saved
-    resumed = Mixture([FakeStream(i, ls, positions[i]) for i, ls in enumerate(lengths)],
-                      [1.0, 1.0, 1.0], consumed, base=base)
+    restored = [FakeStream(i, ls, positions[i]) for i, ls in enumerate(lengths)]
+    resumed = mixture(restored, consumed, base=base)
     resumed.reweigh([1.0, 2.0, 1.0])
     assert order(resumed, 20) == uninterrupted
 

@@ -188,7 +188,10 @@ def test_the_prefix_drops_later_phases_unused_sources_and_eval() -> None:
     assert "phases" not in at10["recipe"] and "eval" not in at10["recipe"]
     assert [s["name"] for s in at10["recipe"]["sources"]] == ["web"]
     assert list(at10["files"]) == ["web"]
-    assert at10["source_index"] == {"web": 0}
+    assert "source_index" not in at10  # the kept sources are sources[0..]: no index needed
+    hq_first = document(recipe([{**ANNEAL, "weights": {"web": 0.8, "hq": 0.2}}],
+                               weights=(0.0, 1.0)))
+    assert prefix_document(hq_first, 10)["source_index"] == {"hq": 1}
     at11 = prefix_document(doc, 11)
     assert at11["recipe"]["phases"] == [ANNEAL]
     assert "source_index" not in at11 and list(at11["files"]) == ["web", "hq"]
