@@ -292,3 +292,19 @@ def test_a_document_that_does_not_hash_to_its_fingerprint_proves_nothing(local: 
                             "unchanged"), problem
     with pytest.raises(MismatchError, match="was saved with recipe fingerprint"):
         store.load(10, fingerprint="c" * 64, fingerprint_doc=B)
+
+
+def test_a_phase_removed_before_it_began_is_reported_with_its_checkpoints(local: Backend,
+                                                                          ) -> None:
+    store = local.store()
+    planned = fp_doc([WARMUP, {**ANNEAL, "start_step": 90}])
+    commit(store, 10, None, planned)
+    commit(store, 20, 10, planned)
+    commit(store, 30, 20, A)  # resumed at 20 without the anneal that was never reached
+    report = store.audit()
+    assert report.ok, report.text()
+    (amendment,) = report.amendments
+    assert amendment.removed == (PhaseStart("anneal", 90),) and amendment.appended == ()
+    assert amendment.what() == "phase 'anneal' (from step 90) removed"
+    assert ("  anneal           from step       90  in checkpoints 10-20, removed since"
+            in report.text().splitlines())
