@@ -234,9 +234,9 @@ def prefix_document(document: Mapping[str, Any], step: int) -> dict[str, Any]:
     if all(used):
         return out
     dropped = {s["name"] for s, u in zip(sources, used, strict=True) if not u}
-    kept = {s["name"]: i for i, (s, u) in enumerate(zip(sources, used, strict=True)) if u}
-    if list(kept.values()) != list(range(len(kept))):  # an unused source before a used one
-        out["source_index"] = kept
+    index = {s["name"]: i for i, (s, u) in enumerate(zip(sources, used, strict=True)) if u}
+    if list(index.values()) != list(range(len(index))):  # an unused source before a used one
+        out["source_index"] = index
     recipe["sources"] = [s for s in sources if s["name"] not in dropped]
     for p in recipe.get("phases", []):  # a kept phase may name a dropped source (weight 0)
         p["weights"] = {k: v for k, v in p["weights"].items() if k not in dropped}
