@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from datalane import load_recipe
-from datalane.client import SidecarLoader
+from datalane.client.sidecar import SidecarLoader
 from datalane.runner import run_world
 from datalane.spec.knobs import Knobs
 from datalane.store import CheckpointStore
