@@ -12,12 +12,19 @@ same seed, an AdamW with a fixed learning rate, and its data source:
   ``DataLoader`` over packed rows).
 
 A step accumulates ``global_batch / (world * mb)`` microbatches, so every world size trains on
-global batches of the same number of sequences. The loss is the mean over every token of the
-global batch: each microbatch's summed cross-entropy is divided by the all-reduced token count
-(times the world size, which DDP's gradient averaging divides out again). ``--resume`` and
+global batches of the same number of sequences. With datalane any world size from 1 to the
+lanes works: a world size that does not divide the lanes (7 ranks over 8: one rank owns 2
+lanes, six own 1) steps every rank through ``ceil(L/W) * (B/L) / mb`` microbatches, a rank with
+fewer lanes ending its step with fully padded ones (labels all -100:
+``datalane.spec.lanes.rank_shape``). The loss is the mean over every token of the global batch:
+each microbatch's summed cross-entropy is divided by the global token count - for datalane the
+microbatches' ``step_tokens`` summed over the ranks (what ``DataLaneDataset(...,
+global_tokens=True)`` gives), for the usual loader the labels counted - times the world size,
+which DDP's gradient averaging divides out again. ``--resume`` and
 ``--save`` are torch.distributed.checkpoint directories holding ``model``, ``optim`` and
 ``data``. Rank 0 writes one JSON line per step: the loss, the token count, the SHA-256 of the
-global batch's token bytes (rank by rank, microbatch by microbatch), an order-free hash of its
+global batch's token bytes (rank by rank, microbatch by microbatch, padded microbatches left
+out), an order-free hash of its
 set of sequences (to tell "the same sequences in another order" from other data) and, for
 datalane, the global step hash composed from the lane digests.
 """
@@ -45,6 +52,7 @@ from datalane.client import InProcessLoader
 from datalane.client.torch import DataLaneDataset, to_tensors
 from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
+from datalane.spec.lanes import rank_shape
 from datalane.spec.recipe import load_recipe
 
 
@@ -54,8 +62,9 @@ class LocalStep:
 
     inputs: list[torch.Tensor] = field(default_factory=list)
     labels: list[torch.Tensor] = field(default_factory=list)
-    rows: list[np.ndarray] = field(default_factory=list)  # int32 (mb, seq_len + 1)
+    rows: list[np.ndarray] = field(default_factory=list)  # int32 (mb, seq_len + 1), real ones
     lanes: dict[int, bytes] = field(default_factory=dict)  # datalane: lane window digests
+    step_tokens: int | None = None  # datalane: the rank's trained targets in the step
 
 
 class DatalaneSource:
@@ -64,6 +73,7 @@ class DatalaneSource:
         loader = InProcessLoader(recipe, rank, world, microbatch, Knobs(workers=1))
         self.loader = loader
         self.stateful = DataLaneDataset(loader)
+        self.shape = rank_shape(recipe.lanes, recipe.global_batch_size, world, rank, microbatch)
         self._it: Any = None
 
     def next_step(self, step: int, accum: int) -> LocalStep:
@@ -78,8 +88,10 @@ class DatalaneSource:
             t = to_tensors(batch)
             out.inputs.append(t["input_ids"])
             out.labels.append(t["labels"])
-            out.rows.append(batch.input_ids)
+            if i < self.shape.real:  # the rest of the step is padding (labels all -100)
+                out.rows.append(batch.input_ids)
             out.lanes.update(batch.lane_digests)
+            out.step_tokens = batch.step_tokens
         return out
 
     def close(self) -> None:
@@ -119,15 +131,16 @@ def _load(path: str, model: torch.nn.Module, optim: torch.optim.Optimizer, data:
 
 def _step_record(step: int, loss: float, tokens: int, local: LocalStep, rank: int,
                  world: int) -> dict[str, Any] | None:
-    """Rank 0's record of a step: the global batch's hashes, gathered from every rank."""
-    rows = torch.from_numpy(np.ascontiguousarray(np.concatenate(local.rows), dtype="<i4"))
-    parts = [torch.empty_like(rows) for _ in range(world)] if rank == 0 else None
-    dist.gather(rows, parts, dst=0)
+    """Rank 0's record of a step: the global batch's hashes, gathered from every rank (whose
+    real rows differ in number when the world size does not divide the lanes)."""
+    rows = np.ascontiguousarray(np.concatenate(local.rows), dtype="<i4")
+    parts: list[np.ndarray | None] = [None] * world
+    dist.all_gather_object(parts, rows)
     lanes: list[dict[int, bytes] | None] = [None] * world
     dist.all_gather_object(lanes, local.lanes)
-    if parts is None:  # not rank 0
+    if rank != 0:
         return None
-    batch = np.concatenate([p.numpy() for p in parts])  # rank by rank, microbatch by microbatch
+    batch = np.concatenate([p for p in parts if p is not None])  # rank by rank, mb by mb
     rows_sorted = sorted(hashlib.sha256(row.tobytes()).digest() for row in batch)
     rec: dict[str, Any] = {"step": step, "loss": loss, "tokens": tokens,
                            "tokens_sha256": hashlib.sha256(batch.tobytes()).hexdigest(),
@@ -163,11 +176,15 @@ def main() -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
     recipe = load_recipe(args.recipe)
-    per_step = recipe.global_batch_size // world
-    if per_step * world != recipe.global_batch_size or per_step % args.microbatch:
-        raise SystemExit(f"global batch {recipe.global_batch_size} does not split into "
-                         f"microbatches of {args.microbatch} over {world} ranks")
-    accum = per_step // args.microbatch
+    if args.loader == "datalane":  # any world size; the same microbatch count on every rank
+        accum = rank_shape(recipe.lanes, recipe.global_batch_size, world, rank,
+                           args.microbatch).total
+    else:
+        per_step = recipe.global_batch_size // world
+        if per_step * world != recipe.global_batch_size or per_step % args.microbatch:
+            raise SystemExit(f"global batch {recipe.global_batch_size} does not split into "
+                             f"microbatches of {args.microbatch} over {world} ranks")
+        accum = per_step // args.microbatch
 
     torch.manual_seed(args.seed)
     cfg = ModelConfig(vocab=1024, seq_len=recipe.seq_len, d_model=args.d_model,
@@ -186,7 +203,11 @@ def main() -> None:
     log = open(args.log, "a", encoding="utf-8") if rank == 0 else None  # noqa: SIM115
     for step in range(args.start, args.stop):
         local = source.next_step(step, accum)
-        counts = torch.tensor([sum(int((y != -100).sum()) for y in local.labels)],
+        labelled = sum(int((y != -100).sum()) for y in local.labels)
+        if local.step_tokens is not None and local.step_tokens != labelled:
+            raise SystemExit(f"step {step}: the microbatches' step_tokens {local.step_tokens} "
+                             f"is not the {labelled} trained labels of rank {rank}'s step")
+        counts = torch.tensor([labelled if local.step_tokens is None else local.step_tokens],
                               dtype=torch.float64)
         dist.all_reduce(counts)
         tokens = int(counts.item())

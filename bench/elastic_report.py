@@ -87,9 +87,13 @@ def plot(curves: dict[str, list[dict[str, Any]]], pairs: list[tuple[str, str]],
             bottom.plot(*zip(*other, strict=True), "x", color=color, ms=4,
                         label=f"{run}: another global batch than {ref}")
 
+    drawn: set[str] = set()  # a reference shared by two pairs is drawn once
     for i, (ref, run) in enumerate(pairs):
         color = f"C{i}"
         for name, ls, lw, alpha in ((ref, "-", 2.4, 0.5), (run, "--", 1.2, 1.0)):
+            if name in drawn:
+                continue
+            drawn.add(name)
             top.plot([r["step"] for r in curves[name]], [r["loss"] for r in curves[name]], ls,
                      lw=lw, color=color, alpha=alpha, label=name)
         diff_line(ref, run, color, 1.2, f"|{run} - {ref}|")

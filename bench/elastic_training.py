@@ -8,6 +8,10 @@ init and AdamW (fixed learning rate), for the same number of steps and global ba
 * ``a_datalane``: 4 ranks, uninterrupted, data from datalane;
 * ``b_datalane``: 4 ranks to step k, a ``torch.distributed.checkpoint`` (model, optimizer,
   ``DataLaneDataset``), 2 ranks to step k2, a checkpoint, 8 ranks to the end;
+* ``d_datalane``: the same resume points through world sizes that do not all divide the 8
+  lanes (``--uneven-worlds``, default 8 -> 7 -> 3: on 7 ranks one rank owns 2 lanes and six
+  own 1, on 3 ranks they own 2, 3 and 3; a rank with fewer lanes ends each step with fully
+  padded microbatches and the loss is normalized by the global trained-token count);
 * ``a_usual``: 4 ranks, uninterrupted, data from the ordinary loader (bench/elastic_usual.py:
   packed sequences, ``DistributedSampler(shuffle=True)``, ``DataLoader``);
 * ``c_usual``: the schedule of ``b`` with the ordinary loader, resumed as usual (``set_epoch``
@@ -17,13 +21,14 @@ init and AdamW (fixed learning rate), for the same number of steps and global ba
   float rounding differences grow as training goes on.
 
 Each phase starts its ranks as processes (bench/elastic_rank.py) with ``MASTER_ADDR``,
-``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE``. ``b`` and the control are compared with
+``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE``. ``b``, ``d`` and the control are compared with
 ``a_datalane`` and ``c`` with ``a_usual``: per-step global-batch hash equality, the reference
 step that trained on the same sequences, the loss difference. Results go to ``--out`` (JSON)
 and the figure to ``--plot``::
 
     .venv/bin/python bench/elastic_training.py            # ~9 min on 2 shared cores
-    .venv/bin/python bench/elastic_training.py --tiny     # the CI smoke size: 2 ranks -> 1
+    .venv/bin/python bench/elastic_training.py --tiny     # the CI smoke size: 2 ranks -> 1,
+                                                          # and 3 -> 1 (uneven)
 
 Called by tests/trainers/test_elastic_bench.py (``--tiny``).
 """
@@ -105,6 +110,9 @@ def main() -> None:
     ap.add_argument("--resume-at", default="80,160", help="the resize steps (k,k2)")
     ap.add_argument("--worlds", default="4,2,8",
                     help="world sizes of the phases: one more than --resume-at")
+    ap.add_argument("--uneven-worlds", default="8,7,3",
+                    help="world sizes of the d_datalane schedule (any from 1 to the lanes; "
+                         "empty: no such run), one more than --resume-at")
     ap.add_argument("--microbatch", type=int, default=2)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
@@ -112,22 +120,26 @@ def main() -> None:
     ap.add_argument("--clip", type=float, default=1.0, help="gradient norm clip (0: none)")
     ap.add_argument("--web-docs", type=int, default=2000, help="make_corpus size")
     ap.add_argument("--tiny", action="store_true",
-                    help="CI smoke size: 8 steps on 2 ranks, 1 rank from step 4, d_model 16, "
-                         "lr 3e-3")
+                    help="CI smoke size: 8 steps on 2 ranks, 1 rank from step 4 (and 3 ranks, "
+                         "1 from step 4), d_model 16, lr 3e-3")
     ap.add_argument("--workdir", help="corpus and checkpoints (default: a temporary dir)")
     ap.add_argument("--out", default=str(HERE / "results" / "elastic_training.json"))
     ap.add_argument("--plot", default=str(ROOT / "docs" / "elastic-loss.png"))
     args = ap.parse_args()
     if args.tiny:
-        args.steps, args.resume_at, args.worlds = 8, "4", "2,1"
+        args.steps, args.resume_at, args.worlds, args.uneven_worlds = 8, "4", "2,1", "3,1"
         args.d_model, args.layers, args.lr = 16, 1, 3e-3
     k = [int(v) for v in args.resume_at.split(",")]
     worlds = [int(v) for v in args.worlds.split(",")]
+    uneven = [int(v) for v in args.uneven_worlds.split(",") if v.strip()]
     bounds = [0, *k, args.steps]
     if len(worlds) != len(k) + 1 or any(a >= b for a, b in pairwise(bounds)):
         raise SystemExit(f"--resume-at {args.resume_at!r} must be increasing steps between 0 "
                          f"and --steps {args.steps}, and --worlds {args.worlds!r} one world "
                          f"size more")
+    if uneven and len(uneven) != len(k) + 1:
+        raise SystemExit(f"--uneven-worlds {args.uneven_worlds!r} needs one world size more "
+                         f"than --resume-at {args.resume_at!r}")
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="datalane-elastic-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -144,6 +156,9 @@ def main() -> None:
     runs = {"a_datalane": ("datalane", straight), "b_datalane": ("datalane", elastic),
             "control_datalane": ("datalane", control),
             "a_usual": ("usual", straight), "c_usual": ("usual", elastic)}
+    if uneven:
+        runs["d_datalane"] = ("datalane", [(w, a, b) for w, (a, b) in zip(
+            uneven, pairwise(bounds), strict=True)])
     curves: dict[str, list[dict[str, Any]]] = {}
     seconds: dict[str, float] = {}
     for name, (loader, phases) in runs.items():
@@ -152,6 +167,7 @@ def main() -> None:
     result = {
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "config": {"steps": args.steps, "resume_at": k, "worlds": worlds,
+                   "uneven_worlds": uneven,
                    "global_batch": recipe.global_batch_size, "seq_len": recipe.seq_len,
                    "microbatch": args.microbatch, "d_model": args.d_model,
                    "layers": args.layers, "lr": args.lr, "clip": args.clip,
@@ -166,14 +182,24 @@ def main() -> None:
                                 "global_hash", k),
         "curves": curves,
     }
+    if uneven:
+        result["d_vs_a"] = compare(curves["a_datalane"], curves["d_datalane"], "global_hash", k)
+        result["d_vs_a_tokens"] = compare(curves["a_datalane"], curves["d_datalane"],
+                                          "tokens_sha256", k)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    plot(curves, [("a_datalane", "b_datalane"), ("a_usual", "c_usual")],
-         ("a_datalane", "control_datalane"),
-         [(s, f"{a}->{b} ranks") for s, (a, b) in zip(k, pairwise(worlds), strict=True)], args.plot,
+    pairs = [("a_datalane", "b_datalane"), ("a_usual", "c_usual")]
+    labels = [f"{a}->{b}" for a, b in pairwise(worlds)]
+    resized = "->".join(map(str, worlds))
+    if uneven:
+        pairs.insert(1, ("a_datalane", "d_datalane"))
+        labels = [f"{x}, {a}->{b}" for x, (a, b) in zip(labels, pairwise(uneven), strict=True)]
+        resized += f" (b, c) and {'->'.join(map(str, uneven))} (d)"
+    plot(curves, pairs, ("a_datalane", "control_datalane"),
+         [(s, f"{x} ranks") for s, x in zip(k, labels, strict=True)], args.plot,
          f"TinyLM, {args.steps} steps, global batch {recipe.global_batch_size} x "
-         f"{recipe.seq_len} tokens; resized {'->'.join(map(str, worlds))} ranks")
-    for name in ("b_vs_a", "control_vs_a", "c_vs_a"):
+         f"{recipe.seq_len} tokens; resized {resized} ranks")
+    for name in ("b_vs_a", *(["d_vs_a"] if uneven else []), "control_vs_a", "c_vs_a"):
         r = result[name]
         print(f"{name}: {r['steps_hash_equal']}/{r['steps']} steps with the same global batch "
               f"(first differing step: {r['first_step_hash_differs']}), max |loss diff| "

@@ -1,8 +1,8 @@
 """The TorchTitan demo: resize a TorchTitan job between DP degrees, same global batch every step.
 
 ``python -m datalane.demo_torchtitan`` (``make demo-torchtitan``) trains TorchTitan's debug
-llama3 on CPU with gloo (see :mod:`datalane.demo_torchtitan_rank`) on a generated corpus, in
-three legs of ``torchrun`` jobs:
+llama3 on CPU with gloo (see :mod:`datalane.demo_torchtitan_rank`) on a generated corpus of 8
+lanes, in legs of ``torchrun`` jobs (``--legs``, default ``2,2>1,1>2``):
 
 * ``DP2``: 2 ranks, uninterrupted, ``--steps`` steps;
 * ``DP2>DP1``: 2 ranks to ``--resume-at``, saved by TorchTitan's checkpointer and stopped
@@ -10,12 +10,19 @@ three legs of ``torchrun`` jobs:
   rank resumes from that checkpoint to the end;
 * ``DP1>DP2``: the other way round.
 
+Any DP degree from 1 to 8 works, including those that do not divide the lanes
+(``--legs 1,3,4,4>3``: 3 ranks own 2, 3 and 3 lanes): every job reads microbatches of 2
+sequences and runs with ``--training.global_batch_size`` set to the padded global batch
+(:func:`~datalane.client.torchtitan.titan_global_batch_size`: 16 on 1, 2, 4 or 8 ranks, 18 on
+3), so one TorchTitan step is one datalane step on every rank.
+
 Every rank logs the SHA-256 of each of its lane windows per step (the dataloader's
 ``digest_log``); the step's global batch hash is ``global_hash`` over all lanes in lane order.
 The demo prints one row per step next to datalane's own stream (no TorchTitan) and exits 1 if
 any leg's hash differs from it or a step is missing. The loss columns show that the training
-itself resumed: the same to float rounding (the order of the gradient sums changes with the DP
-degree).
+itself resumed and that the DP degree does not change it: the same to float rounding (the order
+of the gradient sums changes with the DP degree); the last line gives each leg's largest
+difference to the first leg.
 ``--short`` is the CI size (a few steps).
 """
 
@@ -34,12 +41,16 @@ from pathlib import Path
 
 import yaml
 
+from datalane.client.torchtitan import titan_global_batch_size
 from datalane.corpus import make_corpus
+from datalane.spec.errors import ConfigError
 from datalane.spec.hashing import global_hash
 
-__all__ = ["Leg", "main", "mismatches", "step_hashes"]
+__all__ = ["Leg", "main", "mismatches", "parse_legs", "step_hashes"]
 
 LANES = 8
+GLOBAL_BATCH = 16  # sequences per step (the recipe's)
+LOCAL_BATCH = 2  # sequences per microbatch: it divides every local batch of DP 1 to 8
 
 
 @dataclass
@@ -57,7 +68,7 @@ def write_recipe(root: Path) -> Path:
     corpus = make_corpus(str(root / "corpus"))
     with open(corpus.recipe, encoding="utf-8") as f:
         recipe = yaml.safe_load(f)
-    recipe.update(lanes=LANES, global_batch_size=16, seq_len=64)
+    recipe.update(lanes=LANES, global_batch_size=GLOBAL_BATCH, seq_len=64)
     path = root / "corpus" / "titan.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
     return path
@@ -72,6 +83,8 @@ def torchrun(dp: int, steps: int, recipe: Path, dump: Path, part: int, log: Path
            "--module", "datalane.demo_torchtitan_rank", "--config", "llama3_debugmodel_datalane",
            "--dump_folder", str(dump), "--hf_assets_path", str(recipe.parent),
            "--training.steps", str(steps), "--dataloader.recipe", str(recipe),
+           "--training.local_batch_size", str(LOCAL_BATCH), "--training.global_batch_size",
+           str(titan_global_batch_size(LANES, GLOBAL_BATCH, dp, LOCAL_BATCH)),
            "--dataloader.digest_log", str(dump / f"digests-{part}-dp{dp}")]
     if preempt_after is not None:
         cmd += ["--checkpoint.interval", str(preempt_after), "--preempt-after",
@@ -132,10 +145,27 @@ def mismatches(reference: dict[int, str], legs: Sequence[dict[int, str]],
             if got.get(step) != reference[step]]
 
 
-def run(work: Path, steps: int, resume_at: int) -> int:
+def parse_legs(text: str) -> list[tuple[int, ...]]:
+    """``"2,2>1,1>2"`` -> ``[(2,), (2, 1), (1, 2)]``: comma-separated legs, each one DP degree
+    or two joined by ``>`` (resized at ``--resume-at``), each from 1 to the lanes."""
+    legs: list[tuple[int, ...]] = []
+    for part in text.split(","):
+        words = part.strip().split(">")
+        if not 1 <= len(words) <= 2 or not all(w.strip().isdigit() for w in words):
+            raise ConfigError(f"leg {part!r} of --legs {text!r} is not a DP degree or two "
+                              f"joined by '>' (e.g. 4>3)")
+        dps = tuple(int(w) for w in words)
+        if not all(1 <= dp <= LANES for dp in dps):
+            raise ConfigError(f"leg {part!r} of --legs {text!r}: a DP degree is 1 to {LANES} "
+                              f"(the lanes)")
+        legs.append(dps)
+    return legs
+
+
+def run(work: Path, steps: int, resume_at: int, leg_dps: Sequence[tuple[int, ...]]) -> int:
     recipe = write_recipe(work)
-    legs = [Leg("DP2", (2,), work / "dp2"), Leg("DP2>DP1", (2, 1), work / "dp2-dp1"),
-            Leg("DP1>DP2", (1, 2), work / "dp1-dp2")]
+    legs = [Leg(">".join(f"DP{dp}" for dp in dps), tuple(dps),
+                work / "-".join(f"dp{dp}" for dp in dps)) for dps in leg_dps]
     started = time.monotonic()
     for leg in legs:
         for part, dp in enumerate(leg.dps):
@@ -146,7 +176,9 @@ def run(work: Path, steps: int, resume_at: int) -> int:
             leg.seconds.append(torchrun(dp, steps, recipe, leg.dump, part, log, stop))
     total = time.monotonic() - started
 
-    for leg in legs[1:]:
+    for leg in legs:
+        if len(leg.dps) == 1:
+            continue
         keys = dataloader_entries(leg.dump, resume_at)
         print(f"{leg.name}: checkpoint step-{resume_at} (written at DP {leg.dps[0]}) holds "
               f"{len(keys)} dataloader entries: {keys[0]} ... {keys[-1]}")
@@ -163,18 +195,24 @@ def run(work: Path, steps: int, resume_at: int) -> int:
         print(f"{step:>4}  {reference[step][:16]} {cells}"
               + "".join(f"{lo.get(step, float('nan')):>14.6f}" for lo in loss)
               + (" <- resumed" if step == resume_at + 1 else ""))
-    drift = max((abs(lo[s] - loss[0][s]) for lo in loss[1:] for s in lo if s in loss[0]),
-                default=0.0)
+    drifts = [max((abs(lo[s] - loss[0][s]) for s in lo if s in loss[0]), default=0.0)
+              for lo in loss[1:]]
+    drift = max(drifts, default=0.0)
     times = ", ".join(f"{leg.name} " + " + ".join(f"{s:.0f}s" for s in leg.seconds)
                       for leg in legs)
+    each = ", ".join(f"{leg.name} {d:.2e}" for leg, d in zip(legs[1:], drifts, strict=True))
     print(f"\n{sum(len(leg.dps) for leg in legs)} torchrun jobs in {total:.0f}s ({times}); "
-          f"largest loss difference to DP2 {drift:.2e}")
+          f"largest loss difference to {legs[0].name} {drift:.2e} ({each})")
     if bad:
         print(f"MISMATCH: {len(bad)} step hash(es) missing or different from datalane's "
               f"stream: " + ", ".join(f"{legs[i].name} step {s}" for s, i in bad))
         return 1
-    print(f"MATCH: all {steps} global batches identical in DP 2, DP 2>1 and DP 1>2 "
-          f"(resized at step {resume_at + 1}) and in datalane's own stream")
+    names = [leg.name for leg in legs]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    resized = (f" (resized at step {resume_at + 1})" if any(len(leg.dps) > 1 for leg in legs)
+               else "")
+    print(f"MATCH: all {steps} global batches identical in {listed}{resized} and in "
+          f"datalane's own stream")
     return 0
 
 
@@ -184,17 +222,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=12, help="TorchTitan steps per leg")
     p.add_argument("--resume-at", type=int, default=5,
                    help="the step the resized legs checkpoint at")
+    p.add_argument("--legs", default="2,2>1,1>2",
+                   help="comma-separated legs: a DP degree, or two joined by '>' (resized at "
+                        "--resume-at); any degree from 1 to 8, e.g. 1,3,4,4>3")
     p.add_argument("--short", action="store_true", help="CI size: 4 steps, resize after 2")
     p.add_argument("--workdir", help="keep the corpus, checkpoints and logs here")
     args = p.parse_args(argv)
     steps, resume_at = (4, 2) if args.short else (args.steps, args.resume_at)
     if not 0 < resume_at < steps:
         p.error(f"--resume-at must be between 1 and --steps - 1 ({steps - 1}), got {resume_at}")
+    try:
+        legs = parse_legs(args.legs)
+    except ConfigError as e:
+        p.error(str(e))
     if args.workdir:
         os.makedirs(args.workdir, exist_ok=True)
-        return run(Path(args.workdir), steps, resume_at)
+        return run(Path(args.workdir), steps, resume_at, legs)
     with tempfile.TemporaryDirectory(prefix="datalane-titan-") as work:
-        return run(Path(work), steps, resume_at)
+        return run(Path(work), steps, resume_at, legs)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,16 @@ its llama3 attention backends are GPU-only in training (FlexAttention has no CPU
 varlen needs flash-attention kernels). So on CPU, ``python -m datalane.demo_torchtitan_rank``
 (under torchrun, gloo) parses the same TorchTitan command line with TorchTitan's
 ``ConfigManager``, switches the attention to TorchTitan's own ``ScaledDotProductAttention``
-(plain causal) and runs :class:`CpuTrainer`: ``Trainer.train``'s loop over components built from
-the config exactly as the Trainer builds them - the model, loss, optimizers, LR schedulers, the
-dataloader (same build arguments) and TorchTitan's DCP ``CheckpointManager`` - with data-parallel
-gradients summed by an all-reduce (what FSDP's reduce-scatter computes).
+(plain causal) and runs :class:`CpuTrainer`: a ``Trainer`` whose ``__init__`` builds the
+components from the config exactly as the Trainer builds them - TorchTitan's ``ParallelDims``
+meshes (on CPU), the model, loss, optimizers, LR schedulers, the dataloader (same build
+arguments) and TorchTitan's DCP ``CheckpointManager`` - and which trains with TorchTitan's own
+``Trainer.train_step`` (so the loss normalization by the global count of trained tokens is
+TorchTitan's), the ranks' gradients summed by an all-reduce after each step's last microbatch
+(what FSDP's reduce-scatter computes).
 
-Rank 0 appends ``{"step", "loss"}`` lines to ``<dump_folder>/loss.jsonl``. Caller:
+Rank 0 appends ``{"step", "loss", "grad_norm"}`` lines (TorchTitan's ``global_avg_loss`` and
+gradient norm) to ``<dump_folder>/loss.jsonl``. Caller:
 :mod:`datalane.demo_torchtitan` (one torchrun per leg).
 """
 
@@ -29,34 +33,38 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torchtitan.components.checkpoint import CheckpointManager
-from torchtitan.components.loss import IGNORE_INDEX, ChunkedLossWrapper
+from torchtitan.components.loss import ChunkedLossWrapper
 from torchtitan.components.validate import Validator
 from torchtitan.config import ConfigManager
-from torchtitan.distributed.utils import clip_grad_norm_
+from torchtitan.distributed import parallel_dims as parallel_dims_module
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.models.common.attention import ScaledDotProductAttention
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
 from torchtitan.trainer import Trainer
 
-from datalane.client.torchtitan import DataLaneDataLoader, TitanBatch
+from datalane.client.torchtitan import DataLaneDataLoader
 from datalane.spec.errors import ConfigError
 
 __all__ = ["CpuTrainer", "llama3_debugmodel_datalane", "main"]
 
 
 def llama3_debugmodel_datalane() -> Trainer.Config:
-    """TorchTitan's debug llama3 reading datalane lanes; for the demo recipe (sequences of 64
-    tokens, 16 per step): set ``--dataloader.recipe`` (or use the sidecar)."""
+    """TorchTitan's debug llama3 reading datalane lanes; for the demo recipe (8 lanes,
+    sequences of 64 tokens, 16 per step): set ``--dataloader.recipe`` (or use the sidecar).
+    Microbatches of 2 sequences serve every DP degree from 1 to 8; on a degree that does not
+    divide the lanes set ``--training.global_batch_size`` to the padded global batch
+    (:func:`~datalane.client.torchtitan.titan_global_batch_size`: 18 on 3 ranks)."""
     config = llama3_debugmodel()
     config.dataloader = DataLaneDataLoader.Config()
     config.validator = Validator.Config(enable=False)  # its dataloader is TorchTitan's c4 test set
     config.training.seq_len = 64
-    config.training.local_batch_size = 8
+    config.training.local_batch_size = 2
     config.training.global_batch_size = 16  # the recipe's: one TorchTitan step = one datalane step
     config.checkpoint = CheckpointManager.Config(enable=True, interval=1000, keep_latest_k=0,
                                                  last_save_model_only=False,
@@ -71,44 +79,82 @@ def use_cpu_attention(config: Trainer.Config) -> None:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
 
 
-class CpuTrainer:
-    """``Trainer.train`` on CPU and gloo for one data-parallel rank; a DCP ``Stateful``
-    (``train_state``) like the Trainer."""
+class _LossLog:
+    """What ``Trainer.train_step`` needs of TorchTitan's ``MetricsProcessor``: log every step,
+    and keep what it logs (``global_avg_loss`` is the loss over the global batch)."""
+
+    def __init__(self) -> None:
+        self.loss = float("nan")
+        self.max_loss = float("nan")
+        self.grad_norm = float("nan")
+
+    def should_log(self, step: int) -> bool:
+        return True
+
+    def log(self, step: int, global_avg_loss: float, global_max_loss: float, grad_norm: float,
+            extra_metrics: dict[str, Any] | None = None) -> None:
+        self.loss, self.max_loss, self.grad_norm = global_avg_loss, global_max_loss, grad_norm
+
+
+class CpuTrainer(Trainer):  # type: ignore[misc]
+    """TorchTitan's ``Trainer`` on CPU and gloo for one data-parallel rank: its own
+    ``train_step`` (the microbatch loop, the global count of trained tokens summed over the
+    "batch" mesh, the loss normalized by it, gradient clipping, optimizer and LR steps) over
+    components built from the config as ``Trainer.__init__`` builds them - which itself cannot
+    run without an accelerator. Data parallelism sums the ranks' gradients after the step's
+    last microbatch (what TorchTitan's FSDP computes)."""
 
     def __init__(self, config: Trainer.Config) -> None:
         self.config = config
         if not dist.is_initialized():
             dist.init_process_group("gloo")
-        self.dp_rank, self.dp_world_size = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device("cpu")
+        # TorchTitan's meshes, on CPU: its device_type falls back to "cuda" without a GPU
+        parallel_dims_module.device_type = "cpu"
+        self.parallel_dims = ParallelDims.from_config(config.parallelism, dist.get_world_size())
+        if self.parallel_dims.non_data_parallel_size > 1:
+            raise ConfigError("the CPU demo trainer is data parallel only; set no TP, PP, CP "
+                              "or EP degree")
+        if self.parallel_dims.dp_enabled:
+            batch_mesh = self.parallel_dims.get_mesh("batch")
+            self.dp_world_size, self.dp_rank = batch_mesh.size(), batch_mesh.get_local_rank()
+        else:
+            self.dp_world_size, self.dp_rank = 1, 0
         torch.manual_seed(config.debug.seed or 0)  # the same initial weights on every rank
 
         model_config = config.model_spec.model
         model_config.update_from_config(config=config)
+        self.model_config = model_config
         with torch.device("meta"):
             model = model_config.build()
         model.to_empty(device="cpu")
         with torch.no_grad():
             model.init_weights(buffer_device=None)
         model.train()
-        self.model = model
         self.loss_fn = config.loss.build(compile_config=config.compile)
         if isinstance(self.loss_fn, ChunkedLossWrapper):  # as Trainer.__init__ does
             self.loss_fn.set_lm_head(model.lm_head)
             model._skip_lm_head = True
+        self.model_parts = [model]
 
-        training = config.training
+        training = config.training  # the batch sizes as Trainer.__init__ checks them
         global_batch = training.global_batch_size
         if global_batch < 0:
             global_batch = training.local_batch_size * self.dp_world_size
         per_pass = training.local_batch_size * self.dp_world_size
         if global_batch % per_pass:
             raise ConfigError(f"training.global_batch_size {global_batch} is not a multiple of "
-                             f"local_batch_size x DP degree = {per_pass}")
+                              f"local_batch_size x DP degree = {per_pass}")
         self.gradient_accumulation_steps = global_batch // per_pass
+        self.num_pipeline_parallel_microbatches = 1
 
         self.optimizers = config.optimizer.build(model_parts=[model])
         self.lr_schedulers = config.lr_scheduler.build(optimizers=self.optimizers,
                                                        training_steps=training.steps)
+        self.metrics_processor = _LossLog()
+        self.train_context = dist_utils.get_spmd_context(parallel_dims=self.parallel_dims)
+        self.fwd_bwd_fn = self._forward_backward_then_sum
+        self._passes = 0
         self.step = 0
         self.ntokens_seen = 0
         tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
@@ -122,50 +168,39 @@ class CpuTrainer:
             sd_adapter=None,  # only used to export Hugging Face weights
             base_folder=config.dump_folder)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "ntokens_seen": self.ntokens_seen}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step = state["step"]
-        self.ntokens_seen = state["ntokens_seen"]
-
-    def train_step(self, data: Iterator[TitanBatch]) -> float:
-        """One optimizer step over ``gradient_accumulation_steps`` microbatches; the global
-        average loss (every rank's token-normalized sum, all-reduced)."""
-        self.optimizers.zero_grad()
-        microbatches = [next(data) for _ in range(self.gradient_accumulation_steps)]
-        global_valid = sum(((labels != IGNORE_INDEX).sum() for _, labels in microbatches),
-                           torch.tensor(0))
-        dist.all_reduce(global_valid)
-        loss_sum = torch.zeros(())
-        for inputs, labels in microbatches:
-            self.ntokens_seen += labels.numel()
-            pred = self.model(inputs["input"], positions=inputs["positions"])
-            loss, _ = self.loss_fn(pred, labels, global_valid, positions=inputs["positions"])
-            loss.backward()
-            loss_sum += loss.detach()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        for p in params:  # data parallelism: sum the ranks' gradients (the loss is
-            dist.all_reduce(p.grad)  # already divided by the global token count)
-        clip_grad_norm_(params, self.config.training.max_norm, foreach=True)
-        self.optimizers.step()
-        self.lr_schedulers.step()
-        dist.all_reduce(loss_sum)
-        return float(loss_sum)
+    def _forward_backward_then_sum(self, inputs: torch.Tensor, labels: torch.Tensor,
+                                   global_valid_tokens: torch.Tensor,
+                                   extra_kwargs: dict[str, Any]) -> torch.Tensor:
+        """TorchTitan's forward-backward of one microbatch; after the step's last one, the
+        ranks' gradients summed (what TorchTitan's FSDP reduce-scatter computes: it does not
+        divide them by the DP degree, the loss is already divided by the global count of
+        trained tokens)."""
+        loss: torch.Tensor = self._forward_backward_body(inputs, labels, global_valid_tokens,
+                                                         extra_kwargs)
+        self._passes += 1
+        if self._passes % self.gradient_accumulation_steps == 0 and self.dp_world_size > 1:
+            for p in self.model_parts[0].parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+        return loss
 
     def train(self, preempt_after: int | None = None) -> None:
-        """Train to ``training.steps``; or stop after step ``preempt_after`` as a preempted
-        job would (the LR schedule still spans ``training.steps``)."""
+        """``Trainer.train``'s loop to ``training.steps``, or stop after step
+        ``preempt_after`` as a preempted job would (the LR schedule still spans
+        ``training.steps``)."""
         config = self.config
         self.checkpointer.load(step=config.checkpoint.load_step)
+        os.makedirs(config.dump_folder, exist_ok=True)
         data = iter(self.dataloader)
         while self.step < config.training.steps and self.step != preempt_after:
             self.step += 1
-            loss = self.train_step(data)
+            self.train_step(data)
             if self.dp_rank == 0:
+                log = self.metrics_processor
                 with open(os.path.join(config.dump_folder, "loss.jsonl"), "a",
                           encoding="utf-8") as f:
-                    f.write(json.dumps({"step": self.step, "loss": loss}) + "\n")
+                    f.write(json.dumps({"step": self.step, "loss": log.loss,
+                                        "grad_norm": log.grad_norm}) + "\n")
             self.checkpointer.save(self.step, last_step=self.step == config.training.steps)
 
     def close(self) -> None:

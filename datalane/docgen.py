@@ -31,6 +31,8 @@ def _type(schema: dict[str, Any]) -> str:
         text = " \\| ".join(f"`{v}`" for v in schema["enum"])
     elif schema.get("type") == "array":
         text = f"list of {_type(schema['items'])}"
+    elif schema.get("type") == "object" and "properties" not in schema:  # name -> value
+        text = f"mapping of string to {_type(schema['additionalProperties'])}"
     else:
         text = str(schema.get("type"))
     return text + (" or null" if schema.get("nullable") else "")
@@ -48,22 +50,33 @@ def _bounds(schema: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _shape(schema: dict[str, Any]) -> str:
+    """An object's fields, without the description of where it is used."""
+    return json.dumps({k: v for k, v in schema.items() if k != "description"}, sort_keys=True)
+
+
 def _table(title: str, schema: dict[str, Any], prefix: str, out: list[str],
-           nested: list[tuple[str, dict[str, Any], str]]) -> None:
+           nested: list[tuple[str, dict[str, Any], str]], tables: dict[str, str]) -> None:
     out += [f"### {title}", "", schema.get("description", ""), "",
             "| field | type | default | bounds | meaning |", "|---|---|---|---|---|"]
     required = set(schema.get("required", []))
     for name, prop in schema["properties"].items():
         item = prop["items"] if prop.get("type") == "array" else prop
-        if item.get("type") == "object":
-            nested.append((f"{prefix}{name}", item, f"{prefix}{name}."))
+        desc = prop.get("description", "")
+        if item.get("type") == "object" and "properties" in item:
+            # an object already described (eval streams' sources are sources) is not again
+            same = tables.setdefault(_shape(item), f"{prefix}{name}")
+            if same == f"{prefix}{name}":
+                nested.append((same, item, f"{same}."))
+            else:
+                desc = f"{desc} Fields as in `{same}`.".strip()
         if name in required:
             default = "required"
         elif "default" in prop:
             default = _code(json.dumps(prop["default"]))
         else:
             default = "`null`" if prop.get("nullable") else "see below"
-        desc = prop.get("description", "").replace("|", "\\|")
+        desc = desc.replace("|", "\\|")
         out.append(f"| `{name}` | {_type(prop)} | {default} | {_bounds(prop)} | {desc} |")
     out.append("")
 
@@ -72,12 +85,13 @@ def render_fields() -> str:
     out: list[str] = []
     pending: list[tuple[str, dict[str, Any], str]] = [("recipe", recipe_schema(), "")]
     seen: set[str] = set()
+    tables: dict[str, str] = {}  # an object's fields -> the title of its table
     while pending:
         title, schema, prefix = pending.pop(0)
         if title in seen:
             continue
         seen.add(title)
-        _table(f"`{title}`" if prefix else "Top level", schema, prefix, out, pending)
+        _table(f"`{title}`" if prefix else "Top level", schema, prefix, out, pending, tables)
     out.append("### Knobs (not part of the recipe)")
     out.append("")
     _knobs = json_schema(Knobs)

@@ -9,6 +9,12 @@ MismatchError naming both versions and the side to upgrade. If the
 sidecar goes away (restart, ``kill -9``), it waits for the socket to serve again and re-opens
 the session at its exact position from the checkpoint it carries, so no sequence is lost or
 repeated. Needs only ``grpcio`` and ``numpy``.
+
+``SidecarLoader(..., stream="<name>")`` reads an eval stream of the recipe instead (its
+``eval:`` list): every iteration is one evaluation, exactly the stream's ``steps`` steps from
+step 0 (the rank's lanes of each, as for training), and then the iterator ends; ``restart()``
+goes back to step 0 at once. An eval loader has no state to save or load: it always starts
+from the beginning (it still rides through a sidecar restart inside an evaluation).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import atexit
 import json
 import os
 import queue
+import re
 import sys
 import time
 import weakref
@@ -30,6 +37,7 @@ from datalane.client import dataparallel
 from datalane.client.batch import Batch
 from datalane.client.position import Position
 from datalane.spec.errors import ConfigError, DatalaneError, MismatchError, StorageError
+from datalane.spec.evals import NAME_PATTERN, TRAIN
 from datalane.spec.integrity import parse_json
 from datalane.spec.lanes import lanes_of_rank
 from datalane.spec.schema import SampleSchema
@@ -79,7 +87,7 @@ class SidecarLoader:
                  transport: str = "shm", copy: bool = True, resume_step: int | None = None,
                  reconnect_timeout: float = 120.0, open_timeout: float = 60.0,
                  mesh: Any = None, readers: int | None = None,
-                 reader: int | None = None) -> None:
+                 reader: int | None = None, stream: str = TRAIN) -> None:
         self.socket = socket or os.environ.get("DATALANE_SOCKET", "")
         if not self.socket:
             raise ConfigError("no sidecar socket: pass socket= or set $DATALANE_SOCKET")
@@ -93,6 +101,14 @@ class SidecarLoader:
             raise ConfigError(f"microbatch size must be a positive integer, got "
                               f"{microbatch_size!r}")
         self.microbatch_size = microbatch_size
+        if not isinstance(stream, str) or not re.fullmatch(NAME_PATTERN, stream):
+            raise ConfigError(f"stream {stream!r} is not a stream name ({TRAIN!r} or the name "
+                              f"of one of the recipe's eval streams)")
+        self.stream = stream
+        self.steps: int | None = None  # an eval stream's steps, from the reply to Open
+        if resume_step is not None and stream != TRAIN:
+            raise ConfigError(f"eval stream {stream!r} always starts at step 0; it takes no "
+                              f"resume_step")
         self.transport = transport
         self.copy = copy
         self.reconnect_timeout = reconnect_timeout
@@ -191,6 +207,7 @@ class SidecarLoader:
                              world_size=self.world_size, microbatch_size=self.microbatch_size,
                              skip_microbatches=pos.consumed, fingerprint=pos.fingerprint,
                              readers=self.readers, reader=self.reader,
+                             stream="" if self.stream == TRAIN else self.stream,
                              transport=pb.TRANSPORT_SHM if self.transport == "shm"
                              else pb.TRANSPORT_INLINE)
         if pos.state_json is not None:
@@ -209,6 +226,13 @@ class SidecarLoader:
         except MismatchError:
             self.close()
             raise
+        served = reply.stream or TRAIN  # a sidecar before eval streams answers ""
+        if served != self.stream or (self.stream != TRAIN and not reply.steps):
+            self.close()
+            raise MismatchError(f"the sidecar at {self.socket} serves stream {served!r} to a "
+                                f"loader of stream {self.stream!r}: it predates eval streams; "
+                                f"upgrade it")
+        self.steps = int(reply.steps) if self.stream != TRAIN else None
         if self.readers > 1 and reply.readers != self.readers:
             self.close()
             raise MismatchError(f"the sidecar at {self.socket} serves {reply.readers or 1} "
@@ -248,9 +272,14 @@ class SidecarLoader:
         ``reconnect_timeout`` from the last microbatch received, so a sidecar that answers
         but cannot serve fails the trainer with the last error instead of looping forever.
         Starting another iterator continues at the position and retires this one.
+
+        On an eval stream each iterator is one evaluation: it starts at step 0 and ends after
+        the stream's last microbatch (closing the sidecar's session of it).
         """
         self._generation += 1
         generation = self._generation
+        if self.stream != TRAIN:
+            self._rewind()
         bound, name = self.open_timeout, "open_timeout"
         deadline = time.monotonic() + bound
         last: BaseException | None = None
@@ -274,6 +303,9 @@ class SidecarLoader:
                         raise ConfigError("this iterator of the loader was retired: another "
                                           "iterator was started and continues at the "
                                           "position; iterate one at a time")
+                if self._evaluated():
+                    self._end_session()
+                    return
             except grpc.RpcError as e:
                 if self._generation != generation:
                     raise ConfigError("the loader was closed (or another iterator of it "
@@ -316,6 +348,8 @@ class SidecarLoader:
         self._active = (calls, acks)
         held: int | None = None
         try:
+            last = ((self.steps - 1, self.per_step - 1) if self.steps is not None
+                    else None)  # an eval stream's last microbatch
             for msg in chain.from_iterable(d.items for d in calls):  # deliveries hold several
                 if msg.sequences != layout.rows:
                     raise MismatchError(f"{where} (step {msg.step}, index {msg.index}) has "
@@ -345,6 +379,8 @@ class SidecarLoader:
                 self.position.advance(int(msg.step), msg.index, self.per_step,
                                       msg.state_json or None)
                 yield batch
+                if (batch.step, batch.index) == last:
+                    return
         finally:
             self._active = None
             acks.put(None)
@@ -364,12 +400,60 @@ class SidecarLoader:
         return pb.Ack(release=release, has_position=True, step=step, consumed=consumed)
 
     # -- state -------------------------------------------------------------------------------
+    # -- eval streams ------------------------------------------------------------------------
+    def restart(self) -> None:
+        """Go back to step 0 of the eval stream: the next microbatch is the evaluation's first
+        (an open iterator is retired; the next ``iter()`` starts the evaluation again)."""
+        self._eval_only("restart()")
+        self._generation += 1
+        self._end_session()
+        self._rewind()
+
+    def _rewind(self) -> None:
+        """Position at step 0 (keeping the stream's fingerprint: a sidecar restarted with
+        another eval stream between evaluations is refused instead of evaluating on it)."""
+        self.position = Position(fingerprint=self.position.fingerprint,
+                                 world_size=self.world_size,
+                                 microbatch_size=self.microbatch_size)
+
+    def _evaluated(self) -> bool:
+        """Whether the position is past an eval stream's last step."""
+        return self.steps is not None and self.position.step >= self.steps
+
+    def _end_session(self) -> None:
+        """Close the stream and the sidecar's session of it (the connection stays)."""
+        active, self._active = self._active, None
+        if active is not None:
+            calls, acks = active
+            acks.put(None)
+            calls.cancel()
+        if self._stub is not None and self._session:
+            try:
+                self._stub.Close(pb.CloseRequest(session_id=self._session), timeout=5)
+            except grpc.RpcError:
+                pass
+        self._session = ""
+
+    def _eval_only(self, what: str) -> None:
+        if self.stream == TRAIN:
+            raise ConfigError(f"{what} is for eval streams; the training stream resumes "
+                              f"with load_state_dict()")
+
+    def _train_only(self, what: str) -> None:
+        if self.stream != TRAIN:
+            raise ConfigError(f"eval stream {self.stream!r} has no {what}: it is never "
+                              f"checkpointed, and every evaluation starts at step 0 "
+                              f"(restart() goes back there)")
+
+    # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Position plus this rank's lane states: enough to resume anywhere, even without
         storage. Compatible with ``torch.distributed.checkpoint`` (plain JSON types)."""
+        self._train_only("state_dict()")
         return self.position.to_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._train_only("load_state_dict()")
         pos = Position.from_state(state)
         pos.check_layout(self.world_size, self.microbatch_size)
         pos.world_size, pos.microbatch_size = self.world_size, self.microbatch_size
@@ -378,6 +462,7 @@ class SidecarLoader:
     def checkpoint(self, step: int | None = None, timeout: float = 300.0) -> dict[str, Any]:
         """Ask the sidecar to persist this rank's lanes at a step boundary (default: the
         current position, which must be a boundary) to its checkpoint store."""
+        self._train_only("checkpoint()")
         if step is None:
             if self.position.consumed:
                 raise ConfigError(f"the trainer is inside step {self.position.step} "

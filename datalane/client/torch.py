@@ -32,6 +32,12 @@ entry per lane the rank owns (:mod:`datalane.client.lanekeys`), so a checkpoint 
 ``torch.distributed.checkpoint`` saved on W ranks loads on any W' ranks: each rank asks for the
 lanes it owns now, and continues at exactly the next microbatch.
 
+Over a loader of an eval stream (``SidecarLoader(..., stream="eval")``, or the in-process
+one), every ``iter()`` of the dataset is one evaluation: the stream's ``steps`` steps from step
+0, then the iterator ends, so ``for item in dataset:`` every N training steps evaluates on the
+same batches each time. Such a dataset has no ``state_dict`` (the loader refuses it): keep it
+out of the checkpoint.
+
 Use it with ``DataLoader(dataset, batch_size=None, num_workers=0)`` (or iterate it directly):
 every item already is a whole microbatch, and the loader runs ahead on threads of its own (or
 in the sidecar). A ``batch_size`` or DataLoader worker processes would stack or duplicate

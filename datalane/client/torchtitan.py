@@ -22,6 +22,24 @@ entry per lane plus a ``recipe`` entry, which TorchTitan's ``CheckpointManager``
 ``torch.distributed.checkpoint`` under ``dataloader.*``, so a checkpoint saved at DP degree W
 resumes at any DP degree W' from 1 to the lane count.
 
+**Uneven DP degrees** (W that does not divide the lanes L: 3 ranks over 8 lanes own 2, 3 and 3
+lanes). TorchTitan's trainer has one ``local_batch_size`` and one gradient-accumulation count
+for every rank, and an optimizer step that every rank takes together, so a rank cannot read a
+smaller local batch. The scheme (:func:`datalane.spec.lanes.rank_shape`): every rank yields
+the same ``ceil(L/W) * (B/L) / local_batch_size`` microbatches per datalane step, a rank with
+fewer lanes ending its step with microbatches whose labels are all ``-100``; and
+``training.global_batch_size`` is the padded global batch ``W * ceil(L/W) * B/L`` sequences
+(:func:`titan_global_batch_size`; ``B`` itself when W divides L), so that TorchTitan's
+accumulation count is that number of microbatches and one TorchTitan step is one datalane step.
+The loss needs nothing more: TorchTitan's ``train_step`` divides each microbatch's summed loss
+by ``global_valid_tokens``, the labels that are not ``-100`` summed over the step's
+microbatches and the "batch" mesh, which is the step's ``step_tokens`` summed over the DP ranks
+(the adapter's global trained-token count: padded microbatches add 0 to it and 0 to the loss);
+its FSDP sums the gradients (``disable_fsdp_gradient_division``), so the gradient is the one of
+any other DP degree up to float-reduction order. A checkpoint saved in the middle of a datalane
+step means TorchTitan's steps are not datalane's (a wrong ``global_batch_size``):
+:meth:`DataLaneDataLoader.state_dict` refuses it, naming the value to set.
+
 Callers: TorchTitan's ``Trainer`` (through its config), :mod:`datalane.demo_torchtitan_rank`.
 """
 
@@ -41,12 +59,13 @@ from datalane.client.inprocess import InProcessLoader
 from datalane.client.torch import DataLaneDataset
 from datalane.spec.errors import ConfigError
 from datalane.spec.knobs import Knobs
+from datalane.spec.lanes import rank_shape
 from datalane.spec.recipe import load_recipe
 
 if TYPE_CHECKING:
     from datalane.client.sidecar import SidecarLoader
 
-__all__ = ["DataLaneDataLoader", "to_titan"]
+__all__ = ["DataLaneDataLoader", "titan_global_batch_size", "to_titan"]
 
 TitanBatch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
@@ -61,6 +80,18 @@ def to_titan(item: dict[str, torch.Tensor], seq_len: int) -> TitanBatch:
     return {"input": ids, "positions": item["positions"].clamp(min=0)}, item["labels"]
 
 
+def titan_global_batch_size(lanes: int, global_batch_size: int, dp_world_size: int,
+                            local_batch_size: int) -> int:
+    """TorchTitan's ``training.global_batch_size`` for a recipe of ``lanes`` lanes and global
+    batch ``global_batch_size`` on ``dp_world_size`` DP ranks reading microbatches of
+    ``local_batch_size`` sequences: the padded global batch ``W * ceil(L/W) * B/L``, so that
+    TorchTitan accumulates exactly one datalane step per optimizer step (``B`` when W divides
+    L; 8 lanes, B=16 on 3 ranks: 18). ConfigError, naming the sizes that can, when
+    ``local_batch_size`` cannot serve ``dp_world_size``."""
+    shape = rank_shape(lanes, global_batch_size, dp_world_size, 0, local_batch_size)
+    return dp_world_size * shape.total * local_batch_size
+
+
 class _Tap:
     """The loader as :class:`DataLaneDataset` sees it; hands each step's lane digests (on the
     last microbatch of the step) to ``on_step`` on the way through."""
@@ -69,6 +100,7 @@ class _Tap:
                  on_step: Callable[[int, dict[int, bytes]], None]) -> None:
         self.loader = loader
         self.on_step = on_step
+        self.last: Batch | None = None  # the latest microbatch handed out
 
     @property
     def lanes(self) -> range:
@@ -80,7 +112,8 @@ class _Tap:
 
     def __iter__(self) -> Iterator[Batch]:
         for batch in self.loader:
-            if batch.lane_digests:
+            self.last = batch
+            if batch.lane_digests:  # the step's last microbatch (padded ones included)
                 self.on_step(batch.step, batch.lane_digests)
             yield batch
 
@@ -127,8 +160,10 @@ class DataLaneDataLoader(BaseDataLoader):  # type: ignore[misc]
         self.digest_log = config.digest_log
         self.last_step: tuple[int, dict[int, bytes]] | None = None
         """The latest step whose last microbatch was handed out, with its lane digests."""
+        self.local_batch_size = local_batch_size
         self.loader = _open_loader(config, dp_rank, dp_world_size, local_batch_size)
-        self.dataset = DataLaneDataset(_Tap(self.loader, self._on_step))
+        self._tap = _Tap(self.loader, self._on_step)
+        self.dataset = DataLaneDataset(self._tap)
 
     def __iter__(self) -> Iterator[TitanBatch]:
         for item in self.dataset:
@@ -145,7 +180,24 @@ class DataLaneDataLoader(BaseDataLoader):  # type: ignore[misc]
                 f.write(json.dumps(line) + "\n")
 
     def state_dict(self) -> dict[str, Any]:
-        """One entry per lane of this rank plus the ``recipe`` entry (DataLaneDataset's)."""
+        """One entry per lane of this rank plus the ``recipe`` entry (DataLaneDataset's).
+
+        TorchTitan saves after an optimizer step, so the state must stand at the end of a
+        datalane step; in the middle of one, TorchTitan's steps are not datalane's (its
+        ``training.global_batch_size`` is not :func:`titan_global_batch_size`) and the
+        checkpoint is refused with the value to set."""
+        last = self._tap.last
+        if last is not None and not last.lane_digests:
+            per_step = self.loader.per_step
+            raise ConfigError(
+                f"TorchTitan saves a checkpoint after microbatch {last.index + 1} of the "
+                f"{per_step} of datalane step {last.step} (DP rank {self.dp_rank} of "
+                f"{self.dp_world_size}): its optimizer steps are not datalane's steps, so "
+                f"neither its global batches nor its loss normalization are. Set "
+                f"--training.global_batch_size "
+                f"{self.dp_world_size * per_step * self.local_batch_size} "
+                f"(DP degree x {per_step} microbatches x local_batch_size "
+                f"{self.local_batch_size}; titan_global_batch_size)")
         return self.dataset.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -8,6 +8,8 @@ ranks stay in lockstep until every lane has ended.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from datalane.engine.docstream import DocStream
@@ -20,8 +22,9 @@ from datalane.engine.pool import TaskPool
 from datalane.spec.errors import MismatchError
 from datalane.spec.hashing import window_digest
 from datalane.spec.knobs import Knobs
+from datalane.spec.phases import Schedule
 from datalane.spec.schema import SampleSchema, TextColumns
-from datalane.spec.state import Counters, LaneState, PackerState
+from datalane.spec.state import Counters, LaneState, PackerState, SourceCursor
 
 __all__ = ["LaneStream", "Window"]
 
@@ -55,8 +58,10 @@ class LaneStream:
         recipe = plan.recipe
         self.plan = plan
         self.lane = lane
+        schedule = Schedule.of(recipe)
         if state is not None:
-            self._check(state)
+            self._check(state, schedule)
+            state = _with_added_sources(state, len(recipe.sources))
         self.counters = Counters()
         if state is not None:
             self.counters.add(state.counters)
@@ -67,8 +72,14 @@ class LaneStream:
                       recipe.bad_records_max_fraction)
             for sp in plan.sources
         ]
-        self.mixture = Mixture(self.streams, [s.weight for s in recipe.sources],
-                               list(state.mixture) if state is not None else None)
+        # the weights in force are those of the last window before the state (none: step 0)
+        step = max(state.sequences // recipe.lane_batch - 1, 0) if state is not None else 0
+        self.mixture = Mixture(self.streams, schedule.weights(step),
+                               list(state.mixture) if state is not None else None,
+                               schedule=schedule, step=step,
+                               base=state.mixture_base if state is not None else None,
+                               ran_out=self._ran_out)
+        self._phases = not schedule.constant
         ctx = PackContext(self.mixture.next_doc, self._fetch, recipe.sequence_tokens,
                           plan.schema, self.counters, recipe.packing, f"lane {lane} state",
                           self.mixture.next_run)
@@ -80,15 +91,28 @@ class LaneStream:
         self.sequences = state.sequences if state is not None else 0
         self.ended = state.ended if state is not None else False
 
-    def _check(self, state: LaneState) -> None:
+    def _check(self, state: LaneState, schedule: Schedule) -> None:
         recipe = self.plan.recipe
         if state.lane != self.lane:
             raise MismatchError(f"the state of lane {state.lane} cannot restore lane {self.lane}")
+        step = state.sequences // recipe.lane_batch
+        used = schedule.used_before(step)
         for what, n in (("source cursors", len(state.sources)),
                         ("mixture counters", len(state.mixture))):
-            if n != len(recipe.sources):
+            # sources added after the others, unused so far, start fresh (an appended phase)
+            if n != len(recipe.sources) and not (n < len(recipe.sources) and
+                                                 not any(used[n:])):
                 raise MismatchError(f"lane {self.lane} state has {n} {what}; the recipe has "
                                     f"{len(recipe.sources)} sources")
+        if len(state.sources) != len(state.mixture):
+            raise MismatchError(f"lane {self.lane} state has {len(state.sources)} source "
+                                f"cursors but {len(state.mixture)} mixture counters")
+        for i, (c, consumed) in enumerate(zip(state.sources, state.mixture, strict=True)):
+            if not used[i] and (c != _FRESH or consumed):
+                raise MismatchError(
+                    f"lane {self.lane} state: source {i} {recipe.sources[i].name!r} has weight "
+                    f"0 before step {step}, but the state has read from it (cursor "
+                    f"{c.encode()}, {consumed} tokens)")
         for i, c in enumerate(state.sources):
             chunks = self.plan.sources[i].lane_chunks(self.lane, c.epoch) if c.epoch >= 0 else []
             if min(c.epoch, c.block, c.chunk, c.offset, c.pos + 1) < 0 or (
@@ -98,6 +122,12 @@ class LaneStream:
         if state.sequences % recipe.lane_batch:
             raise MismatchError(f"lane {self.lane} state is {state.sequences} sequences in, not "
                                 f"on a step boundary of {recipe.lane_batch} sequences")
+
+    def _ran_out(self, source: int) -> bool:
+        """Whether the source's resume point is past its last epoch (the same in a run and in
+        its restore, unlike the mixture's discovery that a stream has ended)."""
+        epochs = self.plan.sources[source].spec.epochs
+        return epochs is not None and self.streams[source].cursor.epoch >= epochs
 
     def _fetch(self, source: int, ref: tuple[int, ...]) -> Doc:
         """A carried document, by reference; MismatchError for one the recipe cannot hold."""
@@ -120,6 +150,7 @@ class LaneStream:
     def next_window(self, out: dict[str, np.ndarray] | None = None) -> Window:
         """The lane's next window; ``out`` (arrays of ``lane_batch`` rows per column, for
         example the lane's rows of the step) receives it in place."""
+        self.mixture.at_step(self.step)
         recipe = self.plan.recipe
         rows = recipe.lane_batch
         size = recipe.sequence_tokens
@@ -156,8 +187,23 @@ class LaneStream:
             packer=PackerState(self.packer.name, self.packer.state()),
             ended=self.ended,
             counters=counters,
+            mixture_base=self.mixture.base() if self._phases else None,
         )
 
     def close(self) -> None:
         for s in self.streams:
             s.close()
+
+
+_FRESH = SourceCursor(0, 0, 0, -1, 0)
+
+
+def _with_added_sources(state: LaneState, sources: int) -> LaneState:
+    """``state`` with fresh cursors (0 consumed) for the sources the recipe added after the
+    others (``_check`` made sure they are unused so far)."""
+    more = sources - len(state.sources)
+    if not more:
+        return state
+    base = state.mixture_base.extended(sources) if state.mixture_base is not None else None
+    return dataclasses.replace(state, sources=(*state.sources, *(_FRESH,) * more),
+                               mixture=(*state.mixture, *(0,) * more), mixture_base=base)

@@ -132,7 +132,7 @@ class Loader:
         """Resume from a checkpoint holding (at least) this rank's lanes."""
         ckpt = state if isinstance(state, Checkpoint) else Checkpoint.from_json(state)
         check_fingerprint(ckpt.fingerprint, ckpt.fingerprint_doc, self.plan.fingerprint,
-                          self.plan.fingerprint_doc, "the checkpoint")
+                          self.plan.fingerprint_doc, "the checkpoint", step=ckpt.step)
         if ckpt.lanes_total != self.recipe.lanes:
             raise MismatchError(f"the checkpoint has {ckpt.lanes_total} lanes; the recipe has "
                                 f"{self.recipe.lanes}")

@@ -21,6 +21,7 @@ from datalane.engine.mapstage import MapStage
 from datalane.engine.rng import permutation
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.errors import ConfigError
+from datalane.spec.evals import training_view
 from datalane.spec.fingerprint import fingerprint_of
 from datalane.spec.formats import unsupported_compression
 from datalane.spec.recipe import Filters, Recipe, Source
@@ -82,7 +83,7 @@ class Plan:
             for c in kind.columns:
                 extra.setdefault(c.name, c)
         doc: dict[str, object] = {
-            "recipe": recipe.to_dict(),
+            "recipe": training_view(recipe).to_dict(),  # eval streams: their own
             "files": {sp.spec.name: [[f.uri, f.size, f.ident] for f in sp.files]
                       for sp in sources},
             "tokenizer_sha256": tokenizer.sha256,

@@ -101,10 +101,27 @@ def _clip(value: Any, width: int = 200) -> str:
 
 
 def check_fingerprint(saved_fp: str, saved_doc: dict[str, Any] | None, current_fp: str,
-                      current_doc: dict[str, Any], what: str) -> None:
-    """Raise :class:`MismatchError` naming the differing fields unless the fingerprints match."""
+                      current_doc: dict[str, Any], what: str, step: int | None = None) -> None:
+    """Raise :class:`MismatchError` naming the differing fields unless the fingerprints match.
+
+    With ``step`` (the saved state's step: the steps it has consumed), only the part of the
+    recipe those steps depend on must match (:func:`datalane.spec.phases.prefix_document`):
+    phases starting at or after ``step`` and sources unused until then may differ, so a run
+    may resume with phases appended. The refusal names which phase changed what."""
     if saved_fp == current_fp:
         return
+    if step is not None and saved_doc:
+        from datalane.spec.phases import phase_diff, prefix_document  # phases imports us
+
+        saved, current = prefix_document(saved_doc, step), prefix_document(current_doc, step)
+        if fingerprint_of(saved) == fingerprint_of(current):
+            return
+        lines = phase_diff(saved, current, step)
+        raise MismatchError(
+            f"{what} was saved at step {step} with recipe fingerprint {saved_fp[:16]}..., but "
+            f"this recipe has {current_fp[:16]}... and differs in what those {step} steps "
+            f"consumed (phases starting at or after step {step} may change); these fields "
+            f"differ:\n" + "\n".join(lines or ["  (no field named; the documents differ)"]))
     detail = diff_documents(saved_doc, current_doc) if saved_doc else []
     if not detail:
         detail = ["  (the saved state carries no fingerprint document to compare)"]

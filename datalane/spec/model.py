@@ -68,6 +68,8 @@ def _type_name(tp: Any) -> str:
         return " | ".join(repr(a) for a in get_args(tp))
     if origin is list:
         return f"list of {_type_name(get_args(tp)[0])}"
+    if origin is dict:
+        return f"mapping of string to {_type_name(get_args(tp)[1])}"
     if dataclasses.is_dataclass(tp):
         return "mapping"
     return {int: "integer", float: "number", str: "string", bool: "boolean"}.get(tp, str(tp))
@@ -111,6 +113,16 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where} must be a list, got {type(value).__name__} {value!r}")
         (item,) = get_args(tp)
         return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:  # string keys only (JSON, YAML mappings)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} must be a mapping, got {type(value).__name__} {value!r}")
+        _, item = get_args(tp)
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{where} keys must be strings, got {k!r}")
+            out[k] = _convert(item, v, f"{where}.{k}")
+        return out
     if dataclasses.is_dataclass(tp):
         return load(typing.cast(type[Any], tp), value, where)
     if tp is bool:
@@ -176,10 +188,19 @@ def dump(obj: Any) -> Any:
     """Canonical plain-data form of a model object: every field, defaults included."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: dump(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)}
+                if not (f.metadata.get("omit_default") and getattr(obj, f.name) == _default(f))}
     if isinstance(obj, (list, tuple)):
         return [dump(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: dump(v) for k, v in obj.items()}
     return obj
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """A field's default value (a ``factory`` field's too: a fresh empty list, say)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def _schema_of(tp: Any, meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -193,6 +214,8 @@ def _schema_of(tp: Any, meta: Mapping[str, Any]) -> dict[str, Any]:
         out = {"type": "array", "items": _schema_of(get_args(inner)[0], {})}
         if meta.get("min_items"):
             out["minItems"] = meta["min_items"]
+    elif origin is dict:
+        out = {"type": "object", "additionalProperties": _schema_of(get_args(inner)[1], {})}
     elif dataclasses.is_dataclass(inner):
         out = json_schema(typing.cast(type[Any], inner))
     else:

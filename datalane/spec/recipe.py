@@ -15,13 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from datalane.spec import model
+from datalane.spec import evals, model
 from datalane.spec.chat import ChatSpec
 from datalane.spec.errors import ConfigError
 from datalane.spec.formats import FORMAT_NAMES, TOKEN_FORMATS, infer_format
 from datalane.spec.integrity import MAX_DEPTH, check_depth, parse_json, parse_text, read_bytes
 from datalane.spec.lanes import nearest_multiples
 from datalane.spec.model import doc
+from datalane.spec.phases import Phase, check_phases
 from datalane.spec.tokens import TokensSpec
 
 __all__ = [
@@ -104,8 +105,9 @@ class Source:
     text_field: str = doc(
         "Column (Parquet, MDS, Lance, HF) or key (JSONL) holding the document text; for "
         "WebDataset the extension of the member holding it (`txt`).", default="text")
-    weight: float = doc("Share of *tokens* this source contributes to each lane's mix.",
-                        default=1.0, gt=0)
+    weight: float = doc(
+        "Share of *tokens* this source contributes to each lane's mix from step 0 (0: none "
+        "until a phase gives it a weight).", default=1.0, ge=0)
     epochs: int | None = doc("Passes over the source; null repeats it forever.",
                              default=1, ge=1)
     chunk_bytes: int = doc(
@@ -198,6 +200,14 @@ class Recipe:
         "With `skip`: stop with an error once more than this fraction of a lane's records "
         "are malformed (checked from the lane's 1,000th record on); null never stops.",
         default=None, gt=0, le=1, omit_default=True)
+    eval: list[evals.EvalStream] = doc(
+        "Eval streams: named held-out streams the sidecar serves next to the training "
+        "stream (`SidecarLoader(stream=name)`), each read like the recipe's sources; not "
+        "part of the training stream's fingerprint.", factory=list, omit_default=True)
+    phases: list[Phase] = doc(
+        "Mixture schedule: phases that change the source weights from a step on (a jump or "
+        "a linear ramp); phase 0 is the sources' own weights from step 0.",
+        factory=list, omit_default=True)
     version: int = doc("Recipe schema version.", default=RECIPE_VERSION, ge=1,
                        le=RECIPE_VERSION)
 
@@ -239,6 +249,8 @@ class Recipe:
                 raise ConfigError(f"{_at(where, f'sources[{i}].name')} {src.name!r} is used by "
                                   f"another source; names must be unique")
             seen.add(src.name)
+        check_phases(self, where)
+        evals.validate_streams(self, where)
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical plain form (every field, defaults included)."""
@@ -333,5 +345,7 @@ def _resolve_relative(recipe: Recipe, base: str) -> Recipe:
         return dataclasses.replace(s, **changes)
 
     sources = [fixed(s) for s in recipe.sources]
+    streams = [dataclasses.replace(e, sources=[fixed(s) for s in e.sources])
+               for e in recipe.eval]
     tok = dataclasses.replace(recipe.tokenizer, uri=fix(recipe.tokenizer.uri))
-    return dataclasses.replace(recipe, sources=sources, tokenizer=tok)
+    return dataclasses.replace(recipe, sources=sources, tokenizer=tok, eval=streams)

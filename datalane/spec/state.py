@@ -4,8 +4,11 @@ A :class:`LaneState` is the compact state of one lane between two steps. It hold
 never tokens: per-source cursors, the mixture's token counters, the packer's own state (its
 carry-over as :class:`Piece` s: a token range of a document named by the reference its
 format defines) nested under the packer's name, and counters. Its JSON form is versioned and
-small (a few hundred bytes for ``wrap``). Version 1 (datalane 0.1 and 0.2: the carry-over as
-``carry``/``pend`` lists of ``[source, file, position, start, stop]``) still loads.
+small (a few hundred bytes for ``wrap``). A lane of a recipe with phases also holds its
+mixture's re-basing values (:class:`MixtureBase`, under ``mixb``); a lane of a recipe without
+phases never does, so its JSON is what it always was. Version 1 (datalane 0.1 and 0.2: the
+carry-over as ``carry``/``pend`` lists of ``[source, file, position, start, stop]``) still
+loads.
 
 A :class:`Checkpoint` bundles the lane states of one step with the recipe fingerprint and the
 fingerprint document, so a restore with another recipe can say which fields differ. Its JSON
@@ -16,6 +19,7 @@ range-checked when read, so a damaged state is refused naming the value, never u
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +34,7 @@ __all__ = [
     "Checkpoint",
     "Counters",
     "LaneState",
+    "MixtureBase",
     "PackerState",
     "Piece",
     "SourceCursor",
@@ -175,6 +180,44 @@ class Counters:
 
 
 @dataclass(frozen=True)
+class MixtureBase:
+    """The mixture's re-basing values under a schedule (engine/mixture.py): per source the
+    pass ``P_i`` and the consumed tokens ``a_i`` at the last weight change (the pass is
+    ``P_i + (consumed_i - a_i) / w_i``). Floats are written in their shortest repr, which
+    JSON reads back exactly."""
+
+    passes: tuple[float, ...]
+    anchors: tuple[int, ...]
+
+    @classmethod
+    def initial(cls, sources: int) -> MixtureBase:
+        return cls((0.0,) * sources, (0,) * sources)
+
+    def encode(self) -> list[Any]:
+        return [list(self.passes), list(self.anchors)]
+
+    @classmethod
+    def decode(cls, data: Any, where: str) -> MixtureBase:
+        if not isinstance(data, list) or len(data) != 2:
+            raise MismatchError(f"{where} must be [[pass...], [anchor...]], got "
+                                f"{_short(data)}")
+        passes = tuple(_float(v, f"{where} pass[{i}]")
+                       for i, v in enumerate(_list(data[0], f"{where} passes")))
+        anchors = tuple(_int(v, f"{where} anchor[{i}]")
+                        for i, v in enumerate(_list(data[1], f"{where} anchors")))
+        if len(passes) != len(anchors):
+            raise MismatchError(f"{where} has {len(passes)} passes and {len(anchors)} anchors; "
+                                f"one of each per source")
+        return cls(passes, anchors)
+
+    def extended(self, sources: int) -> MixtureBase:
+        """The same values for ``sources`` sources (sources added after the others start at
+        pass 0, consumed 0)."""
+        more = sources - len(self.passes)
+        return MixtureBase((*self.passes, *(0.0,) * more), (*self.anchors, *(0,) * more))
+
+
+@dataclass(frozen=True)
 class LaneState:
     """Resume point of one lane after ``sequences`` sequences (a whole number of steps)."""
 
@@ -185,6 +228,7 @@ class LaneState:
     packer: PackerState
     ended: bool  # every source is exhausted and the packer flushed
     counters: Counters
+    mixture_base: MixtureBase | None = None  # only for a recipe with phases
 
     @classmethod
     def initial(cls, lane: int, sources: int) -> LaneState:
@@ -201,6 +245,8 @@ class LaneState:
             "mix": list(self.mixture),
             "n": self.counters.encode(),
         }
+        if self.mixture_base is not None:
+            out["mixb"] = self.mixture_base.encode()
         if self.packer.name is not None:
             out["pack"] = {self.packer.name: dict(self.packer.data)}
         elif self.packer.data.get("carry") or self.packer.data.get("pending"):
@@ -222,7 +268,7 @@ class LaneState:
         if version not in (1, LANE_STATE_VERSION) or isinstance(version, bool):
             raise MismatchError(f"{where} has schema version {version!r}; this datalane reads "
                                 f"versions 1 to {LANE_STATE_VERSION}")
-        known = {"v", "lane", "seqs", "src", "mix", "n", "end"}
+        known = {"v", "lane", "seqs", "src", "mix", "n", "end", "mixb"}
         known |= {"carry", "pend"} if version == 1 else {"pack"}
         extra = sorted(set(data) - known)
         if extra:
@@ -234,6 +280,11 @@ class LaneState:
                             for i, m in enumerate(_list(data["mix"], f"{where}.mix")))
             packer = (_packer_v1(data, where) if version == 1
                       else _packer(data.get("pack"), f"{where}.pack"))
+            base = (MixtureBase.decode(data["mixb"], f"{where}.mixb") if "mixb" in data
+                    else None)
+            if base is not None and len(base.passes) != len(mixture):
+                raise MismatchError(f"{where}.mixb has {len(base.passes)} sources, .mix "
+                                    f"{len(mixture)}")
             end = data.get("end", 0)
             if end not in (0, 1) or isinstance(end, float):
                 raise MismatchError(f"{where}.end must be 1 when present, got {end!r}")
@@ -245,6 +296,7 @@ class LaneState:
                 packer=packer,
                 ended=bool(end),
                 counters=Counters.decode(data["n"], f"{where}.n"),
+                mixture_base=base,
             )
         except KeyError as e:
             raise MismatchError(f"{where} lacks the key {e.args[0]!r}") from e
@@ -434,6 +486,12 @@ def _int(v: Any, where: str, lo: int = 0, hi: int = _MAX_INT) -> int:
         top = "2^63 - 1" if hi == _MAX_INT else str(hi)
         raise MismatchError(f"{where} must be at most {top}, got {_short(v)}")
     return v
+
+
+def _float(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise MismatchError(f"{where} must be a finite number, got {_short(v)}")
+    return float(v)
 
 
 def _list(data: Any, where: str) -> list[Any]:

@@ -17,6 +17,17 @@ same step write identical bytes, and a reader verifies a manifest by deriving it
 the objects it lists and comparing bytes: any edit of a lane hash, an object hash, the ledger
 or the lane map is caught.
 
+A checkpoint written under a recipe with phases also lists where each phase begins, as the
+recipe of its pod objects says (``fingerprint_doc``), in recipe order; a recipe without
+phases writes no ``phases`` key, so manifests of such runs (and of datalane before phases)
+keep their bytes::
+
+     "phases": [{"name": "warmup", "start_step": 0}, {"name": "anneal", "start_step": 500}]
+
+Each manifest thus records which phases existed when it was written; the audit
+(:mod:`datalane.store.audit`) finds where a phase was appended and proves that the steps
+before it are unchanged.
+
 The ledger holds, for every step ``t`` with ``previous.step <= t < step`` (all steps below
 ``step`` for the first checkpoint) for which the pod objects carry the window digest of
 every lane, ``global_hash`` of those digests in lane order. A checkpoint of step ``s`` is the
@@ -35,6 +46,7 @@ from typing import Any
 
 from datalane.spec.errors import MismatchError, StorageError
 from datalane.spec.hashing import global_hash
+from datalane.store.amendments import PhaseStart, recorded_phases, same_consumed_prefix
 from datalane.store.layout import is_pod_object_name
 from datalane.store.podstate import (
     PodObject,
@@ -51,6 +63,7 @@ MANIFEST_FORMAT = "datalane.manifest/v1"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _KEYS = {"format", "step", "fingerprint", "fingerprint_doc", "lanes_total", "lanes", "objects",
          "ledger", "previous"}
+_OPTIONAL = {"phases"}  # only when the recipe has phases: older manifests keep their bytes
 
 
 @dataclass(frozen=True)
@@ -86,9 +99,12 @@ class Manifest:
     """``(step, global batch hash)`` for the steps served since the previous checkpoint."""
     previous_step: int | None
     previous_sha256: str | None
+    phases: tuple[PhaseStart, ...] = ()
+    """Where each phase of the recipe the checkpoint was written under begins (recipe order);
+    empty for a recipe without phases."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "format": MANIFEST_FORMAT,
             "step": self.step,
             "fingerprint": self.fingerprint,
@@ -100,6 +116,9 @@ class Manifest:
             "ledger": [[s, h] for s, h in self.ledger],
             "previous": {"step": self.previous_step, "sha256": self.previous_sha256},
         }
+        if self.phases:
+            doc["phases"] = [{"name": p.name, "start_step": p.start_step} for p in self.phases]
+        return doc
 
     def encode(self) -> bytes:
         """Canonical JSON and a newline: equal manifests have equal bytes."""
@@ -115,7 +134,7 @@ class Manifest:
         def corrupt(why: str) -> StorageError:
             return corrupt_error("manifest", uri, why)
 
-        doc = parse_document(data, uri, "manifest", MANIFEST_FORMAT, _KEYS)
+        doc = parse_document(data, uri, "manifest", MANIFEST_FORMAT, _KEYS, _OPTIONAL)
         try:
             step, lanes_total = _int(doc["step"]), _int(doc["lanes_total"])
             lanes = {int(k): LaneEntry(_str(v["object"]), _hex(v["sha256"]))
@@ -126,6 +145,8 @@ class Manifest:
             prev_step = None if prev["step"] is None else _int(prev["step"])
             prev_sha = None if prev["sha256"] is None else _hex(prev["sha256"])
             fingerprint = _str(doc["fingerprint"])
+            phases = tuple(PhaseStart(_str(p["name"]), _int(p["start_step"]))
+                           for p in doc.get("phases", ()))
         except (TypeError, ValueError, KeyError) as e:
             raise corrupt(f"malformed field: {e!r}") from e
         fp_doc = doc["fingerprint_doc"]
@@ -141,8 +162,10 @@ class Manifest:
             raise corrupt(f"object names {sorted(objects)} are not all pod objects")
         if (prev_step is None) != (prev_sha is None):
             raise corrupt("previous.step and previous.sha256 must both be set or both be null")
+        if "phases" in doc and not phases:
+            raise corrupt("phases must list at least one phase when present")
         return cls(step, fingerprint, fp_doc, lanes_total, lanes, objects, ledger, prev_step,
-                   prev_sha)
+                   prev_sha, phases)
 
 
 def _int(v: Any) -> int:
@@ -181,9 +204,18 @@ def _lane_owners(step: int, pods: Sequence[PodRead]) -> dict[int, PodRead]:
         if p.name != f"pod-{p.pod.pod}.json":
             raise MismatchError(f"{p.uri} claims to be the object of pod {p.pod.pod!r}")
         if p.pod.fingerprint != head.pod.fingerprint:
+            hint = ""
+            if same_consumed_prefix(head.pod.fingerprint, head.pod.fingerprint_doc,
+                                    p.pod.fingerprint, p.pod.fingerprint_doc, step):
+                hint = (f"; both recipes served the same steps so far (phases that start at or "
+                        f"after step {step} differ: the recipe was edited and only some pods "
+                        f"restarted since); restart every pod of the job so that all serve the "
+                        f"same recipe, or discard the uncommitted step if it holds stale "
+                        f"objects")
             raise MismatchError(
                 f"step {step} mixes recipes: {head.uri} has fingerprint "
-                f"{head.pod.fingerprint[:16]}..., {p.uri} has {p.pod.fingerprint[:16]}...")
+                f"{head.pod.fingerprint[:16]}..., {p.uri} has {p.pod.fingerprint[:16]}..."
+                f"{hint}")
         if p.pod.lanes_total != head.pod.lanes_total:
             raise MismatchError(f"step {step} mixes lane counts: {head.uri} has "
                                 f"{head.pod.lanes_total} lanes, {p.uri} has {p.pod.lanes_total}")
@@ -252,6 +284,7 @@ def build_manifest(step: int, pods: Sequence[PodRead],
         ledger=_ledger(step, pods, head.lanes_total, since),
         previous_step=since,
         previous_sha256=previous[1] if previous is not None else None,
+        phases=recorded_phases(head.fingerprint_doc),
     )
 
 

@@ -43,9 +43,10 @@ def corrupt_error(kind: str, uri: str, why: str) -> StorageError:
 
 
 def parse_document(data: bytes, uri: str, kind: str, fmt: str,
-                   keys: frozenset[str] | set[str]) -> dict[str, Any]:
-    """A stored JSON object of format ``fmt`` with exactly ``keys``: StorageError naming
-    ``uri`` if corrupt, MismatchError if it is another format (version)."""
+                   keys: frozenset[str] | set[str],
+                   optional: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
+    """A stored JSON object of format ``fmt`` with exactly ``keys`` (and any of ``optional``):
+    StorageError naming ``uri`` if corrupt, MismatchError if it is another format (version)."""
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -56,7 +57,7 @@ def parse_document(data: bytes, uri: str, kind: str, fmt: str,
     if doc.get("format") != fmt:
         raise MismatchError(f"{kind} {uri} has format {doc.get('format')!r}; this datalane "
                             f"reads {fmt!r}")
-    extra, missing = sorted(set(doc) - keys), sorted(keys - set(doc))
+    extra, missing = sorted(set(doc) - keys - optional), sorted(keys - set(doc))
     if extra or missing:
         raise corrupt_error(kind, uri, f"unknown keys {extra}, missing keys {missing}")
     return doc

@@ -34,8 +34,8 @@ from typing import Any
 import fsspec
 
 from datalane.spec.errors import ConfigError, MismatchError, StorageError
-from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.state import Checkpoint, LaneState, merge_checkpoints
+from datalane.store.amendments import check_consumed_prefix, same_consumed_prefix
 from datalane.store.audit import AuditReport, ManifestRecord, audit_records
 from datalane.store.layout import (
     basename,
@@ -125,7 +125,8 @@ class CheckpointStore:
         ``{lane: window digest}`` (32 bytes or hex); they become the manifest's ledger. If
         ``step`` is already committed nothing is written: the given lane states must equal
         the committed ones (MismatchError otherwise, a sign of a nondeterministic stream or a
-        changed recipe) and the manifest's URI is returned.
+        changed recipe; a recipe that only appended phases starting at or after ``step`` is
+        the same run) and the manifest's URI is returned.
         """
         check_step(step)
         pod = str(pod_id)
@@ -145,7 +146,9 @@ class CheckpointStore:
 
     def _check_against_committed(self, obj: PodObject, manifest: Manifest) -> None:
         where = self._io.uri(manifest_path(self._base, obj.step))
-        if (obj.fingerprint, obj.lanes_total) != (manifest.fingerprint, manifest.lanes_total):
+        same_run = same_consumed_prefix(obj.fingerprint, obj.fingerprint_doc,
+                                        manifest.fingerprint, manifest.fingerprint_doc, obj.step)
+        if not same_run or obj.lanes_total != manifest.lanes_total:
             raise MismatchError(
                 f"step {obj.step} is already committed in {where} with fingerprint "
                 f"{manifest.fingerprint[:16]}... and {manifest.lanes_total} lanes; pod "
@@ -241,15 +244,17 @@ class CheckpointStore:
 
         ``lanes`` restricts the restore to some lanes (a pod's share after a re-deal): only
         the objects holding them are read. With ``fingerprint``, a checkpoint of another
-        recipe is refused with a MismatchError naming the fields that differ.
+        recipe is refused with a MismatchError naming the fields that differ; a recipe that
+        only appended (or changed) phases starting at or after ``step`` is the same run.
         """
         check_step(step)
         data = self._read_manifest(step)
         wanted = None if lanes is None else sorted(set(lanes))
         manifest, reads = self._verify(step, data, wanted)
         if fingerprint is not None:
-            check_fingerprint(manifest.fingerprint, manifest.fingerprint_doc, fingerprint,
-                              fingerprint_doc or {}, f"checkpoint step {step} in {self.uri}")
+            check_consumed_prefix(manifest.fingerprint, manifest.fingerprint_doc, fingerprint,
+                                  fingerprint_doc or {}, step,
+                                  f"checkpoint step {step} in {self.uri}")
         chosen = range(manifest.lanes_total) if wanted is None else wanted
         parts = []
         for read in reads.values():

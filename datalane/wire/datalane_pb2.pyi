@@ -15,7 +15,7 @@ TRANSPORT_INLINE: Transport
 TRANSPORT_SHM: Transport
 
 class OpenRequest(_message.Message):
-    __slots__ = ("protocol_version", "rank", "world_size", "microbatch_size", "from_start", "from_step", "state_json", "skip_microbatches", "transport", "fingerprint", "readers", "reader")
+    __slots__ = ("protocol_version", "rank", "world_size", "microbatch_size", "from_start", "from_step", "state_json", "skip_microbatches", "transport", "fingerprint", "readers", "reader", "stream")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class OpenRequest(_message.Message):
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     READERS_FIELD_NUMBER: _ClassVar[int]
     READER_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     rank: int
     world_size: int
@@ -40,10 +41,11 @@ class OpenRequest(_message.Message):
     fingerprint: str
     readers: int
     reader: int
-    def __init__(self, protocol_version: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., microbatch_size: _Optional[int] = ..., from_start: _Optional[bool] = ..., from_step: _Optional[int] = ..., state_json: _Optional[str] = ..., skip_microbatches: _Optional[int] = ..., transport: _Optional[_Union[Transport, str]] = ..., fingerprint: _Optional[str] = ..., readers: _Optional[int] = ..., reader: _Optional[int] = ...) -> None: ...
+    stream: str
+    def __init__(self, protocol_version: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., microbatch_size: _Optional[int] = ..., from_start: _Optional[bool] = ..., from_step: _Optional[int] = ..., state_json: _Optional[str] = ..., skip_microbatches: _Optional[int] = ..., transport: _Optional[_Union[Transport, str]] = ..., fingerprint: _Optional[str] = ..., readers: _Optional[int] = ..., reader: _Optional[int] = ..., stream: _Optional[str] = ...) -> None: ...
 
 class OpenReply(_message.Message):
-    __slots__ = ("session_id", "protocol_version", "step", "lane_start", "lane_stop", "seq_tokens", "microbatches_per_step", "fingerprint", "shm_path", "shm_bytes", "readers", "schema_json", "layout", "slot_bytes")
+    __slots__ = ("session_id", "protocol_version", "step", "lane_start", "lane_stop", "seq_tokens", "microbatches_per_step", "fingerprint", "shm_path", "shm_bytes", "readers", "schema_json", "layout", "slot_bytes", "stream", "steps")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +60,8 @@ class OpenReply(_message.Message):
     SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     protocol_version: int
     step: int
@@ -72,7 +76,9 @@ class OpenReply(_message.Message):
     schema_json: str
     layout: _containers.RepeatedCompositeFieldContainer[ColumnSlot]
     slot_bytes: int
-    def __init__(self, session_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., step: _Optional[int] = ..., lane_start: _Optional[int] = ..., lane_stop: _Optional[int] = ..., seq_tokens: _Optional[int] = ..., microbatches_per_step: _Optional[int] = ..., fingerprint: _Optional[str] = ..., shm_path: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., schema_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[ColumnSlot, _Mapping]]] = ..., slot_bytes: _Optional[int] = ...) -> None: ...
+    stream: str
+    steps: int
+    def __init__(self, session_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., step: _Optional[int] = ..., lane_start: _Optional[int] = ..., lane_stop: _Optional[int] = ..., seq_tokens: _Optional[int] = ..., microbatches_per_step: _Optional[int] = ..., fingerprint: _Optional[str] = ..., shm_path: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., schema_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[ColumnSlot, _Mapping]]] = ..., slot_bytes: _Optional[int] = ..., stream: _Optional[str] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class ColumnSlot(_message.Message):
     __slots__ = ("name", "dtype", "offset", "nbytes", "shape")

@@ -2,7 +2,8 @@
 
 * :func:`review_pipeline` - a DataPipeline at CREATE/UPDATE: everything the CRD schema cannot
   express (the composed recipe loads, relative paths, formats that cannot be inferred, the
-  endpoint fits the URI, one pipeline per workload, fields fixed for the life of a run, an
+  endpoint fits the URI, one pipeline per workload, fields fixed for the life of a run, edits
+  of ``spec.recipe`` only where the run has not been yet (:mod:`datalane_operator.amend`), an
   existing workload's data-parallel world size is at most the lanes and its ranks fit
   ``spec.parallelism``; and the cluster :class:`~datalane_operator.policy.Policy`: the
   operator may act on the checkpoint store, the filter predicates come from allowed modules);
@@ -26,6 +27,7 @@ from typing import Any
 
 from datalane.spec.errors import ConfigError
 from datalane.spec.formats import compression_of, infer_format
+from datalane_operator.amend import recorded_step, review_recipe_edit
 from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline
 from datalane_operator.policy import Policy, predicates_of
 from datalane_operator.storage import DEFAULT_PROTOCOLS, scheme_of, sidecar_store_options
@@ -37,7 +39,9 @@ MAX_NAME = 63  # the name is a label value on every injected pod
 _GLOB = re.compile(r"[*?\[]")
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 IMMUTABLE = (("lanes", "spec.lanes"), ("globalBatchSize", "spec.globalBatchSize"),
-             ("recipe", "spec.recipe"), ("workload", "spec.workload"))
+             ("workload", "spec.workload"))
+"""Fields fixed for the life of a run; ``spec.recipe`` may change where the run has not been
+yet (:func:`_check_recipe_edit`)."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +230,8 @@ def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
                     before, after = _short(old_spec.get(key)), _short(new_spec.get(key))
                     raise ConfigError(f"{where} is fixed for the life of a run ({before} -> "
                                       f"{after}); create a new DataPipeline for a new run")
+            if old_spec.get("recipe") != new_spec.get("recipe"):
+                warnings += _check_recipe_edit(old, p, workload)
         if workload is not None:
             par = p.spec.parallelism
             topo = topology_of(workload, p.spec.workload.container, par)
@@ -243,6 +249,19 @@ def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
     except ConfigError as e:
         return Verdict.deny(str(e), warnings)
     return Verdict(True, "", warnings)
+
+
+def _check_recipe_edit(old: Mapping[str, Any], new: Pipeline,
+                       workload: Mapping[str, Any] | None) -> list[str]:
+    """An UPDATE that changes ``spec.recipe``: refused (ConfigError) when it edits steps the
+    run has consumed by its recorded progress; returns warnings when admitted."""
+    try:
+        before = load_pipeline(old)
+    except ConfigError as e:  # stored while the webhook was off: fixing it must stay possible
+        return [f"the stored spec.recipe does not load ({e}), so this edit was not checked "
+                f"against the steps the run has consumed"]
+    running = f"{new.spec.workload.kind} {new.spec.workload.name}" if workload else None
+    return review_recipe_edit(before.recipe, new.recipe, recorded_step(old), running=running)
 
 
 def _value_at(obj: Mapping[str, Any], path: str) -> Any:

@@ -17,6 +17,13 @@ with the same lane states; each reader gets a handle (the ``session_id`` it stre
 a shared-memory ring of its own. Any other Open builds a new session and only then replaces
 the rank's live one, so a refused request never disturbs a healthy trainer. Started by
 :func:`datalane_sidecar.server.serve`.
+
+Eval streams: an Open naming an eval stream of the recipe (``stream``; "" is the training
+stream) builds a session on that stream's plan (planned once, when the service starts, so a
+bad eval source stops the sidecar at start and not at the first evaluation). It shares the
+worker pool, starts at step 0, yields the stream's steps and then ends its Stream with OK; it
+is never checkpointed, writes no resume point and no ledger, and is replaced only by another
+Open of the same stream and rank: the rank's training session is never disturbed by it.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import numpy as np
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
 from datalane.spec.errors import ConfigError, DatalaneError, MismatchError, StorageError
+from datalane.spec.evals import TRAIN, check_stream, eval_recipe, eval_steps
 from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.integrity import parse_json
 from datalane.spec.knobs import Knobs
@@ -107,19 +115,29 @@ class DataLaneService(pbg.DataLaneServicer):
         self.pool = TaskPool(knobs.workers)
         self.checkpoints = PodCheckpoints(store, pod, ranks_per_pod)
         self.texts = CheckpointText(plan)  # the fingerprint document, serialized once
+        # every stream's plan and checkpoint texts: the training stream, then the eval streams
+        self.plans: dict[str, Plan] = {TRAIN: plan}
+        self.stream_texts: dict[str, CheckpointText] = {TRAIN: self.texts}
+        for stream in plan.recipe.eval:
+            self.plans[stream.name] = Plan.build(eval_recipe(plan.recipe, stream.name))
+            self.stream_texts[stream.name] = CheckpointText(self.plans[stream.name])
         self.sessions: dict[str, Session] = {}
-        metrics.sessions = lambda: list(self.sessions.values())  # read at every scrape
+        # the metrics describe the training stream (its sources, its skipped records)
+        metrics.sessions = lambda: [s for s in self.sessions.values() if not s.is_eval]
         self.handles: dict[str, _Handle] = {}  # what a client's session_id names
         self.rings: dict[str, ShmWriter] = {}  # per handle
         self.last_checkpoint: dict[str, int] = {}
         self.uncommitted: set[str] = set()  # sessions whose last checkpoint is not committed
         self.serving = True
         self._lock = threading.Lock()
-        self._open_locks: dict[int, threading.Lock] = {}
+        self._open_locks: dict[tuple[str, int], threading.Lock] = {}
 
     # -- sessions ----------------------------------------------------------------------------
-    def _resume(self, request: pb.OpenRequest) -> Checkpoint | None:
+    def _resume(self, request: pb.OpenRequest, stream: str) -> Checkpoint | None:
         which = request.WhichOneof("resume")
+        if which == "from_step" and stream != TRAIN:
+            raise ConfigError(f"eval stream {stream!r} is never checkpointed, so it cannot "
+                              f"resume from_step {request.from_step}; open it from_start")
         if which == "from_step":
             if self.store is None:
                 raise ConfigError("resume from_step needs a checkpoint store; start the sidecar "
@@ -139,16 +157,24 @@ class DataLaneService(pbg.DataLaneServicer):
                 context.abort(grpc.StatusCode.UNAVAILABLE, "the sidecar is shutting down; "
                               "reconnect and re-open at your position")
             recipe = self.plan.recipe
+            stream = check_stream(recipe, request.stream)
+            plan = self.plans[stream]
             check_world_size(recipe.lanes, request.world_size)
-            start = self._resume(request)
+            start = self._resume(request, stream)
             if start is not None:
                 check_fingerprint(start.fingerprint, start.fingerprint_doc,
-                                  self.plan.fingerprint, self.plan.fingerprint_doc,
-                                  "the resume state")
-            if request.fingerprint and request.fingerprint != self.plan.fingerprint:
-                raise MismatchError(f"the trainer expects recipe fingerprint "
+                                  plan.fingerprint, plan.fingerprint_doc,
+                                  "the resume state" if stream == TRAIN
+                                  else f"the resume state of eval stream {stream!r}",
+                                  step=start.step)
+            # a trainer resuming with phases appended expects the recipe its state was saved
+            # with, which check_fingerprint accepted
+            if request.fingerprint and request.fingerprint != plan.fingerprint and not (
+                    start is not None and request.fingerprint == start.fingerprint):
+                what = "recipe" if stream == TRAIN else f"eval stream {stream!r}"
+                raise MismatchError(f"the trainer expects {what} fingerprint "
                                     f"{request.fingerprint[:16]}..., this sidecar serves "
-                                    f"{self.plan.fingerprint[:16]}...")
+                                    f"{plan.fingerprint[:16]}...")
             readers = request.readers or 1
             if request.reader >= readers:
                 raise ConfigError(f"reader {request.reader} is outside 0..{readers - 1} for "
@@ -157,28 +183,30 @@ class DataLaneService(pbg.DataLaneServicer):
             hid = uuid.uuid4().hex[:16]
             # one Open of a rank at a time: two readers opening at once must not each find no
             # session, build one, and replace the other's
-            with self._rank_lock(request.rank):
+            with self._rank_lock(stream, request.rank):
                 if readers > 1:
-                    attached = self._attach(request, hid, start, readers)
+                    attached = self._attach(request, hid, start, readers, stream)
                     if attached is not None:
                         return attached
-                return self._open(request, hid, start, readers)
+                return self._open(request, hid, start, readers, stream)
         except DatalaneError as e:
             _abort(context, e)
             raise  # unreachable: abort raises
 
-    def _rank_lock(self, rank: int) -> threading.Lock:
+    def _rank_lock(self, stream: str, rank: int) -> threading.Lock:
         with self._lock:
-            return self._open_locks.setdefault(rank, threading.Lock())
+            return self._open_locks.setdefault((stream, rank), threading.Lock())
 
     def _open(self, request: pb.OpenRequest, hid: str, start: Checkpoint | None,
-              readers: int) -> pb.OpenReply:
-        """A new session for the request's rank; it replaces the rank's live one only once
-        it was built (a refused request leaves the live session alone)."""
+              readers: int, stream: str) -> pb.OpenReply:
+        """A new session for the request's rank and stream; it replaces the rank's live one
+        of that stream only once it was built (a refused request leaves it alone)."""
         t0 = time.perf_counter()
-        session = Session(hid, self.plan, self.pool, self.knobs, request.rank,
+        session = Session(hid, self.plans[stream], self.pool, self.knobs, request.rank,
                           request.world_size, request.microbatch_size, start,
-                          request.skip_microbatches, self.prefetch, readers, self.texts)
+                          request.skip_microbatches, self.prefetch, readers,
+                          self.stream_texts[stream], stream,
+                          eval_steps(self.plan.recipe, stream))
         try:
             ring = self._ring(request, session, hid)
         except BaseException:
@@ -186,34 +214,37 @@ class DataLaneService(pbg.DataLaneServicer):
             raise
         generation = session.claim(request.reader)
         with self._lock:
-            old = [sid for sid, s in self.sessions.items() if s.rank == request.rank]
+            old = [sid for sid, s in self.sessions.items()
+                   if (s.stream, s.rank) == (stream, request.rank)]
             self.sessions[hid] = session
             self.handles[hid] = _Handle(session, request.reader, generation)
             if ring is not None:
                 self.rings[hid] = ring
         for sid in old:
             self._close(sid)
-        if start is not None:
+        if start is not None and stream == TRAIN:  # an eval stream has no ledger
             self.metrics.replay_seconds.observe(time.perf_counter() - t0)
             self._start_ledger(session)
-        log.info("session opened", extra={"session": hid, "rank": request.rank,
+        log.info("session opened", extra={"session": hid, "stream": stream,
+                                          "rank": request.rank,
                                           "world_size": request.world_size,
                                           "readers": readers, "reader": request.reader,
                                           "step": session.first_step})
         return self._reply(hid, session, session.first_step, ring)
 
     def _attach(self, request: pb.OpenRequest, hid: str, start: Checkpoint | None,
-                readers: int) -> pb.OpenReply | None:
+                readers: int, stream: str) -> pb.OpenReply | None:
         """Attach the request's reader to the rank's live session if that session serves the
         same (world size, microbatch size, readers) and still holds the requested position
         with the same lane states; None if it cannot (the caller replaces the session)."""
         with self._lock:
-            live = next((s for s in self.sessions.values() if s.rank == request.rank), None)
+            live = next((s for s in self.sessions.values()
+                         if (s.stream, s.rank) == (stream, request.rank)), None)
         if live is None or (live.world_size, live.microbatch_size, live.readers) != (
                 request.world_size, request.microbatch_size, readers):
             return None
         if start is None:
-            step, sources = 0, len(self.plan.recipe.sources)
+            step, sources = 0, len(live.plan.recipe.sources)
             lanes = {k: lane_json(LaneState.initial(k, sources)) for k in live.lanes}
         elif all(k in start.lanes for k in live.lanes):
             step, lanes = start.step, {k: lane_json(start.lanes[k]) for k in live.lanes}
@@ -257,9 +288,9 @@ class DataLaneService(pbg.DataLaneServicer):
         reply = pb.OpenReply(
             session_id=hid, protocol_version=PROTOCOL_VERSION, step=step,
             lane_start=session.lanes.start, lane_stop=session.lanes.stop,
-            seq_tokens=self.plan.recipe.sequence_tokens,
-            microbatches_per_step=session.per_step, fingerprint=self.plan.fingerprint,
-            readers=session.readers)
+            seq_tokens=session.plan.recipe.sequence_tokens,
+            microbatches_per_step=session.per_step, fingerprint=session.plan.fingerprint,
+            readers=session.readers, stream=session.stream, steps=session.steps or 0)
         session.layout.announce(reply)
         if ring is not None:
             reply.shm_path, reply.shm_bytes = ring.path, ring.size
@@ -357,6 +388,8 @@ class DataLaneService(pbg.DataLaneServicer):
                 _abort(context, e)
                 return
             if item is None:
+                if session.exhausted(reader):
+                    return  # an eval stream's last microbatch was sent: the evaluation ends
                 continue
             # more ready microbatches ride in the same message, as far as free slots (or an
             # inline size budget) allow: one message per microbatch is what costs the most
@@ -377,7 +410,7 @@ class DataLaneService(pbg.DataLaneServicer):
                 msg = delivery.items.add(step=it.step, index=it.index,
                                          sequences=it.rows, ended=it.ended,
                                          step_tokens=it.step_tokens,
-                                         state_json=self.texts.text(it.after)
+                                         state_json=session.texts.text(it.after)
                                          if it.after is not None else "")
                 for lane, digest in it.lane_digests.items():
                     msg.lane_digests[lane] = digest
@@ -407,6 +440,11 @@ class DataLaneService(pbg.DataLaneServicer):
                    context: grpc.ServicerContext) -> pb.CheckpointReply:
         # the readers of one session all ask: the pod object counts the session once
         session = self._handle(request.session_id, context).session
+        if session.is_eval:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"eval stream {session.stream!r} is never checkpointed: every "
+                          f"evaluation opens it from the start; checkpoint the training "
+                          f"stream's session")
         if not session.backfilled.wait(_BACKFILL_WAIT_SECONDS):
             log.warning("the ledger of rank %d is still being rebuilt; checkpoint %d goes "
                         "without it", session.rank, request.step)
@@ -476,7 +514,7 @@ class DataLaneService(pbg.DataLaneServicer):
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsReply:
         with self._lock:
-            sessions = {sid: {"rank": s.rank, "world_size": s.world_size,
+            sessions = {sid: {"stream": s.stream, "rank": s.rank, "world_size": s.world_size,
                               "lanes": [s.lanes.start, s.lanes.stop],
                               "next_step": s.loader.step, "first_step": s.first_step,
                               "queue_depth": s.queue_depth(),
@@ -501,6 +539,8 @@ class DataLaneService(pbg.DataLaneServicer):
         with self._lock:
             sessions = list(self.sessions.items())
         for _, session in sessions:
+            if session.is_eval:  # an evaluation starts again from its beginning
+                continue
             step, consumed = session.acked or (session.first_step, session.first_skip)
             try:
                 out[session.rank] = {"state": json.loads(session.state_at(step, timeout=1.0)),

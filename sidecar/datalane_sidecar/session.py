@@ -19,6 +19,11 @@ the next checkpoint's ledger must list. :meth:`Session.backfill` recomputes them
 a second loader restored from the committed checkpoint runs to the session's first step, and
 its digests are used only if it lands exactly on the session's start state.
 
+A session serves one stream of the recipe: the training stream, or an eval stream (built on
+the eval stream's own plan, :func:`datalane.spec.evals.eval_recipe`), which produces exactly
+its ``steps`` steps and then ends (:meth:`Session.exhausted`); the sidecar never checkpoints
+it and keeps no ledger for it.
+
 Used by :class:`~datalane_sidecar.service.DataLaneService`.
 """
 
@@ -38,6 +43,7 @@ from datalane.engine.loader import Loader
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
 from datalane.spec.errors import ConfigError, MismatchError, StorageError
+from datalane.spec.evals import TRAIN
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import rank_shape
 from datalane.spec.state import Checkpoint
@@ -77,12 +83,15 @@ class Prepared:
 
 
 class Session:
-    """Serves rank ``rank`` of ``world_size`` from a resume point to ``readers`` readers."""
+    """Serves rank ``rank`` of ``world_size`` from a resume point to ``readers`` readers: of
+    the training stream, or of eval stream ``stream`` (``plan`` is then the eval stream's,
+    and ``steps`` the steps it yields before it ends)."""
 
     def __init__(self, session_id: str, plan: Plan, pool: TaskPool, knobs: Knobs, rank: int,
                  world_size: int, microbatch_size: int, start: Checkpoint | None,
                  skip_microbatches: int, prefetch: int, readers: int = 1,
-                 texts: CheckpointText | None = None) -> None:
+                 texts: CheckpointText | None = None, stream: str = TRAIN,
+                 steps: int | None = None) -> None:
         # every rank yields `total` microbatches per step; a rank with fewer lanes than others
         # ends its step with fully padded ones, produced here like the real ones
         per_step = rank_shape(plan.recipe.lanes, plan.recipe.global_batch_size, world_size,
@@ -90,6 +99,9 @@ class Session:
         if readers < 1:
             raise ConfigError(f"a session needs at least one reader, got {readers}")
         self.id = session_id
+        self.stream = stream
+        self.steps = steps  # None: endless (the training stream)
+        self.done = False  # the producer made every step of a finite stream
         self._plan, self._knobs = plan, knobs
         self._start = start
         self.texts = texts or CheckpointText(plan)
@@ -108,6 +120,10 @@ class Session:
         if start is not None:
             self.loader.load_state_dict(start)
         self.first_step = self.loader.step
+        if steps is not None and self.first_step >= steps:
+            self.loader.close_streams()
+            raise ConfigError(f"step {self.first_step} is past the {steps} steps of eval "
+                              f"stream {stream!r}; an evaluation opens it from the start")
         self._skip = skip_microbatches
         self._lock = threading.Condition()
         # a client acknowledges its position at least once per step and once per quarter of
@@ -129,6 +145,20 @@ class Session:
     @property
     def lanes(self) -> range:
         return self.loader.lanes
+
+    @property
+    def plan(self) -> Plan:
+        """The plan of the stream this session serves."""
+        return self._plan
+
+    @property
+    def is_eval(self) -> bool:
+        return self.stream != TRAIN
+
+    def exhausted(self, reader: int) -> bool:
+        """Whether a finite stream was made to its end and ``reader`` was sent all of it."""
+        with self._lock:
+            return self.done and self._fanout.error is None and self._fanout.ready(reader) == 0
 
     def _put(self, item: Prepared) -> bool:
         with self._lock:
@@ -153,6 +183,11 @@ class Session:
     def _produce(self) -> None:
         try:
             while not self._stop.is_set():
+                if self.steps is not None and self.loader.step >= self.steps:
+                    with self._lock:
+                        self.done = True  # the readers' streams end once they sent it all
+                        self._lock.notify_all()
+                    return
                 step = self.loader.next_step()
                 s = step.step
                 after = self._record(s + 1)  # the boundary the trainer reaches after step s
@@ -213,7 +248,7 @@ class Session:
 
         def wake() -> bool:
             return (fan.ready(reader) > 0 or fan.error is not None or self._stop.is_set()
-                    or slot.generation != generation)
+                    or slot.generation != generation or self.done)
 
         t0 = time.perf_counter()
         try:

@@ -13,6 +13,7 @@ from datalane_operator.admission import (
     review_scale,
     review_workload,
 )
+from datalane_operator.amend import recorded_step
 from datalane_operator.pipeline import Parallelism
 from datalane_operator.policy import Policy
 
@@ -85,7 +86,6 @@ def test_one_pipeline_per_workload() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("lanes", 16), ("globalBatchSize", 32), ("workload", {"name": "other"}),
-    ("recipe", {**copy.deepcopy(dp()["spec"]["recipe"]), "seed": 6}),
 ])
 def test_run_defining_fields_are_fixed(field, value) -> None:  # type: ignore[no-untyped-def]
     old = dp()
@@ -197,3 +197,151 @@ def test_pipeline_parallelism_is_checked_against_the_running_job() -> None:
 def test_parallelism_may_change_between_restarts() -> None:
     """Not a run-defining field: the lanes' data does not depend on how ranks share them."""
     assert review_pipeline(dp(parallelism={"tensor": 2}), dp()).allowed
+
+
+# ---- editing a running DataPipeline's recipe (issue 12 part 3) ----------------------------
+
+WARMUP = {"name": "warmup", "start_step": 100, "weights": {"web": 1.0}}
+ANNEAL = {"name": "anneal", "start_step": 500, "weights": {"web": 0.2, "code": 0.8},
+          "ramp_steps": 50}
+
+
+def running(phases: list[dict[str, object]], step: int | None = 350) -> dict[str, object]:
+    """A stored DataPipeline with ``phases`` whose job has committed checkpoint ``step``."""
+    body = dp()
+    body["spec"]["recipe"]["phases"] = copy.deepcopy(phases)
+    if step is not None:
+        body["status"] = {"lastCommittedStep": step, "checkpoints": [step - 50, step]}
+    return body
+
+
+def edited(old: dict[str, object], phases: list[dict[str, object]],
+           **recipe: object) -> dict[str, object]:
+    new = copy.deepcopy(old)
+    new["spec"]["recipe"]["phases"] = copy.deepcopy(phases)  # type: ignore[index]
+    new["spec"]["recipe"].update(recipe)  # type: ignore[index]
+    return new
+
+
+def test_appending_a_phase_after_the_recorded_step_is_admitted() -> None:
+    old = running([WARMUP])
+    v = review_pipeline(edited(old, [WARMUP, ANNEAL]), old)
+    assert v.allowed, v.message
+    assert v.warnings == []  # no job yet: nothing serves the old recipe
+
+
+def test_an_admitted_edit_says_when_the_running_pods_pick_it_up() -> None:
+    old = running([WARMUP])
+    v = review_pipeline(edited(old, [WARMUP, ANNEAL]), old, workload=job(workers=4))
+    assert v.allowed, v.message
+    assert v.warnings == [
+        "spec.recipe edited (phase 'anneal' (from step 500) appended): the sidecars of "
+        "PyTorchJob llama serve the recipe they started with until their pods restart; then "
+        "they resume from the last committed checkpoint (step 350) under the new one. Restart "
+        "all pods of the job together, before it commits a checkpoint after step 500: a resume "
+        "from there under the new recipe is refused"]
+
+
+def test_phases_starting_at_or_after_the_recorded_step_may_change_or_go() -> None:
+    old = running([WARMUP, ANNEAL])
+    later = {**ANNEAL, "start_step": 900, "weights": {"code": 1.0}}
+    assert review_pipeline(edited(old, [WARMUP, later]), old).allowed  # changed
+    assert review_pipeline(edited(old, [WARMUP]), old).allowed  # removed
+    at = {**ANNEAL, "start_step": 350}  # nothing of it consumed: checkpoint 350 is before it
+    assert review_pipeline(edited(old, [WARMUP, at]), old).allowed
+
+
+def test_editing_a_consumed_phase_is_refused_with_the_reason() -> None:
+    old = running([WARMUP])
+    v = review_pipeline(edited(old, [{**WARMUP, "weights": {"web": 0.5}}, ANNEAL]), old)
+    assert not v.allowed
+    assert v.message == (
+        "spec.recipe edits steps the run has already consumed (status.lastCommittedStep 350): "
+        "phases[0] 'warmup' (starts at step 100, before the resume step 350): weights.web "
+        "saved 1.0, now 0.5. Only phases that start at step 350 or later, and eval streams, "
+        "may change on a running DataPipeline; create a new DataPipeline for a new run")
+
+
+def test_a_phase_inserted_before_the_recorded_step_is_refused() -> None:
+    old = running([WARMUP])
+    v = review_pipeline(edited(old, [WARMUP, {**ANNEAL, "start_step": 349}]), old)
+    assert not v.allowed
+    assert ("phases[1] 'anneal' (starts at step 349, before the resume step 350): added"
+            in v.message), v.message
+
+
+def test_other_recipe_fields_are_fixed_once_a_checkpoint_is_recorded() -> None:
+    old = running([WARMUP])
+    v = review_pipeline(edited(old, [WARMUP], seed=6), old)
+    assert not v.allowed
+    assert "recipe.seed: saved 5, now 6" in v.message, v.message
+    # before any checkpoint, a restart serves the run from step 0: any valid edit is admitted
+    fresh = running([WARMUP], step=None)
+    assert review_pipeline(edited(fresh, [{**WARMUP, "weights": {"web": 0.1}}], seed=6),
+                           fresh).allowed
+    # and an invalid one is still refused, for what it is
+    bad = review_pipeline(edited(fresh, [WARMUP, {**WARMUP, "start_step": 50}]), fresh)
+    assert not bad.allowed and "phase names must be unique" in bad.message, bad.message
+
+
+def test_eval_streams_may_change_on_a_running_pipeline() -> None:
+    old = running([WARMUP])
+    stream = {"name": "heldout", "steps": 4,
+              "sources": [{"name": "val", "uris": ["s3://data/val/part-0.jsonl"]}]}
+    new = edited(old, [WARMUP], eval=[stream])
+    v = review_pipeline(new, old)
+    assert v.allowed, v.message
+    newer = copy.deepcopy(new)
+    newer["spec"]["recipe"]["eval"][0]["steps"] = 8  # type: ignore[index]
+    assert review_pipeline(newer, new).allowed
+
+
+def test_a_stored_recipe_that_does_not_load_does_not_wedge_its_fix() -> None:
+    old = running([WARMUP])
+    old["spec"]["recipe"]["phases"][0]["weights"] = {"nope": 1.0}  # type: ignore[index]
+    v = review_pipeline(edited(old, [WARMUP]), old)
+    assert v.allowed, v.message
+    assert v.warnings[0].startswith("the stored spec.recipe does not load (")
+
+
+@pytest.mark.parametrize(("status", "step"), [
+    (None, None), ({}, None), ({"lastCommittedStep": None}, None),
+    ({"lastCommittedStep": 0}, 0), ({"lastCommittedStep": 350}, 350),
+    ({"lastCommittedStep": True}, None), ({"lastCommittedStep": -1}, None),
+    ({"lastCommittedStep": "350"}, None),
+])
+def test_the_recorded_step_is_status_last_committed_step(status, step) -> None:  # type: ignore[no-untyped-def]
+    body = dp()
+    if status is not None:
+        body["status"] = status
+    assert recorded_step(body) == step
+
+
+def test_the_edits_quoted_in_the_operator_guide_are_the_real_answers() -> None:
+    """docs/operator.md "Editing a running DataPipeline": its example's warning and refusals."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
+    text = " ".join(doc.split())
+    old = yaml.safe_load(re.findall(r'```yaml title="pretrain.yaml"\n(.*?)```', doc, re.S)[0])
+    old["metadata"]["namespace"] = "ml"
+    old["status"] = {"lastCommittedStep": 42000}
+    new = copy.deepcopy(old)
+    new["spec"]["recipe"]["phases"] = [{"name": "anneal", "start_step": 90000, "ramp_steps": 2000,
+                                        "weights": {"web": 0.3, "code": 0.7}}]
+    admitted = review_pipeline(new, old, workload=job(workers=8))
+    assert admitted.allowed and len(admitted.warnings) == 1
+    assert f"Warning: {admitted.warnings[0]}" in text
+    past = copy.deepcopy(new)
+    past["spec"]["recipe"]["sources"][1]["weight"] = 0.3
+    refused = review_pipeline(past, new)
+    assert not refused.allowed and f"denied the request: {refused.message}" in text
+    early = copy.deepcopy(new)
+    early["spec"]["recipe"]["phases"].insert(0, {"name": "warmup", "start_step": 1000,
+                                                 "weights": {"web": 1.0}})
+    refused = review_pipeline(early, new)
+    quoted = "phases[0] 'warmup' (starts at step 1000, before the resume step 42000): added"
+    assert quoted in refused.message and quoted in text

@@ -1,10 +1,11 @@
 """The elastic loss-curve experiment (bench/elastic_training.py) at its CI smoke size.
 
 ``--tiny``: a 1-layer TinyLM, 8 steps of 16 x 256 tokens, DDP over gloo on 2 rank processes,
-then a ``torch.distributed.checkpoint`` at step 4 resumed on 1 rank (about 90 s on 2 cores).
-datalane must give the resumed run the global batches of the uninterrupted one at every step
-(equal hashes, losses equal up to float reduction order); the ordinary loader, resumed by
-skipping the microbatches each rank had consumed, must not.
+then a ``torch.distributed.checkpoint`` at step 4 resumed on 1 rank; and the same on 3 ranks
+(2, 3 and 3 of the 8 lanes, the 2-lane rank ending each step with a padded microbatch) resumed
+on 1 (about 2 min on 2 cores). datalane must give the resumed runs the global batches of the
+uninterrupted one at every step (equal hashes, losses equal up to float reduction order); the
+ordinary loader, resumed by skipping the microbatches each rank had consumed, must not.
 """
 
 from __future__ import annotations
@@ -48,6 +49,23 @@ def test_datalane_resume_on_another_world_keeps_every_global_batch(result) -> No
     assert control["steps_hash_equal"] == 8 and control["max_abs_loss_diff"] < 1e-5
     losses = [r["loss"] for r in result["curves"]["a_datalane"]]
     assert losses[-1] < losses[0] - 0.2  # it trains
+
+
+@pytest.mark.slow
+def test_datalane_on_a_world_that_does_not_divide_the_lanes_keeps_every_global_batch(
+        result) -> None:
+    assert result["config"]["uneven_worlds"] == [3, 1]
+    for key in ("d_vs_a", "d_vs_a_tokens"):  # lane digests, and the real rows' token bytes
+        cmp = result[key]
+        assert (cmp["steps"], cmp["steps_hash_equal"]) == (8, 8), cmp
+        assert cmp["same_sequences_as"] == {}
+    # 3 ranks from the first step: another reduction order than the 2-rank reference, and the
+    # loss normalized by the global token count (a per-rank mean would weigh the 2-lane rank's
+    # tokens by 3/2 and differ by far more than rounding)
+    d = result["d_vs_a"]
+    assert d["max_abs_loss_diff"] < 1e-5, d
+    tokens = [r["tokens"] for r in result["curves"]["d_datalane"]]
+    assert tokens == [r["tokens"] for r in result["curves"]["a_datalane"]]
 
 
 @pytest.mark.slow

@@ -123,7 +123,7 @@ def test_unknown_key_without_a_close_match_lists_the_known_keys() -> None:
     assert error_of(minimal(xyzzy=1)) == (
         "xyzzy is not a known key; known keys: lanes, global_batch_size, seq_len, tokenizer, "
         "sources, seed, filters, packing, shuffle, bad_records, bad_records_max_fraction, "
-        "version")
+        "eval, phases, version")
 
 
 def test_knobs_are_not_recipe_keys() -> None:
@@ -233,9 +233,10 @@ def test_equal_min_and_max_filters_are_accepted() -> None:
     (minimal(seed=-1), "seed -1 must be >= 0"),
     (minimal(version=2), "version 2 must be <= 1"),
     (minimal(sources=[{"name": "web", "uris": ["a"], "weight": 0}]),
-     "sources[0].weight 0.0 must be > 0"),
+     "sources: every source has weight 0 at step 0 (web 0); at least one needs a positive "
+     "weight"),
     (minimal(sources=[{"name": "web", "uris": ["a"], "weight": -0.5}]),
-     "sources[0].weight -0.5 must be > 0"),
+     "sources[0].weight -0.5 must be >= 0"),
     (minimal(sources=[{"name": "web", "uris": ["a"], "epochs": 0}]),
      "sources[0].epochs 0 must be >= 1"),
     (minimal(sources=[{"name": "web", "uris": ["a"], "chunk_bytes": 0}]),
@@ -347,7 +348,9 @@ def test_relative_paths_resolve_against_the_recipe_folder(
 def _objects(schema: dict[str, Any], path: str = "recipe") -> list[tuple[str, dict[str, Any]]]:
     """Every object schema in ``schema`` with its dotted path."""
     found: list[tuple[str, dict[str, Any]]] = []
-    if schema.get("type") == "object":
+    if schema.get("type") == "object" and "properties" not in schema:  # a map: name -> value
+        found.extend(_objects(schema["additionalProperties"], f"{path}.*"))
+    elif schema.get("type") == "object":
         found.append((path, schema))
         for name, sub in schema["properties"].items():
             found.extend(_objects(sub, f"{path}.{name}"))
@@ -363,7 +366,10 @@ def test_schema_is_strict_and_describes_every_field() -> None:
     assert set(objects) == {"recipe", "recipe.tokenizer", "recipe.sources[]",
                             "recipe.sources[].filters", "recipe.sources[].chat",
                             "recipe.sources[].tokens",
-                            "recipe.filters", "recipe.packing", "recipe.shuffle"}
+                            "recipe.filters", "recipe.packing", "recipe.shuffle",
+                            "recipe.eval[]", "recipe.eval[].sources[]",
+                            "recipe.eval[].sources[].filters", "recipe.eval[].sources[].chat",
+                            "recipe.eval[].sources[].tokens", "recipe.phases[]"}
     for path, obj in objects.items():
         assert obj["additionalProperties"] is False, path
         assert obj["description"].strip(), path
@@ -390,7 +396,7 @@ def test_schema_types_bounds_enums_and_required() -> None:
     source = props["sources"]["items"]
     assert source["required"] == ["name", "uris"]
     assert source["properties"]["weight"]["minimum"] == 0
-    assert source["properties"]["weight"]["exclusiveMinimum"] is True
+    assert "exclusiveMinimum" not in source["properties"]["weight"]  # 0: off until a phase
     assert source["properties"]["format"]["enum"] == list(FORMAT_NAMES)
     assert source["properties"]["format"]["nullable"] is True
     assert source["properties"]["filters"]["nullable"] is True

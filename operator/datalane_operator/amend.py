@@ -1,0 +1,92 @@
+"""Edits of a running DataPipeline's recipe: which ones the validating webhook admits.
+
+A run's recipe may change where the run has not been yet: phases that start after the
+job's progress may be appended, changed or removed, and eval streams edited
+(:func:`datalane.spec.phases.check_amend` decides, and names what an edit of the consumed
+part changes). The progress the webhook knows is ``status.lastCommittedStep``, the newest
+checkpoint the operator found in the store: a restarted job resumes there, so every step
+below it has been consumed for good. Without a recorded checkpoint yet, any valid edit is
+admitted (a restart serves the run from step 0 under the new recipe).
+
+The sidecars read their recipe when they start, so an admitted edit reaches a pod when it
+restarts; the warnings say so, with the step a restart must come before. The webhook's view
+of the progress can lag behind the store by one storage look; a resume that the edit does
+not fit after all is refused by the sidecar with the same reason (its own check of the
+consumed prefix), never served.
+
+Pure functions, no I/O. Caller: :func:`datalane_operator.admission.review_pipeline`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from datalane.spec.errors import ConfigError, MismatchError
+from datalane.spec.phases import check_amend, phase_starts
+from datalane.spec.recipe import Recipe
+
+__all__ = ["PROGRESS_FIELD", "recorded_step", "review_recipe_edit"]
+
+PROGRESS_FIELD = "status.lastCommittedStep"
+
+
+def recorded_step(obj: Mapping[str, Any] | None) -> int | None:
+    """The job's recorded progress: ``status.lastCommittedStep`` of the stored pipeline, or
+    None when it has none (no checkpoint committed yet, or never looked at)."""
+    status = (obj or {}).get("status") or {}
+    step = status.get("lastCommittedStep") if isinstance(status, Mapping) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return None
+    return step
+
+
+def _phases(recipe: Recipe) -> dict[str, tuple[int, Any]]:
+    """Phase name -> (start step, its canonical form) of ``recipe``."""
+    docs = {p.get("name"): p for p in recipe.to_dict().get("phases") or []
+            if isinstance(p, dict)}
+    return {name: (start, docs.get(name)) for name, start in phase_starts(recipe)}
+
+
+def _edited_phases(old: Recipe, new: Recipe) -> list[tuple[str, str, int]]:
+    """(verb, name, start step) of each phase the edit appends, changes or removes."""
+    a, b = _phases(old), _phases(new)
+    out = [("appended" if name not in a else "changed", name, start)
+           for name, (start, body) in b.items() if name not in a or a[name][1] != body]
+    out += [("removed", name, start) for name, (start, _) in a.items() if name not in b]
+    return sorted(out, key=lambda x: (x[2], x[1]))
+
+
+def review_recipe_edit(old: Recipe, new: Recipe, step: int | None, *,
+                       running: str | None = None) -> list[str]:
+    """Check an UPDATE of ``spec.recipe`` against the job's progress ``step``; returns
+    warnings for the user, raises ConfigError naming what of the consumed part the edit
+    changes. ``running`` names the workload when it exists (its pods serve the old recipe
+    until they restart)."""
+    if old == new:
+        return []
+    if step is not None:
+        try:
+            check_amend(old, new, step)
+        except MismatchError as e:
+            detail = [ln.strip() for ln in str(e).splitlines()[1:] if ln.strip()] or [str(e)]
+            raise ConfigError(
+                f"spec.recipe edits steps the run has already consumed ({PROGRESS_FIELD} "
+                f"{step}): {'; '.join(detail)}. Only phases that start at step {step} or "
+                f"later, and eval streams, may change on a running DataPipeline; create a new "
+                f"DataPipeline for a new run") from None
+    if running is None:
+        return []
+    edited = _edited_phases(old, new)
+    what = "; ".join(f"phase {name!r} (from step {start}) {verb}"
+                     for verb, name, start in edited) or "the recipe changed"
+    earliest = min((start for verb, _, start in edited if verb != "removed"), default=None)
+    where = (f"they resume from the last committed checkpoint (step {step})"
+             if step is not None else "they start from step 0 (no checkpoint is committed yet)")
+    text = (f"spec.recipe edited ({what}): the sidecars of {running} serve the recipe they "
+            f"started with until their pods restart; then {where} under the new one. "
+            f"Restart all pods of the job together")
+    if earliest is not None:
+        text += (f", before it commits a checkpoint after step {earliest}: a resume from "
+                 f"there under the new recipe is refused")
+    return [text]
