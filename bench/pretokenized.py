@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -112,6 +113,33 @@ def make_corpus(out: Path, tokens: int) -> None:
     (out / "MANIFEST.json").write_text(json.dumps({"tokens": total, "documents": len(docs)}))
 
 
+def _streaming_importable() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("streaming") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def make_mds(out: Path) -> None:
+    """The same documents as MDS shards, written by MosaicML Streaming's own ``MDSWriter``
+    (column ``input_ids``, encoding ``ndarray:uint16``); only where ``streaming`` imports."""
+    from streaming import MDSWriter
+
+    from datalane.engine.formats.megatron import read_index
+
+    mm = np.memmap(out / "corpus.bin", dtype=np.uint16, mode="r")
+    idx = read_index(str(out / "corpus.idx"), str(out / "corpus.bin"), mm.nbytes)
+    starts = idx.starts.tolist()  # n + 1 offsets
+    tmp = out / "mds.tmp"
+    with MDSWriter(out=str(tmp), columns={"input_ids": "ndarray:uint16"},
+                   size_limit=1 << 26) as w:
+        for lo, hi in itertools.pairwise(starts):
+            w.write({"input_ids": np.asarray(mm[lo:hi])})
+    tmp.rename(out / "mds")
+
+
 # -- the systems ---------------------------------------------------------------------------------
 
 def run_memmap(corpus: Path, contract: bool) -> int:
@@ -157,6 +185,8 @@ def _recipe(corpus: Path, fmt: str) -> Any:
         "megatron": {"uris": [str(corpus / "corpus.idx")]},
         "flatbin": {"uris": [str(corpus / "corpus.u16")], "tokens": {"boundary": EOS}},
         "parquet": {"uris": [str(corpus / "parquet" / "*.parquet")]},
+        "mds": {"uris": [str(corpus / "mds")], "format": "mds",
+                "tokens": {"field": "input_ids"}},
     }[fmt]
     source.setdefault("tokens", {})
     return load_recipe({
@@ -212,6 +242,33 @@ def run_read_only(corpus: Path, fmt: str) -> int:
     if batch:
         delivered += len(stage.run(batch, formats).tokens)
     reader.close()
+    return delivered
+
+
+def run_streaming_mds(corpus: Path) -> int:
+    """MosaicML Streaming's own shard reader over the MDS copy: every sample decoded
+    (``reader_from_json``, ``get_sample_data``, ``decode_sample``), the documents concatenated
+    and cut into the ``(B, seq_len + 1)`` int32 batch in file order (no shuffle, no positions,
+    no hash: its DataLoader side is left out)."""
+    from streaming.base.format import reader_from_json
+
+    shards = json.loads((corpus / "mds" / "index.json").read_text())["shards"]
+    n = B * (SEQ + 1)
+    out = np.empty(n, dtype=np.int32)
+    have = 0
+    delivered = 0
+    for shard in shards:
+        reader = reader_from_json(str(corpus / "mds"), None, shard)
+        for i in range(shard["samples"]):
+            ids = reader.decode_sample(reader.get_sample_data(i))["input_ids"]
+            while len(ids):
+                take = min(len(ids), n - have)
+                out[have:have + take] = ids[:take]
+                have += take
+                ids = ids[take:]
+                if have == n:
+                    delivered += n
+                    have = 0
     return delivered
 
 
@@ -300,6 +357,8 @@ def one(corpus: Path, system: str) -> list[dict[str, Any]]:
     elif system.startswith("datalane_"):
         fmt, _, workers = system.removeprefix("datalane_").rpartition("_workers_")
         timed(system, lambda: run_datalane(corpus, fmt, int(workers)))
+    elif system == "streaming_mds_reader":
+        timed(system, lambda: run_streaming_mds(corpus))
     elif system == "megatron":
         ds = _gpt_dataset(corpus)  # indexes built (and cached) outside the clock
         timed("megatron_gptdataset_ids", lambda: run_megatron(ds, False))
@@ -337,14 +396,23 @@ def main() -> None:
         print(f"writing the corpus to {corpus} ...", file=sys.stderr)
         make_corpus(corpus, args.tokens)
     manifest = json.loads((corpus / "MANIFEST.json").read_text())
+    mds = _streaming_importable()
+    if mds and not (corpus / "mds" / "index.json").exists():
+        print("writing the MDS shards with Streaming's MDSWriter ...", file=sys.stderr)
+        make_mds(corpus)
     systems = ["memmap_limit", "memmap_limit_contract"]
-    for fmt in ("megatron", "flatbin", "parquet"):
+    for fmt in ("megatron", "flatbin", "parquet") + (("mds",) if mds else ()):
         systems += [f"datalane_{fmt}_workers_1", f"datalane_{fmt}_workers_2"]
     systems += ["datalane_parquet_pylist_workers_2", "datalane_read_only_megatron",
                 "datalane_read_only_flatbin", "datalane_read_only_parquet",
                 "datalane_read_only_parquet_pylist"]
     if _megatron_installed():
         systems.append("megatron")
+    if mds:
+        systems.append("streaming_mds_reader")
+    else:
+        print("(mosaicml-streaming not importable: no MDS rows; see tests/data/make_mds.py)",
+              file=sys.stderr)
     systems += list(PEERS)
     runs: dict[str, list[float]] = {}
     cpu_runs: dict[str, list[float]] = {}
@@ -374,7 +442,8 @@ def main() -> None:
                      "rounds": runs[name]})
     best_dl = max(v for k, v in med.items()
                   if k.startswith("datalane_") and "read_only" not in k and "pylist" not in k)
-    peers = {k: v for k, v in med.items() if k.startswith("megatron") or k in PEERS}
+    peers = {k: v for k, v in med.items()
+             if k.startswith(("megatron", "streaming")) or k in PEERS}
     summary = {"best_datalane_of_limit": round(best_dl / limit, 4),
                "best_datalane_of_contract_limit": round(best_dl / med["memmap_limit_contract"], 4),
                "best_datalane_over_best_peer": round(best_dl / max(peers.values()), 3)

@@ -13,14 +13,15 @@ the offset, so restore cost is bounded by a block, whatever the position in the 
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from datalane.engine.chunks import Chunk, RecordReader
-from datalane.engine.documents.base import Doc
+from datalane.engine.documents.base import Doc, Run
 from datalane.engine.formats import format_for
 from datalane.engine.mapstage import ALWAYS_FAIL, MapResult, MapStage, Record
 from datalane.engine.plan import SourcePlan
@@ -154,6 +155,12 @@ class DocStream:
                 continue
             records = [first[1]]
             while len(records) < self._block_size:
+                if self._r_iter is not None and self._r_peek is None:  # the chunk, in bulk
+                    file = self._r_chunks[self._r_chunk].file
+                    records.extend([(file, pos, raw) for pos, raw in itertools.islice(
+                        self._r_iter, self._block_size - len(records))])
+                    if len(records) == self._block_size:
+                        break
                 nxt = self._next_record()
                 if nxt is None:
                     break
@@ -210,11 +217,86 @@ class DocStream:
     def next_doc(self) -> Doc | None:
         """The next kept document, or None at the end."""
         while True:
+            if not self._current():
+                return None
+            res = self._cur
+            assert res is not None
+            i = self._i
+            self._i = i + 1
+            if self._consume(i):
+                file, pos, _ = self._record(i)
+                return self._doc(res, i, file, pos)
+
+    def next_run(self, need: int, allow: Callable[[int], bool] | None = None) -> Run | None:
+        """Kept documents in order as one run of a map result, or None at the end.
+
+        The first kept document is always taken; each next one while the tokens taken so
+        far are fewer than ``need`` and ``allow(taken)`` holds, up to the end of the current
+        map task's results (a caller that wants more asks again). Every record is accounted
+        exactly as :meth:`next_doc` accounts it, in the same order, so taking documents one
+        at a time or in runs gives the same documents, counters, errors and cursor."""
+        while True:
+            if not self._current():
+                return None
+            res = self._cur
+            assert res is not None
+            i = self._i
+            self._i = i + 1
+            if self._consume(i):
+                break
+        first = last = i
+        offsets = res.bounds
+        taken = offsets[i + 1] - offsets[i]
+        docs = 1
+        status = res.status
+        n = len(status)
+        task = self._cur_task
+        assert task is not None
+        block = task.block
+        # a kept record that is not its block's last needs no more than a count; the cursor
+        # is set once after them
+        quick = min(n, len(block.records) - task.start - 1) if self._probe is None else 0
+        counters = self._counters
+        quick_last = False
+        while taken < need and (allow is None or allow(taken)):
+            j = self._i
+            if j < quick and status[j] is None:
+                self._i = j + 1
+                counters.docs += 1
+                taken += offsets[j + 1] - offsets[j]
+                last = j
+                docs += 1
+                quick_last = True
+                continue
+            quick_last = False
+            while j < n and status[j] is not None:  # set aside: accounted on the way
+                self._i = j + 1
+                self._consume(j)
+                j += 1
+            if j >= n:
+                break
+            self._i = j + 1
+            self._consume(j)
+            taken += offsets[j + 1] - offsets[j]
+            last = j
+            docs += 1
+        if quick_last:
+            self._cursor = SourceCursor(block.epoch, block.index, block.chunk, block.pos,
+                                        task.start + self._i)
+        lo, hi = offsets[first], offsets[last + 1]
+        file, pos, _ = self._record(last)
+        return Run(self.source.index, tuple(res.columns[c.name][lo:hi] for c in
+                                            self._stage.columns),
+                   res.offsets[first:last + 2] - lo, docs, (file, pos), res.positions[lo:hi])
+
+    def _current(self) -> bool:
+        """Make ``self._cur`` a map result with a record left to consume; False at the end."""
+        while True:
             if self._cur is None:
                 self._fill()
                 if not self._tasks:
                     self._cursor = SourceCursor(self._r_epoch, 0, 0, -1, 0)
-                    return None
+                    return False
                 task = self._tasks.popleft()
                 self._queued_docs -= task.docs
                 self._cur, self._cur_task, self._i = task.future.result(), task, 0
@@ -222,41 +304,49 @@ class DocStream:
                 # prefetch as it is consumed, so the first batch never queues behind read-ahead
                 self._depth = min(self._knobs.prefetch, self._depth + 1)
                 self._fill()
-            res, cur_task, i = self._cur, self._cur_task, self._i
-            assert cur_task is not None  # set together with self._cur
-            task = cur_task
-            if i >= len(res.status):
-                self._cur = None
-                continue
-            self._i = i + 1
-            block = task.block
-            offset = task.start + i + 1
-            end_of_epoch = False
-            if offset >= len(block.records):
-                self._cursor = block.after
-                end_of_epoch = block.after.epoch != block.epoch
-            else:
-                self._cursor = SourceCursor(block.epoch, block.index, block.chunk, block.pos,
-                                            offset)
-            file, pos, _ = block.records[task.start + i]
-            self._counters.docs += 1
-            reason = res.status[i]
-            if self._probe is not None:
-                self._first_records(reason, file, end_of_epoch)
-            if reason is None:
-                self._kept_this_epoch = True
-                if end_of_epoch:
-                    self._end_of_epoch(block.epoch)
-                return self._doc(res, i, file, pos)
-            if reason in ALWAYS_FAIL or (reason in self._stage.bad_reasons
-                                         and self._policy == "fail"):
-                raise DataError(f"source {self.source.spec.name!r}: {res.detail[i]} in "
-                                f"{self._where(file, pos)} (bad_records is 'fail')")
-            self._counters.skip(reason)
-            if self._max_bad is not None and reason in self._stage.bad_reasons:
-                self._check_fraction(file, pos)
+            if self._i < len(self._cur.status):
+                return True
+            self._cur = None
+
+    def _record(self, i: int) -> Record:
+        task = self._cur_task
+        assert task is not None
+        return task.block.records[task.start + i]
+
+    def _consume(self, i: int) -> bool:
+        """Account record ``i`` of the current map result (cursor, counters, policies);
+        True if it is a kept document."""
+        res, task = self._cur, self._cur_task
+        assert res is not None and task is not None
+        block = task.block
+        offset = task.start + i + 1
+        end_of_epoch = False
+        if offset >= len(block.records):
+            self._cursor = block.after
+            end_of_epoch = block.after.epoch != block.epoch
+        else:
+            self._cursor = SourceCursor(block.epoch, block.index, block.chunk, block.pos,
+                                        offset)
+        file, pos, _ = block.records[task.start + i]
+        self._counters.docs += 1
+        reason = res.status[i]
+        if self._probe is not None:
+            self._first_records(reason, file, end_of_epoch)
+        if reason is None:
+            self._kept_this_epoch = True
             if end_of_epoch:
                 self._end_of_epoch(block.epoch)
+            return True
+        if reason in ALWAYS_FAIL or (reason in self._stage.bad_reasons
+                                     and self._policy == "fail"):
+            raise DataError(f"source {self.source.spec.name!r}: {res.detail[i]} in "
+                            f"{self._where(file, pos)} (bad_records is 'fail')")
+        self._counters.skip(reason)
+        if self._max_bad is not None and reason in self._stage.bad_reasons:
+            self._check_fraction(file, pos)
+        if end_of_epoch:
+            self._end_of_epoch(block.epoch)
+        return False
 
     def _first_records(self, reason: str | None, file: int, end_of_epoch: bool) -> None:
         """Fail at once when the lane's first records of the source (its first ``_PROBE``, or

@@ -32,14 +32,22 @@ __all__ = ["LaneStream", "Window"]
 class Window(TextColumns):
     """One lane's share of one step: its sequences' columns, in schema order."""
 
-    __slots__ = ("columns", "digest", "ended", "lane")
+    __slots__ = ("_digest", "columns", "ended", "lane", "schema")
 
     def __init__(self, lane: int, schema: SampleSchema, columns: dict[str, np.ndarray],
                  ended: bool) -> None:
         self.lane = lane
+        self.schema = schema
         self.columns = columns
         self.ended = ended
-        self.digest = window_digest(schema, columns)
+        self._digest: bytes | None = None
+
+    @property
+    def digest(self) -> bytes:
+        """The window digest (:func:`datalane.spec.hashing.window_digest`), computed once."""
+        if self._digest is None:
+            self._digest = window_digest(self.schema, self.columns)
+        return self._digest
 
 
 class LaneStream:
@@ -73,9 +81,13 @@ class LaneStream:
                                ran_out=self._ran_out)
         self._phases = not schedule.constant
         ctx = PackContext(self.mixture.next_doc, self._fetch, recipe.sequence_tokens,
-                          plan.schema, self.counters, recipe.packing, f"lane {lane} state")
+                          plan.schema, self.counters, recipe.packing, f"lane {lane} state",
+                          self.mixture.next_run)
         self.packer: Packer = PACKERS[recipe.packing.algorithm](
             ctx, state.packer if state is not None else None)
+        # a packer that can fill a whole window at once does (every column per token)
+        fill = getattr(self.packer, "fill_window", None)
+        self._fill = fill if all(c.per_token for c in plan.schema) else None
         self.sequences = state.sequences if state is not None else 0
         self.ended = state.ended if state is not None else False
 
@@ -135,13 +147,21 @@ class LaneStream:
     def step(self) -> int:
         return self.sequences // self.plan.recipe.lane_batch
 
-    def next_window(self) -> Window:
+    def next_window(self, out: dict[str, np.ndarray] | None = None) -> Window:
+        """The lane's next window; ``out`` (arrays of ``lane_batch`` rows per column, for
+        example the lane's rows of the step) receives it in place."""
         self.mixture.at_step(self.step)
         recipe = self.plan.recipe
         rows = recipe.lane_batch
         size = recipe.sequence_tokens
         schema = self.plan.schema
-        columns = {c.name: np.empty(c.shape(rows, size), dtype=c.np_dtype) for c in schema}
+        columns = out if out is not None else {
+            c.name: np.empty(c.shape(rows, size), dtype=c.np_dtype) for c in schema}
+        if self._fill is not None and not self.ended:  # the packer fills the window in bulk
+            if self._fill(columns, rows) < rows:
+                self.ended = True
+            self.sequences += rows
+            return Window(self.lane, schema, columns, self.ended)
         for r in range(rows):
             seq = None if self.ended else self.packer.next_sequence()
             if seq is None:

@@ -12,7 +12,7 @@ a step restores any world size (:func:`datalane.spec.state.merge_checkpoints`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
 from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import check_fingerprint
-from datalane.spec.hashing import global_hash
+from datalane.spec.hashing import global_hash, window_digest
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import lanes_of_rank, rank_shape
 from datalane.spec.recipe import Recipe
@@ -103,6 +103,7 @@ class Loader:
         self._streams: list[LaneStream] | None = None
         self._restore: Checkpoint | None = None
         self._step = 0
+        self._hashing: ThreadPoolExecutor | None = None
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -183,19 +184,41 @@ class Loader:
         return self._streams
 
     def next_step(self) -> Step:
-        windows = [s.next_window() for s in self._open()]
-        columns = {c.name: np.concatenate([w.columns[c.name] for w in windows])
-                   for c in self.plan.schema}
+        streams = self._open()
+        schema = self.plan.schema
+        rows = self.recipe.lane_batch
+        size = self.recipe.sequence_tokens
+        # the lanes fill their rows of the step in place; while one lane packs, the digest of
+        # the lane before it is computed on the hashing thread (hashlib releases the GIL)
+        columns = {c.name: np.empty(c.shape(rows * len(streams), size), dtype=c.np_dtype)
+                   for c in schema}
+        windows = []
+        digests: list[Future[bytes]] = []
+        for k, s in enumerate(streams):
+            w = s.next_window({n: a[k * rows:(k + 1) * rows] for n, a in columns.items()})
+            windows.append(w)
+            if len(streams) > 1:
+                digests.append(self._hasher().submit(window_digest, schema, w.columns))
+        step_tokens = trained_tokens(columns)
+        if digests:
+            lane_digests = {w.lane: d.result() for w, d in zip(windows, digests, strict=True)}
+        else:
+            lane_digests = {w.lane: w.digest for w in windows}
         step = Step(
             step=self._step,
             columns=columns,
-            lane_digests={w.lane: w.digest for w in windows},
+            lane_digests=lane_digests,
             ended=all(w.ended for w in windows),
-            schema=self.plan.schema,
-            step_tokens=trained_tokens(columns),
+            schema=schema,
+            step_tokens=step_tokens,
         )
         self._step += 1
         return step
+
+    def _hasher(self) -> ThreadPoolExecutor:
+        if self._hashing is None:
+            self._hashing = ThreadPoolExecutor(1, thread_name_prefix="datalane-hash")
+        return self._hashing
 
     def __iter__(self) -> Iterator[Step]:
         """Steps forever; after the data ends, steps are padding with ``ended`` set."""
@@ -236,6 +259,9 @@ class Loader:
 
     def close(self) -> None:
         self.close_streams()
+        if self._hashing is not None:
+            self._hashing.shutdown(wait=True)
+            self._hashing = None
         if self._own_pool:
             self._pool.shutdown(wait=False, cancel_futures=True)
 

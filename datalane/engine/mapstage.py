@@ -12,6 +12,7 @@ policy raises, so both are deterministic.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import DocumentKind, Rendered
+from datalane.engine.documents.base import DocumentKind, Rendered, Tokenized
 from datalane.engine.documents.text import TextKind
 from datalane.engine.formats import FORMATS, Format
 from datalane.spec.errors import ConfigError
@@ -44,16 +45,23 @@ class MapResult:
     """Token columns of a slice of records; ``status[i]`` is None for kept documents.
 
     ``columns[name][offsets[i]:offsets[i+1]]`` is record ``i``'s column ``name`` (empty for
-    records set aside), for every document column of the recipe's schema."""
+    records set aside), for every document column of the recipe's schema; ``positions`` is
+    laid out the same way."""
 
     columns: dict[str, np.ndarray]
     offsets: np.ndarray
     status: list[str | None]
     detail: list[str | None]
+    positions: np.ndarray  # int32: each token's index in its document (0 at each start)
 
     @property
     def tokens(self) -> np.ndarray:
         return self.columns["input_ids"]
+
+    @functools.cached_property
+    def bounds(self) -> list[int]:
+        """``offsets`` as Python ints (the consumer reads them one at a time)."""
+        return list(self.offsets.tolist())
 
 
 def _load_predicate(path: str) -> Callable[[str], bool]:
@@ -81,6 +89,10 @@ class MapStage:
         self.predicate = _load_predicate(filters.predicate) if filters.predicate else None
         self.bad_reasons = kind.bad_reasons | BAD_RECORD_REASONS
         self.has_text = getattr(kind, "has_text", True)
+        # a kind that can check and tokenize a whole task's values at once, falling back to
+        # one record at a time when any value is bad (pre-tokenized ids)
+        self._whole: Callable[[list[Any]], Tokenized | None] | None = getattr(
+            kind, "tokenize_values", None)
 
     def _char_filter(self, text: str) -> str | None:
         f = self.filters
@@ -103,6 +115,26 @@ class MapStage:
         status: list[str | None] = [None] * n
         detail: list[str | None] = [None] * n
         docs: list[Rendered] = []
+        keep: list[int]
+        got: Tokenized | None = None
+        if self._whole is not None:  # a kind that checks a whole task at once (token ids)
+            values = []
+            for file, _, raw in records:
+                value, reason, _ = formats[file].decode(raw, self.field)
+                if reason is not None:
+                    break
+                values.append(value)
+            else:
+                got = self._whole(values)
+                keep = list(range(n))
+        if got is None:
+            keep = self._render(records, formats, status, detail, docs)
+        return self._finish(n, keep, got, docs, status, detail)
+
+    def _render(self, records: list[Record], formats: Sequence[Format],
+                status: list[str | None], detail: list[str | None],
+                docs: list[Rendered]) -> list[int]:
+        """Decode, render and filter record by record; the indexes of the documents kept."""
         keep: list[int] = []
         for i, (file, _, raw) in enumerate(records):
             value, reason, why = formats[file].decode(raw, self.field)
@@ -120,10 +152,17 @@ class MapStage:
                 continue
             docs.append(doc)
             keep.append(i)
+        return keep
+
+    def _finish(self, n: int, keep: list[int], got: Tokenized | None, docs: list[Rendered],
+                status: list[str | None], detail: list[str | None]) -> MapResult:
+        """Token filters and the flat columns of the kept documents."""
         lengths = np.zeros(n, dtype=np.int64)
         columns: dict[str, np.ndarray]
-        if docs:
-            got, offs, raw_lens = self.kind.tokenize(docs)
+        if got is None and docs:
+            got = self.kind.tokenize(docs)
+        if got is not None:
+            got_columns, offs, raw_lens = got
             f = self.filters
             for k, i in enumerate(keep):
                 length = int(raw_lens[k])
@@ -137,7 +176,7 @@ class MapStage:
             doc_lens = np.diff(offs)
             columns = {}
             for c in self.columns:
-                flat = got.get(c.name)
+                flat = got_columns.get(c.name)
                 if flat is None:  # a column this kind does not fill: its default
                     flat = np.full(int(offs[-1]), c.default, dtype=c.np_dtype)
                 if not kept.all():
@@ -151,4 +190,7 @@ class MapStage:
             columns = {c.name: np.zeros(0, dtype=c.np_dtype) for c in self.columns}
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        return MapResult(columns, offsets, status, detail)
+        # computed here, on the worker, so that the ordered thread only copies them
+        positions = np.arange(int(offsets[-1]), dtype=np.int32)
+        positions -= np.repeat(offsets[:-1].astype(np.int32), lengths)
+        return MapResult(columns, offsets, status, detail, positions)

@@ -23,6 +23,11 @@ only when its resume point says so (``ran_out``: its cursor is past its last epo
 the same in a run and in its restore. The re-basing values
 (:class:`~datalane.spec.state.MixtureBase`) are part of the lane state when the recipe has
 phases.
+
+:meth:`Mixture.next_run` takes documents in bulk: a run of the chosen source's documents as
+long as that source would win every one of them, which is the same choice, document by
+document, as :meth:`Mixture.next_doc` makes (the other sources' passes do not move meanwhile,
+and the weights change only between windows).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from datalane.engine.documents.base import Doc
+from datalane.engine.documents.base import Doc, Run
 from datalane.spec.phases import Schedule
 from datalane.spec.state import MixtureBase
 
@@ -39,6 +44,9 @@ __all__ = ["Mixture"]
 
 class DocSource(Protocol):
     def next_doc(self) -> Doc | None: ...
+
+    def next_run(self, need: int,
+                 allow: Callable[[int], bool] | None = None) -> Run | None: ...
 
 
 class Mixture:
@@ -62,30 +70,67 @@ class Mixture:
         self._anchors = list(base.anchors) if base is not None else None
         self._ran_out = ran_out or (lambda i: False)
 
+    def _key(self, i: int, consumed: int) -> float:
+        """The pass of source ``i`` after ``consumed`` tokens (weight > 0)."""
+        w = self.weights[i]
+        if self._passes is None:
+            return consumed / w
+        assert self._anchors is not None
+        return self._passes[i] + (consumed - self._anchors[i]) / w
+
+    def _choose(self) -> int:
+        """The source the next document comes from (-1: every source has ended)."""
+        best = -1
+        best_key = 0.0
+        for i, w in enumerate(self.weights):
+            if self._done[i] or not w:
+                continue
+            key = self._key(i, self.consumed[i])
+            if best < 0 or key < best_key:
+                best, best_key = i, key
+        return best
+
     def next_doc(self) -> Doc | None:
         """The next document, or None when every source has ended."""
-        consumed, weights, done = self.consumed, self.weights, self._done
-        passes, anchors = self._passes, self._anchors
         while True:
-            best = -1
-            best_key = 0.0
-            for i, w in enumerate(weights):
-                if done[i] or not w:
-                    continue
-                if passes is None:
-                    key = consumed[i] / w
-                else:
-                    assert anchors is not None
-                    key = passes[i] + (consumed[i] - anchors[i]) / w
-                if best < 0 or key < best_key:
-                    best, best_key = i, key
+            best = self._choose()
             if best < 0:
                 return None
             got = self.streams[best].next_doc()
             if got is None:
-                done[best] = True
+                self._done[best] = True
                 continue
-            consumed[best] += len(got)
+            self.consumed[best] += len(got)
+            return got
+
+    def next_run(self, need: int) -> Run | None:
+        """Documents of one source, in order, each one the document :meth:`next_doc` would
+        give: taken while fewer than ``need`` tokens are taken and the source keeps winning
+        (against an earlier source its pass must stay smaller, against a later one no
+        larger). None when every source has ended."""
+        while True:
+            best = self._choose()
+            if best < 0:
+                return None
+            allow: Callable[[int], bool] | None = None
+            others = [(i, self._key(i, self.consumed[i])) for i, w in enumerate(self.weights)
+                      if w and not self._done[i] and i != best]
+            if others:
+                before = min((k for i, k in others if i < best), default=None)
+                after = min((k for i, k in others if i > best), default=None)
+                start = self.consumed[best]
+
+                def wins(taken: int, best: int = best, start: int = start,
+                         before: float | None = before, after: float | None = after) -> bool:
+                    key = self._key(best, start + taken)
+                    return (before is None or key < before) and (after is None or key <= after)
+
+                allow = wins
+            got = self.streams[best].next_run(need, allow)
+            if got is None:
+                self._done[best] = True
+                continue
+            self.consumed[best] += len(got)
             return got
 
     def at_step(self, step: int) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from datalane.spec.schema import Column
 
-__all__ = ["Doc", "DocumentKind", "Rendered", "Tokenized"]
+__all__ = ["Doc", "DocumentKind", "Rendered", "Run", "Tokenized"]
 
 Tokenized = tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]
 """``(flat columns, offsets (n+1,), raw lengths (n,))``: document ``i`` is
@@ -67,3 +67,22 @@ class Doc:
 
     def slice(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
         return tuple(c[start:stop] for c in self.columns)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Consecutive kept documents of one source, as flat columns (packing in bulk).
+
+    Document ``k`` is ``columns[c][offsets[k]:offsets[k+1]]``; ``offsets`` may repeat a value
+    (a record set aside between two documents adds no token). ``last_ref`` is the reference
+    of the last document, the one a packer may have to carry over."""
+
+    source: int
+    columns: tuple[np.ndarray, ...]  # schema.document_columns() order; input_ids first
+    offsets: np.ndarray  # int64, starts at 0, ends at the run's token count
+    docs: int
+    last_ref: tuple[int, ...]
+    positions: np.ndarray  # int32: each token's index in its document
+
+    def __len__(self) -> int:
+        return len(self.columns[0])

@@ -106,21 +106,42 @@ class TokensKind:
         return Rendered("", None, ids), None, None
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
-        n = len(docs)
-        lens = np.fromiter((len(d.value) for d in docs), dtype=np.int64, count=n)
+        return self._concat([d.value for d in docs])
+
+    def tokenize_values(self, values: list[Any]) -> Tokenized | None:
+        """Check and concatenate a whole map task's values at once (the common case: every
+        value a non-empty 1-D integer array, every id in range), or None when any value is
+        not, so that the caller maps the records one at a time and names the bad ones."""
+        if not values:
+            return None
+        for v in values:
+            if type(v) is not np.ndarray or v.ndim != 1 or v.dtype.kind not in "iu" or not len(v):
+                return None
+        flat = np.concatenate(values) if len(values) > 1 else values[0]
+        if flat.dtype.kind == "i" and int(flat.min()) < 0:
+            return None
+        if int(flat.max()) >= self.vocab_size:
+            return None
+        return self._concat(values, flat)
+
+    def _concat(self, values: list[Any], flat: np.ndarray | None = None) -> Tokenized:
+        n = len(values)
+        lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=n)
         extra = (self.bos_id is not None) + (self.eos_id is not None)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lens + extra, out=offsets[1:])
         if not extra:
+            if flat is not None:
+                return {"input_ids": flat.astype(np.int32)}, offsets, lens
             if n == 1:
-                return {"input_ids": docs[0].value.astype(np.int32)}, offsets, lens
-            flat = np.concatenate([d.value for d in docs], dtype=np.int32, casting="unsafe")
+                return {"input_ids": values[0].astype(np.int32)}, offsets, lens
+            flat = np.concatenate(values, dtype=np.int32, casting="unsafe")
             return {"input_ids": flat}, offsets, lens
         out = np.empty(int(offsets[-1]), dtype=np.int32)
         head = 1 if self.bos_id is not None else 0
-        for k, d in enumerate(docs):
+        for k, v in enumerate(values):
             lo = int(offsets[k])
-            out[lo + head:lo + head + len(d.value)] = d.value
+            out[lo + head:lo + head + len(v)] = v
         if self.bos_id is not None:
             out[offsets[:-1]] = self.bos_id
         if self.eos_id is not None:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from datalane.engine.documents.base import Doc
+from datalane.engine.documents.base import Doc, Run
 from datalane.spec.errors import MismatchError
 from datalane.spec.recipe import Packing
 from datalane.spec.schema import SampleSchema
@@ -41,6 +41,7 @@ class PackContext:
     counters: Counters
     options: Packing
     where: str = "lane state"  # prefix of restore errors
+    next_run: Callable[[int], Run | None] | None = None  # the mixture, in bulk (fill_window)
     _cache: dict[tuple[int, tuple[int, ...]], Doc] = field(default_factory=dict, repr=False)
 
     def held(self, piece: Piece) -> Held:
@@ -83,7 +84,7 @@ def take(ctx: PackContext) -> Held | None:
     return Piece(doc.source, doc.ref, 0, len(doc)), doc.columns
 
 
-_ARANGE = np.arange(1 << 20, dtype=np.int32)  # positions 0.. of a piece (seq_len <= 2^20)
+ARANGE = np.arange((1 << 20) + 1, dtype=np.int32)  # positions 0.. of a piece (seq_len <= 2^20)
 
 
 def assemble(pieces: list[Held], ctx: PackContext) -> dict[str, np.ndarray]:
@@ -98,7 +99,7 @@ def assemble(pieces: list[Held], ctx: PackContext) -> dict[str, np.ndarray]:
         if c.fill == "position":
             for _, cols in pieces:
                 n = len(cols[0])
-                a[at:at + n] = _ARANGE[:n]
+                a[at:at + n] = ARANGE[:n]
                 at += n
         else:
             for _, cols in pieces:

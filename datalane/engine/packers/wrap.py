@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
+
+from datalane.engine.documents.base import Run
 from datalane.engine.packers.base import (
+    ARANGE,
     Held,
     PackContext,
     assemble,
@@ -80,6 +84,82 @@ class WrapPacker:
                                  tuple(c[room:] for c in cols))
                 room = 0
         return assemble(out, self.ctx)
+
+    def fill_window(self, columns: dict[str, np.ndarray], rows: int) -> int:
+        """Fill ``columns`` (``rows`` sequences each) as ``rows`` calls of
+        :meth:`next_sequence` would, documents taken in runs; rows past the data are padding.
+        Returns the rows that hold data (fewer than ``rows``: no document is left)."""
+        ctx = self.ctx
+        size = ctx.size
+        total = rows * size
+        # parts in order: (document columns, positions, where its documents start in it or
+        # None for a carried piece, the piece or run)
+        parts: list[tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray | None,
+                          Piece | Run]] = [
+            (cols, ARANGE[:len(cols[0])], None, piece) for piece, cols in self._held]
+        have = sum(len(cols[0]) for cols, _, _, _ in parts)
+        next_run = ctx.next_run
+        assert next_run is not None
+        while have < total:
+            run = next_run(total - have)
+            if run is None:
+                break
+            ctx.counters.kept += run.docs
+            parts.append((run.columns, run.positions, run.offsets, run))
+            have += len(run)
+        used = min(have, total)
+        self._held = []
+        if have > total:  # the last part's tail is carried into the next window
+            cols, _, _, last = parts[-1]
+            tail = have - total
+            n = len(cols[0])
+            if isinstance(last, Run):
+                length = int(last.offsets[-1] - last.offsets[-2])
+                piece = Piece(last.source, last.last_ref, length - tail, length)
+            else:
+                piece = Piece(last.source, last.ref, last.stop - tail, last.stop)
+            self._held.append((piece, tuple(c[n - tail:] for c in cols)))
+        doc_index = 0
+        for c in ctx.schema:
+            flat = columns[c.name].reshape(-1)
+            at = 0
+            for cols, positions, _, _ in parts:
+                if at >= used:
+                    break
+                n = min(len(cols[0]), used - at)
+                flat[at:at + n] = (positions if c.fill == "position" else cols[doc_index])[:n]
+                at += n
+            if c.fill == "position":
+                self._restart_rows(flat, parts, used, size)
+            else:
+                doc_index += 1
+            flat[used:] = c.pad
+        ctx.counters.tokens += used
+        ctx.counters.padding += total - used
+        return -(-used // size)
+
+    @staticmethod
+    def _restart_rows(flat: np.ndarray, parts: list[Any], used: int, size: int) -> None:
+        """Positions restart at every sequence: a document crossing a row boundary counts
+        from 0 again after it, up to its end (or the row's)."""
+        at = 0
+        row = size
+        for cols, _, starts, _ in parts:
+            n = len(cols[0])
+            while row < min(at + n, used):
+                # the next document start after the boundary, within this part
+                if starts is None:
+                    end = at + n
+                else:
+                    k = int(np.searchsorted(starts, row - at, side="right"))
+                    end = at + int(starts[k])
+                end = min(end, row + size, used)
+                if flat[row]:
+                    flat[row:end] -= flat[row]
+                row += size
+            at += n
+            if at >= used:
+                break
 
     def state(self) -> dict[str, Any]:
         return {"held": [p.encode() for p, _ in self._held]}
