@@ -2,8 +2,9 @@
 a recipe amended between two checkpoints left the steps before the change unchanged.
 
 The run: checkpoints 10 and 20 under recipe A (phase 'warmup' from step 5), then resumed at
-step 20 under B = A + phase 'anneal' from step 35, checkpoints 30 and 40. The fingerprint
-documents are the engine's shape (``{"recipe": Recipe.to_dict(), "files": ...}``).
+step 20 under B = A + phase 'anneal' from step 25 (between checkpoints 20 and 30),
+checkpoints 30 and 40. The fingerprint documents are the engine's shape
+(``{"recipe": Recipe.to_dict(), "files": ...}``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .conftest import Backend
 from .support import LANES, digest, lane_state, pod_lanes
 
 WARMUP = {"name": "warmup", "start_step": 5, "weights": {"web": 1.0}}
-ANNEAL = {"name": "anneal", "start_step": 35, "weights": {"web": 0.2, "code": 0.8},
+ANNEAL = {"name": "anneal", "start_step": 25, "weights": {"web": 0.2, "code": 0.8},
           "ramp_steps": 4}
 
 
@@ -67,10 +68,10 @@ def test_each_manifest_records_the_phases_of_its_recipe(backend: Backend) -> Non
     store = backend.store()
     amended_run(store)
     assert store.manifest(20).phases == (PhaseStart("warmup", 5),)
-    assert store.manifest(30).phases == (PhaseStart("warmup", 5), PhaseStart("anneal", 35))
+    assert store.manifest(30).phases == (PhaseStart("warmup", 5), PhaseStart("anneal", 25))
     doc = json.loads(backend.read(30, "MANIFEST.json"))
     assert doc["phases"] == [{"name": "warmup", "start_step": 5},
-                             {"name": "anneal", "start_step": 35}]
+                             {"name": "anneal", "start_step": 25}]
 
 
 def test_a_recipe_without_phases_writes_no_phases_key(local: Backend) -> None:
@@ -88,7 +89,7 @@ def test_the_audit_proves_the_steps_before_an_appended_phase_unchanged(backend: 
     assert report.ok, report.text()
     (amendment,) = report.amendments
     assert (amendment.before, amendment.after) == (20, 30)
-    assert amendment.appended == (PhaseStart("anneal", 35),)
+    assert amendment.appended == (PhaseStart("anneal", 25),)
     assert amendment.changed == () and amendment.removed == ()
     # the consumed prefix at step 20 is the same document under both recipes
     assert amendment.prefix_fingerprint == fingerprint_of(prefix_document(A, 20))
@@ -96,14 +97,14 @@ def test_the_audit_proves_the_steps_before_an_appended_phase_unchanged(backend: 
     assert report.intact_before == (True,)
     by_step = {e.step: e for e in report.entries}
     assert by_step[30].notes == ("recipe amended since checkpoint 20: phase 'anneal' (from "
-                                 "step 35) appended; the steps before 20 are unchanged",)
+                                 "step 25) appended; the steps before 20 are unchanged",)
     text = report.text().splitlines()
     i = text.index("phases (where each begins, as the checkpoints' recipes say):")
     assert text[i + 1:i + 5] == [
         "  warmup           from step        5  in every checkpoint, served since that step",
-        "  anneal           from step       35  since checkpoint 30, served since that step",
+        "  anneal           from step       25  since checkpoint 30, served since that step",
         "recipe amendments:",
-        f"  after step 20 (checkpoint 30): phase 'anneal' (from step 35) appended; steps "
+        f"  after step 20 (checkpoint 30): phase 'anneal' (from step 25) appended; steps "
         f"before 20 unchanged (consumed prefix {amendment.prefix_fingerprint[:16]}...), "
         f"ledger continuous and hash chain intact before it",
     ]
@@ -111,7 +112,7 @@ def test_the_audit_proves_the_steps_before_an_appended_phase_unchanged(backend: 
                         "steps 0-39, recipe amended after step 20 with the steps before it "
                         "unchanged")
     doc = report.to_json()
-    assert doc["amendments"][0]["appended"] == [{"name": "anneal", "start_step": 35}]
+    assert doc["amendments"][0]["appended"] == [{"name": "anneal", "start_step": 25}]
     assert doc["amendments"][0]["ledger_intact_before"] is True
     assert [p["name"] for p in doc["phases"]] == ["warmup", "anneal"]
     json.dumps(doc)
@@ -143,7 +144,7 @@ def test_editing_a_consumed_phase_fails_the_audit_naming_it(backend: Backend) ->
     text = report.text().splitlines()
     assert ("          phases[0] 'warmup' (starts at step 5, before the resume step 20): "
             "weights.web saved 1.0, now 0.9") in text  # under its problem
-    assert ("  after step 20 (checkpoint 30): phase 'anneal' (from step 35) appended; phase "
+    assert ("  after step 20 (checkpoint 30): phase 'anneal' (from step 25) appended; phase "
             "'warmup' (from step 5) changed: FAILED, see the problem of step 30") in text
     assert report.text().splitlines()[-1] == "FAILED: 1 problems"
 
@@ -209,7 +210,7 @@ def test_an_edited_phases_list_does_not_verify(local: Backend) -> None:
     store = local.store()
     amended_run(store)
     doc = json.loads(local.read(30, "MANIFEST.json"))
-    doc["phases"][1]["start_step"] = 25  # claim the phase began earlier
+    doc["phases"][1]["start_step"] = 21  # claim the phase began earlier
     local.write(30, "MANIFEST.json",
                 json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n")
     with pytest.raises(StorageError, match=r"does not match the pod objects it lists "
