@@ -141,7 +141,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         before.add(lane.counters)
     print(_summary(result.counters, before if start else None, result.seconds,
                    len(result.hashes)))
-    print(realized_mixture([s.name for s in recipe.sources], [s.weight for s in recipe.sources],
+    from datalane.spec.phases import mean_weights
+
+    steps = max(result.hashes, default=-1) + 1  # counted since step 0, as the tokens are
+    print(realized_mixture([s.name for s in recipe.sources], list(mean_weights(recipe, steps)),
                            result.mixture))
     return 0
 

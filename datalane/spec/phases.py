@@ -37,6 +37,7 @@ __all__ = [
     "Schedule",
     "check_amend",
     "check_phases",
+    "mean_weights",
     "phase_diff",
     "phase_starts",
     "prefix_document",
@@ -151,6 +152,21 @@ def used_sources(recipe: Recipe, step: int) -> list[bool]:
     """Per source: has it had a positive weight at some step a state at ``step`` consumed
     (``0 .. step - 1``; the step-0 weights always count)?"""
     return Schedule.of(recipe).used_before(step)
+
+
+def mean_weights(recipe: Recipe, steps: int) -> tuple[float, ...]:
+    """The shares the schedule asks for over steps ``0 .. steps - 1``: each step's weights
+    normalized, averaged over the steps (the cumulative shares a run of steps of equal tokens
+    tracks); for a recipe without phases simply the source weights."""
+    schedule = Schedule.of(recipe)
+    if schedule.constant or steps <= 0:
+        return schedule.initial
+    total = [0.0] * len(schedule.initial)
+    for step in range(steps):
+        w = schedule.weights(step)
+        norm = sum(w)
+        total = [t + x / norm for t, x in zip(total, w, strict=True)]
+    return tuple(t / steps for t in total)
 
 
 def _at(where: str, name: str) -> str:

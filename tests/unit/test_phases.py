@@ -293,3 +293,12 @@ def test_eval_streams_never_matter() -> None:
     old = load_recipe(recipe())
     doc = {"recipe": {**old.to_dict(), "eval": [{"name": "x"}]}}
     assert prefix_document(doc, 5) == {"recipe": old.to_dict()}
+
+
+def test_mean_weights_average_each_steps_shares() -> None:
+    from datalane.spec.phases import mean_weights
+
+    r = load_recipe(recipe([{"name": "hq-only", "start_step": 2, "weights": {"web": 0}}]))
+    # steps 0, 1: shares (0.5, 0.5); steps 2, 3: (0, 1)
+    assert mean_weights(r, 4) == (0.25, 0.75)
+    assert mean_weights(load_recipe(recipe(weights=(0.7, 0.3))), 4) == (0.7, 0.3)
