@@ -2,8 +2,10 @@
 
 The sidecar writes each pod's lane states per checkpoint step and commits the step; the
 operator lists committed steps, reports the latest and garbage-collects; ``datalane audit``
-verifies the hash chain and prints the ledger. Any fsspec URI works (``file://``, plain
-local paths, ``s3://`` through s3fs); ``storage_options`` go to fsspec unchanged.
+verifies the hash chain, prints the ledger and proves that a recipe amended with phases left
+the steps before the change unchanged (:mod:`datalane.store.amendments`). Any fsspec URI
+works (``file://``, plain local paths, ``s3://`` through s3fs); ``storage_options`` go to
+fsspec unchanged.
 
 Storage layout under the base URI (details in ``docs/checkpoint-format.md``)::
 
@@ -28,7 +30,8 @@ Example::
 This package imports only :mod:`datalane.spec`, fsspec and the standard library.
 """
 
-from datalane.store.audit import AuditEntry, AuditReport
+from datalane.store.amendments import Amendment, PhaseStart
+from datalane.store.audit import AuditEntry, AuditReport, PhaseRecord
 from datalane.store.manifest import MANIFEST_FORMAT, LaneEntry, Manifest
 from datalane.store.objects import is_transient
 from datalane.store.podstate import POD_STATE_FORMAT
@@ -47,12 +50,15 @@ __all__ = [
     "MANIFEST_FORMAT",
     "POD_STATE_FORMAT",
     "SIGNATURE_FORMAT",
+    "Amendment",
     "AuditEntry",
     "AuditReport",
     "CheckpointStore",
     "LaneEntry",
     "Manifest",
     "NoCheckpointError",
+    "PhaseRecord",
+    "PhaseStart",
     "is_transient",
     "ledger_key_from_env",
     "read_ledger_key",
