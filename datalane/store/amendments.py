@@ -1,7 +1,7 @@
 """Recipe amendments as the ledger sees them: where each phase began, and proof that a
 recipe changed between two checkpoints only where nothing had been served yet.
 
-A run may be resumed under its recipe plus phases that start after the resume step
+A run may be resumed under its recipe plus phases that start at or after the resume step
 (:mod:`datalane.spec.phases`). Every checkpoint's manifest names the phases of the recipe it
 was written under (:func:`recorded_phases`, read from the recipe in its fingerprint
 document), so a store holds the history of the recipe: which phases existed at each
