@@ -218,7 +218,8 @@ def test_editing_a_phase_that_has_started_is_refused_naming_it(corpus: DemoCorpu
     with pytest.raises(MismatchError) as info:
         run_world(edited, 1, Knobs(workers=1), 1, start=run.checkpoints[7])
     text = str(info.value)
-    assert "the checkpoint was saved at step 7 with recipe fingerprint" in text
+    assert "in what the 7 steps before the resume consumed (phases starting at or after " \
+           "step 7 may change); these fields differ:\n" in text
     assert "  phases[0] 'anneal' (starts at step 6, before the resume step 7): weights.code " \
            "saved 0.9, now 0.8" in text
     # the same edit at a checkpoint before the phase started is fine

@@ -117,11 +117,15 @@ def check_fingerprint(saved_fp: str, saved_doc: dict[str, Any] | None, current_f
         if fingerprint_of(saved) == fingerprint_of(current):
             return
         lines = phase_diff(saved, current, step)
+        # recipes without phases (or unused sources) read as they always did
+        phased = any("phases" in d.get("recipe", {}) for d in (saved_doc, current_doc))
+        note = "" if not phased and (saved, current) == (saved_doc, current_doc) else (
+            f" in what the {step} steps before the resume consumed (phases starting at or "
+            f"after step {step} may change)")
         raise MismatchError(
-            f"{what} was saved at step {step} with recipe fingerprint {saved_fp[:16]}..., but "
-            f"this recipe has {current_fp[:16]}... and differs in what those {step} steps "
-            f"consumed (phases starting at or after step {step} may change); these fields "
-            f"differ:\n" + "\n".join(lines or ["  (no field named; the documents differ)"]))
+            f"{what} was saved with recipe fingerprint {saved_fp[:16]}..., but this recipe "
+            f"has {current_fp[:16]}...{note}; these fields differ:\n"
+            + "\n".join(lines or ["  (no field named; the documents differ)"]))
     detail = diff_documents(saved_doc, current_doc) if saved_doc else []
     if not detail:
         detail = ["  (the saved state carries no fingerprint document to compare)"]
