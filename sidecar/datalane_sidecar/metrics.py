@@ -5,14 +5,19 @@ tokens/s is derived by Prometheus from the ``datalane_tokens_total`` counter
 and skipped records by reason are exported as they are. The realized mixture is exported per
 source: the tokens the mixture has taken from it over the sidecar's lanes
 (``datalane_source_tokens``), its share of them (``datalane_source_share``) next to its share
-of the recipe's weights (``datalane_source_weight``); over a short prefix the share can be far
-from the weight although every choice is exact (see docs/recipe.md, Mixture).
+of the weights in force at the sessions' step (``datalane_source_weight``) and the share the
+recipe asks for over the steps served so far (``datalane_source_target_share``: the average of
+each step's weights under a schedule; the weights themselves without phases), which is what
+the realized share tracks; over a short prefix the share can be far from it although every
+choice is exact (see docs/recipe.md, Mixture).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from datalane.spec.phases import Schedule
 
 __all__ = ["Metrics"]
 
@@ -59,7 +64,17 @@ class Metrics:
                                   "the mixture took (the realized mixture)", ["source"],
                                   registry=self.registry)
         self.source_weight = Gauge("datalane_source_weight", "Each source's share of the "
-                                   "recipe's weights", ["source"], registry=self.registry)
+                                   "weights in force at the sessions' current step", ["source"],
+                                   registry=self.registry)
+        self.source_target = Gauge("datalane_source_target_share", "Each source's share the "
+                                   "recipe asks for over the steps served (the schedule's "
+                                   "average)", ["source"], registry=self.registry)
+        # the schedule of the sessions' recipe, and the sum of each step's normalized weights
+        # over the steps 0 .. _summed - 1 (the target share is their mean, kept up as the
+        # steps advance instead of summed again at every scrape)
+        self._schedule: tuple[Any, Schedule] | None = None
+        self._summed = 0
+        self._sums: list[float] = []
 
     def delivered(self, payload_bytes: int, tokens: int, depth: int) -> None:
         """One microbatch of ``payload_bytes`` (every column) holding ``tokens`` document
@@ -79,16 +94,41 @@ class Metrics:
         for reason, n in totals.items():
             self.skipped.labels(reason=reason).set(n)
         if sessions:
-            sources = sessions[0].loader.recipe.sources
+            recipe = sessions[0].loader.recipe
+            sources = recipe.sources
             taken = [0] * len(sources)
             for s in sessions:
                 taken = [a + b for a, b in zip(taken, s.loader.mixture_tokens(), strict=True)]
-            total_w = sum(src.weight for src in sources)
+            step = max(s.loader.step for s in sessions)  # steps served so far
+            schedule = self._schedule_of(recipe)
+            now = schedule.weights(max(step - 1, 0))
+            target = self._target_shares(schedule, step)
+            total_w, total_m = sum(now), sum(target)
             total_t = sum(taken)
-            for src, t in zip(sources, taken, strict=True):
+            for i, (src, t) in enumerate(zip(sources, taken, strict=True)):
                 self.source_tokens.labels(source=src.name).set(t)
                 self.source_share.labels(source=src.name).set(t / total_t if total_t else 0.0)
-                self.source_weight.labels(source=src.name).set(src.weight / total_w)
+                self.source_weight.labels(source=src.name).set(now[i] / total_w)
+                self.source_target.labels(source=src.name).set(target[i] / total_m)
+
+    def _schedule_of(self, recipe: Any) -> Schedule:
+        if self._schedule is None or self._schedule[0] is not recipe:
+            self._schedule = (recipe, Schedule.of(recipe))
+            self._summed, self._sums = 0, [0.0] * len(recipe.sources)
+        return self._schedule[1]
+
+    def _target_shares(self, schedule: Schedule, steps: int) -> tuple[float, ...]:
+        """What :func:`datalane.spec.phases.mean_weights` gives, summed incrementally."""
+        if schedule.constant or steps <= 0:
+            return schedule.initial
+        if steps < self._summed:  # fewer steps than before (sessions restarted): sum again
+            self._summed, self._sums = 0, [0.0] * len(self._sums)
+        for step in range(self._summed, steps):
+            w = schedule.weights(step)
+            norm = sum(w)
+            self._sums = [a + x / norm for a, x in zip(self._sums, w, strict=True)]
+        self._summed = steps
+        return tuple(a / steps for a in self._sums)
 
     def serve(self, port: int, addr: str) -> Any:
         from prometheus_client import start_http_server
