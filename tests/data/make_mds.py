@@ -5,7 +5,7 @@ versions that conflict with the dev environment, so it is not a test dependency)
 reader (``datalane/engine/formats/mds.py``) is tested against these bytes. To regenerate::
 
     pip install --no-deps --target /tmp/mds mosaicml-streaming==0.13.0 brotli python-snappy \\
-        zstd xxhash catalogue torchvision
+        zstd xxhash catalogue torchvision cramjam
     PYTHONPATH=/tmp/mds .venv/bin/python -m tests.data.make_mds
 
 ``text/``: 240 samples in 4 uncompressed shards, columns of many encodings; ``zstd/``: 60
