@@ -7,12 +7,14 @@ stored, in podman: the sidecar image as the native sidecar with its startup prob
 trainer image (another UID than the sidecar's, a shared fsGroup, read-only root filesystems)
 reaching the 0660 socket and the shared-memory rings in the memory emptyDir; trainers run
 and checkpoint; the
-operator lists and garbage-collects the checkpoints; ``kubectl scale`` to 2 workers updates
-the status, the recreated pods resume from the last committed checkpoint, and the per-step
-global batch hashes equal an uninterrupted 4-rank run; a scale to 3 is refused; deleting the
-DataPipeline leaves nothing behind. The same runs with tensor parallelism: 2 ranks per pod
-that are TP peers (``spec.parallelism.tensor: 2``), so the data-parallel world is 4 and then
-2, each pod's two trainers read one DP rank through its sidecar and print the same digests.
+operator lists and garbage-collects the checkpoints; ``kubectl scale`` to 3 workers - a world
+size that does not divide the 8 lanes: ranks of 2, 3 and 3 lanes, status ``lanesPerRank:
+"2-3"`` - updates the status, the recreated pods resume from the last committed checkpoint,
+and the per-step global batch hashes equal an uninterrupted 4-rank run; a scale to 9 (more
+ranks than lanes) is refused; deleting the DataPipeline leaves nothing behind. The same runs
+with tensor parallelism: 2 ranks per pod that are TP peers (``spec.parallelism.tensor: 2``),
+so the data-parallel world is 4 and then 2 (a divisor), each pod's two trainers read one DP
+rank through its sidecar and print the same digests.
 A second test times pod admission over 200 creations.
 """
 
@@ -226,6 +228,7 @@ class Case:
 
     tensor: int = 1
     suffix: str = ""
+    scale_to: int = 3  # workers after the scale (from 4): 3 does not divide the 8 lanes
 
     @property
     def nproc(self) -> int:
@@ -235,7 +238,7 @@ class Case:
         return base + self.suffix
 
 
-@pytest.mark.parametrize("case", [Case(), Case(tensor=2, suffix="-tp2")],
+@pytest.mark.parametrize("case", [Case(), Case(tensor=2, suffix="-tp2", scale_to=2)],
                          ids=["dp", "tp2"])
 def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpus: DemoCorpus,
                                   bucket: str, s3_server: str, case: Case,
@@ -294,14 +297,18 @@ def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpu
                    "client_kwargs": {"endpoint_url": s3_server}}
         assert CheckpointStore(store_uri, options).committed_steps() == [4, 6]
 
-        # ---- scale to 2: status within the target, 9 refused (more DP ranks than lanes) ----
+        # ---- scale to 3 (2 with TP): status within the target, 9 refused (more DP ranks
+        # than lanes) ----
+        after = case.scale_to
         t0 = time.monotonic()
-        c.kubectl("scale", "pytorchjob", job, "--replicas=2", "-n", ns)
-        eventually(lambda: dp_status(custom, ns, dpn).get("worldSize") == 2,
-                   timeout=30, interval=0.02, what="status worldSize 2")
+        c.kubectl("scale", "pytorchjob", job, f"--replicas={after}", "-n", ns)
+        eventually(lambda: dp_status(custom, ns, dpn).get("worldSize") == after,
+                   timeout=30, interval=0.02, what=f"status worldSize {after}")
         MEASURED[f"scale_to_status_s{case.suffix}"] = round(time.monotonic() - t0, 3)
         st = dp_status(custom, ns, dpn)
-        assert (st["lanesPerRank"], st["ranks"]) == (4, 2 * case.nproc)
+        # 8 lanes over 3 ranks: 2, 3 and 3 lanes (the imbalance); over 2 ranks: 4 each
+        assert (st["lanesPerRank"], st["ranks"]) == ({3: "2-3", 2: 4}[after],
+                                                     after * case.nproc)
         refused = c.kubectl("scale", "pytorchjob", job, "--replicas=9", "-n", ns,
                             check=False)
         assert refused.returncode != 0
@@ -317,17 +324,17 @@ def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpu
         assert "INFO" in line and "ERROR" not in line, line
         assert "failed permanently" not in stack.log.read_text()
         body = custom.get_namespaced_custom_object(TG, TV, ns, TP, job)
-        assert body["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+        assert body["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == after
 
         # ---- the job restarts at its new size: recreated pods resume -----------------------
-        kept = [f"{job}-worker-0", f"{job}-worker-1"]
+        kept = [f"{job}-worker-{i}" for i in range(after)]
         eventually(lambda: set(live_pods(core, ns, job)) == set(kept),
-                   timeout=60, what="workers 2 and 3 deleted")
+                   timeout=60, what=f"workers {after} to 3 deleted")
         old = {p["metadata"]["uid"] for p in live_pods(core, ns, job).values()}
         c.kubectl("delete", "pod", *kept, "-n", ns, "--wait=true")
-        pods = eventually(lambda: (p := live_pods(core, ns, job)) and len(p) == 2 and all(
+        pods = eventually(lambda: (p := live_pods(core, ns, job)) and len(p) == after and all(
             x["metadata"]["uid"] not in old and x.get("status", {}).get("phase") == "Running"
-            for x in p.values()) and p, timeout=90, what="2 recreated Running pods")
+            for x in p.values()) and p, timeout=90, what=f"{after} recreated Running pods")
         for pod in pods.values():
             check_injected(pod, dpn, secret)
         resume = dp_status(custom, ns, dpn)["lastCommittedStep"]
@@ -335,7 +342,7 @@ def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpu
         for pod in pods.values():
             runner.start(pod, extra_env={"E2E_RESUME_STEP": str(resume)})
         runner.wait_trainers()
-        check_tp_peers(runner, case, 2)
+        check_tp_peers(runner, case, after)
         second = digests_of(runner)
         assert sorted(second) == list(range(STEPS, 2 * STEPS))
         runner.stop_pods()
@@ -356,10 +363,10 @@ def test_scale_resume_and_cleanup(stack: Stack, k8s_api: client.ApiClient, corpu
                 "CheckpointsCollected"} <= reasons, reasons
         for e in events:
             assert SECRET_KEY not in (e.message or "")
-        if case.tensor > 1:
-            rescaled = next(e.message for e in events if e.reason == "Rescaled")
-            assert rescaled == ("data-parallel world size 4 -> 2 (2 pods x 2 ranks, TP 2 -> "
-                                "DP 2, 4 lanes per rank)"), rescaled
+        rescaled = next(e.message for e in events if e.reason == "Rescaled")
+        assert rescaled == ("data-parallel world size 4 -> 2 (2 pods x 2 ranks, TP 2 -> DP 2, "
+                            "4 lanes per rank)" if case.tensor > 1 else
+                            "world size 4 -> 3 (3 pods x 1 ranks, 2-3 lanes per rank)"), rescaled
 
         # ---- deleting the pipeline leaves no orphans --------------------------------------
         c.kubectl("delete", "dp", dpn, "-n", ns, "--wait=true", "--timeout=30s")

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from datalane.client.torchtitan import DataLaneDataLoader, TitanBatch, titan_global_batch_size
+from datalane.demo_torchtitan import parse_legs
 from datalane.spec.errors import ConfigError
 
 IGNORE = -100
@@ -90,6 +91,15 @@ def test_a_checkpoint_in_the_middle_of_a_step_is_refused_naming_the_batch_size(
     next(it)  # the padded microbatch ends the step: a checkpoint here is exact
     assert set(loader.state_dict()) == {"recipe", "lane_00000", "lane_00001"}
     loader.close()
+
+
+def test_demo_legs_take_any_dp_degree_up_to_the_lanes() -> None:
+    assert parse_legs("1,3,4,4>3") == [(1,), (3,), (4,), (4, 3)]
+    assert parse_legs("8>7, 7>3") == [(8, 7), (7, 3)]
+    with pytest.raises(ConfigError, match=r"leg '9' of --legs '1,9': a DP degree is 1 to 8"):
+        parse_legs("1,9")
+    with pytest.raises(ConfigError, match=r"leg '4>3>2' .* not a DP degree or two joined"):
+        parse_legs("4>3>2")
 
 
 @pytest.mark.slow
