@@ -189,21 +189,22 @@ class Loader:
         rows = self.recipe.lane_batch
         size = self.recipe.sequence_tokens
         # the lanes fill their rows of the step in place; while one lane packs, the digest of
-        # the lane before it is computed on the hashing thread (hashlib releases the GIL)
+        # the lane before it is computed on the hashing thread (hashlib releases the GIL), and
+        # the last lane's digest here, meanwhile
         columns = {c.name: np.empty(c.shape(rows * len(streams), size), dtype=c.np_dtype)
                    for c in schema}
         windows = []
         digests: list[Future[bytes]] = []
+        last = len(streams) - 1
         for k, s in enumerate(streams):
             w = s.next_window({n: a[k * rows:(k + 1) * rows] for n, a in columns.items()})
             windows.append(w)
-            if len(streams) > 1:
+            if k < last:
                 digests.append(self._hasher().submit(window_digest, schema, w.columns))
         step_tokens = trained_tokens(columns)
-        if digests:
-            lane_digests = {w.lane: d.result() for w, d in zip(windows, digests, strict=True)}
-        else:
-            lane_digests = {w.lane: w.digest for w in windows}
+        mine = windows[-1].digest
+        lane_digests = {w.lane: d.result() for w, d in zip(windows, digests, strict=False)}
+        lane_digests[windows[-1].lane] = mine  # lane order, as the windows came
         step = Step(
             step=self._step,
             columns=columns,
