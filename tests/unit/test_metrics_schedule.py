@@ -11,10 +11,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from datalane_sidecar.metrics import Metrics
 
 from datalane.spec.recipe import load_recipe
 from datalane.spec.state import Counters
-from datalane_sidecar.metrics import Metrics
 
 
 def recipe(phases):
