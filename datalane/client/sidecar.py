@@ -522,16 +522,7 @@ class SidecarLoader:
     def close(self) -> None:
         """End the session and the stream (an open iterator stops at its next item)."""
         self._generation += 1
-        active, self._active = self._active, None
-        if active is not None:
-            calls, acks = active
-            acks.put(None)
-            calls.cancel()
-        if self._stub is not None and self._session:
-            try:
-                self._stub.Close(pb.CloseRequest(session_id=self._session), timeout=5)
-            except grpc.RpcError:
-                pass
+        self._end_session()
         self._disconnect()
 
     def __enter__(self) -> SidecarLoader:

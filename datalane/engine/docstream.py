@@ -216,16 +216,23 @@ class DocStream:
     # -- consuming ---------------------------------------------------------------------------
     def next_doc(self) -> Doc | None:
         """The next kept document, or None at the end."""
+        i = self._next_kept()
+        if i is None:
+            return None
+        assert self._cur is not None
+        file, pos, _ = self._record(i)
+        return self._doc(self._cur, i, file, pos)
+
+    def _next_kept(self) -> int | None:
+        """Consume records up to the next kept document; its index in ``self._cur``, or
+        None at the end of the stream."""
         while True:
             if not self._current():
                 return None
-            res = self._cur
-            assert res is not None
             i = self._i
             self._i = i + 1
             if self._consume(i):
-                file, pos, _ = self._record(i)
-                return self._doc(res, i, file, pos)
+                return i
 
     def next_run(self, need: int, allow: Callable[[int], bool] | None = None) -> Run | None:
         """Kept documents in order as one run of a map result, or None at the end.
@@ -235,15 +242,11 @@ class DocStream:
         map task's results (a caller that wants more asks again). Every record is accounted
         exactly as :meth:`next_doc` accounts it, in the same order, so taking documents one
         at a time or in runs gives the same documents, counters, errors and cursor."""
-        while True:
-            if not self._current():
-                return None
-            res = self._cur
-            assert res is not None
-            i = self._i
-            self._i = i + 1
-            if self._consume(i):
-                break
+        i = self._next_kept()
+        if i is None:
+            return None
+        res = self._cur
+        assert res is not None
         first = last = i
         offsets = res.bounds
         taken = offsets[i + 1] - offsets[i]
