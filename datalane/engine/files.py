@@ -7,6 +7,7 @@ goes into the recipe fingerprint. Callers: :mod:`datalane.engine.plan` (listing)
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
@@ -120,11 +121,22 @@ def open_file(uri: str, compression: str | None = None) -> IO[bytes]:
 
         return open_stream(uri, compression)
     try:
-        return fsspec.open(uri, "rb").open()  # type: ignore[no-any-return]
+        opened = fsspec.open(uri, "rb")
+        if "memory" in _protocols(opened.fs):
+            # fsspec's memory filesystem hands every reader the same file object, so two
+            # readers of one file (a lane's reader and another lane opening) would move each
+            # other's position; each gets a copy of its own
+            return io.BytesIO(opened.fs.cat_file(opened.path))
+        return opened.open()  # type: ignore[no-any-return]
     except FileNotFoundError as e:
         raise StorageError(f"source file {uri} disappeared after planning") from e
     except OSError as e:
         raise StorageError(f"cannot open {uri}: {e}", transient=True) from e
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 def read_bytes(uri: str, where: str) -> bytes:
