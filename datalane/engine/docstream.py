@@ -290,7 +290,8 @@ class DocStream:
         file, pos, _ = self._record(last)
         return Run(self.source.index, tuple(res.columns[c.name][lo:hi] for c in
                                             self._stage.columns),
-                   res.offsets[first:last + 2] - lo, docs, (file, pos), res.positions[lo:hi])
+                   [b - lo for b in offsets[first:last + 2]], docs, (file, pos),
+                   res.positions[lo:hi])
 
     def _current(self) -> bool:
         """Make ``self._cur`` a map result with a record left to consume; False at the end."""

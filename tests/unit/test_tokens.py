@@ -412,3 +412,39 @@ def test_parquet_nulls_inside_a_list_go_the_slow_way_and_are_named(tmp_path: Pat
     got = [r for _, r in RecordReader([sf], src.field, src).records(chunk)]
     assert got == [[5, None], [6]]
     assert check_ids(got[0], VOCAB, "input_ids")[1] == "not_tokens"
+
+
+@pytest.mark.parametrize("values", [
+    [np.array([1, 2], np.uint16), [3]],                          # a list among arrays
+    [np.array([1, 2], np.uint16), np.array([], np.uint16)],      # an empty document
+    [np.array([1, 2], np.uint16), np.array([[3, 4]], np.uint16)],  # a 2-D value
+    [np.array([[1, 2]], np.uint16)],                             # only a 2-D value
+    [np.array(5, np.int32)],                                     # a 0-d value
+    [np.array([1, 2], np.uint16), np.array([3.0])],              # floats
+    [np.array([1], np.uint64), np.array([2], np.int64)],         # they mix into float64
+    [np.array([1, -2], np.int32)],                               # a negative id
+    [np.array([1, VOCAB], np.uint32)],                           # an id out of range
+    [],
+])
+def test_a_whole_task_is_checked_at_once_or_left_to_one_record_at_a_time(
+        tokenizer: TokenizerHandle, values: list[object]) -> None:
+    """``tokenize_values`` takes a map task's values in one pass when every one is a
+    non-empty 1-D integer array of ids in range, and otherwise answers None, so that the
+    records are checked one at a time and the bad one is named (never a wrong accept)."""
+    kind = TokensKind(TokensSpec(), tokenizer)
+    assert kind.tokenize_values(values) is None, f"{values} must go record by record"
+
+
+def test_a_whole_task_in_one_pass_is_what_one_record_at_a_time_gives(
+        tokenizer: TokenizerHandle) -> None:
+    for spec in (TokensSpec(), TokensSpec(add_bos=True, add_eos=True)):
+        kind = TokensKind(spec, tokenizer)
+        values = [np.array([7, 8, 9], np.uint16), np.array([10], np.uint16),
+                  np.array([1023, 0], np.uint16)]
+        got = kind.tokenize_values(values)
+        assert got is not None
+        want = kind.tokenize([kind.render(v)[0] for v in values])  # type: ignore[misc]
+        for a, b in zip(got, want, strict=True):
+            a = a["input_ids"] if isinstance(a, dict) else a
+            b = b["input_ids"] if isinstance(b, dict) else b
+            assert a.dtype == b.dtype and a.tolist() == b.tolist()

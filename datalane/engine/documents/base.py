@@ -11,6 +11,7 @@ packer, with the reference its format defines, so a packer's carry-over can name
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -79,7 +80,7 @@ class Run:
 
     source: int
     columns: tuple[np.ndarray, ...]  # schema.document_columns() order; input_ids first
-    offsets: np.ndarray  # int64, starts at 0, ends at the run's token count
+    offsets: Sequence[int]  # starts at 0, ends at the run's token count
     docs: int
     last_ref: tuple[int, ...]
     positions: np.ndarray  # int32: each token's index in its document

@@ -112,21 +112,28 @@ class TokensKind:
         """Check and concatenate a whole map task's values at once (the common case: every
         value a non-empty 1-D integer array, every id in range), or None when any value is
         not, so that the caller maps the records one at a time and names the bad ones."""
-        if not values:
+        if not values or not all(type(v) is np.ndarray for v in values):
             return None
-        for v in values:
-            if type(v) is not np.ndarray or v.ndim != 1 or v.dtype.kind not in "iu" or not len(v):
-                return None
-        flat = np.concatenate(values) if len(values) > 1 else values[0]
+        try:  # a 0-d array has no length; arrays of other ranks do not join 1-D ones
+            lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+            flat = np.concatenate(values) if len(values) > 1 else values[0]
+        except (TypeError, ValueError):
+            return None
+        # one dtype over them all: a mix of signed and unsigned ids, or a float array, is no
+        # longer an integer kind
+        if flat.ndim != 1 or flat.dtype.kind not in "iu" or int(lens.min()) == 0:
+            return None
         if flat.dtype.kind == "i" and int(flat.min()) < 0:
             return None
         if int(flat.max()) >= self.vocab_size:
             return None
-        return self._concat(values, flat)
+        return self._concat(values, flat, lens)
 
-    def _concat(self, values: list[Any], flat: np.ndarray | None = None) -> Tokenized:
+    def _concat(self, values: list[Any], flat: np.ndarray | None = None,
+                lens: np.ndarray | None = None) -> Tokenized:
         n = len(values)
-        lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=n)
+        if lens is None:
+            lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=n)
         extra = (self.bos_id is not None) + (self.eos_id is not None)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lens + extra, out=offsets[1:])

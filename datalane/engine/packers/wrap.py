@@ -5,6 +5,8 @@ The carry-over between sequences is at most the tail of one document: ``{"held":
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -94,7 +96,7 @@ class WrapPacker:
         total = rows * size
         # parts in order: (document columns, positions, where its documents start in it or
         # None for a carried piece, the piece or run)
-        parts: list[tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray | None,
+        parts: list[tuple[tuple[np.ndarray, ...], np.ndarray, Sequence[int] | None,
                           Piece | Run]] = [
             (cols, ARANGE[:len(cols[0])], None, piece) for piece, cols in self._held]
         have = sum(len(cols[0]) for cols, _, _, _ in parts)
@@ -114,7 +116,7 @@ class WrapPacker:
             tail = have - total
             n = len(cols[0])
             if isinstance(last, Run):
-                length = int(last.offsets[-1] - last.offsets[-2])
+                length = last.offsets[-1] - last.offsets[-2]
                 piece = Piece(last.source, last.last_ref, length - tail, length)
             else:
                 piece = Piece(last.source, last.ref, last.stop - tail, last.stop)
@@ -148,11 +150,8 @@ class WrapPacker:
             n = len(cols[0])
             while row < min(at + n, used):
                 # the next document start after the boundary, within this part
-                if starts is None:
-                    end = at + n
-                else:
-                    k = int(np.searchsorted(starts, row - at, side="right"))
-                    end = at + int(starts[k])
+                end = at + n if starts is None else at + starts[
+                    bisect.bisect_right(starts, row - at)]
                 end = min(end, row + size, used)
                 if flat[row]:
                     flat[row:end] -= flat[row]
