@@ -444,7 +444,7 @@ def test_a_whole_task_in_one_pass_is_what_one_record_at_a_time_gives(
         got = kind.tokenize_values(values)
         assert got is not None
         want = kind.tokenize([kind.render(v)[0] for v in values])  # type: ignore[misc]
-        for a, b in zip(got, want, strict=True):
-            a = a["input_ids"] if isinstance(a, dict) else a
-            b = b["input_ids"] if isinstance(b, dict) else b
+        for one, other in zip(got, want, strict=True):
+            a = one["input_ids"] if isinstance(one, dict) else one
+            b = other["input_ids"] if isinstance(other, dict) else other
             assert a.dtype == b.dtype and a.tolist() == b.tolist()
