@@ -1,4 +1,4 @@
-"""Trainer-side loaders: the sidecar client and the in-process mode (DESIGN section 6).
+"""Trainer-side loaders: the sidecar client and the in-process mode (docs/client.md).
 
 Both yield :class:`Batch` microbatches (numpy int32 arrays) and share one ``state_dict``
 format, so a job can move between them. ``datalane.client.torch`` adapts either to a torch

@@ -1,4 +1,4 @@
-"""In-process mode: the client's interface and stream with no sidecar (DESIGN section 6).
+"""In-process mode: the client's interface and stream with no sidecar (docs/client.md).
 
 Runs the lane engine in the trainer's process; yields exactly the microbatches a sidecar
 would serve (the same columns, in the engine's schema order), and its ``state_dict`` is

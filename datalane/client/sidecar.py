@@ -1,4 +1,4 @@
-"""The trainer's client of the pod's sidecar (DESIGN section 6).
+"""The trainer's client of the pod's sidecar (docs/client.md).
 
 ``SidecarLoader`` opens a session for its rank over the Unix socket, streams microbatches as
 numpy arrays (from the shared-memory ring or inline bytes) and tracks its position. The reply

@@ -1,4 +1,4 @@
-"""Chunks and record readers over every format of a source (DESIGN section 3.1).
+"""Chunks and record readers over every format of a source (docs/architecture.md, One lane).
 
 A source file is cut into chunks by its format (:mod:`datalane.engine.formats`): Parquet row
 groups or row ranges, plain JSONL byte ranges aligned to newlines, compressed JSONL files

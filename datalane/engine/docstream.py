@@ -1,8 +1,8 @@
 """One lane's documents from one source: read, block shuffle, map tasks, ordered results.
 
-The lane's records of a source, epoch by epoch, are cut into blocks of ``K`` records; each
-block is permuted by a key of ``(seed, source, lane, epoch, block)`` (DESIGN section 3.2) and
-cut into map tasks that run on the shared worker pool. Results are consumed strictly in
+The lane's records of a source, epoch by epoch, are cut into blocks of ``K`` records; each block
+is permuted by a key of ``(seed, source, lane, epoch, block)`` (docs/architecture.md, One lane)
+and cut into map tasks that run on the shared worker pool. Results are consumed strictly in
 submission order, so counters and the ``fail`` policy see records in the logical order.
 
 The stream's resume point is a :class:`~datalane.spec.state.SourceCursor`: the epoch and block,

@@ -1,9 +1,9 @@
 """One lane: sources -> mixture -> packer -> step windows, with its resume point.
 
-A lane's stream is a function of ``(recipe, lane)`` alone (DESIGN section 3). Window ``s`` is
-the lane's sequences ``s*B/L .. (s+1)*B/L - 1``. After every source is exhausted and the packer
-is flushed the lane has *ended*; its later windows are padding (ids = pad, positions = -1), so
-ranks stay in lockstep until every lane has ended.
+A lane's stream is a function of ``(recipe, lane)`` alone (docs/architecture.md, One lane).
+Window ``s`` is the lane's sequences ``s*B/L .. (s+1)*B/L - 1``. After every source is exhausted
+and the packer is flushed the lane has *ended*; its later windows are padding (ids = pad,
+positions = -1), so ranks stay in lockstep until every lane has ended.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The loader: the lanes of one rank, as steps and microbatches of numpy arrays.
 
 ``Loader(recipe, rank, world_size, knobs)`` owns lanes ``[floor(r*L/W), floor((r+1)*L/W))``
-(DESIGN section 2; any ``1 <= W <= L``); every step it concatenates its lanes' windows in lane
-order into the rank's local batch. Cut into microbatches, a step has the same number on every
-rank (:func:`datalane.spec.lanes.rank_shape`): a rank with fewer lanes ends its step with
-fully padded microbatches. All lanes of the loader share one worker pool. ``state_dict()``
-between steps returns a checkpoint of the rank's lanes; the union of all ranks' checkpoints of
-a step restores any world size (:func:`datalane.spec.state.merge_checkpoints`).
+(docs/architecture.md, Trainers, ranks and readers; any ``1 <= W <= L``); every step its lanes'
+windows, in lane order, are the rank's local batch. Cut into microbatches, a step has the same
+number on every rank (:func:`datalane.spec.lanes.rank_shape`): a rank with fewer lanes ends its
+step with fully padded microbatches. All lanes of the loader share one worker pool.
+``state_dict()`` between steps returns a checkpoint of the rank's lanes; the union of all ranks'
+checkpoints of a step restores any world size (:func:`datalane.spec.state.merge_checkpoints`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The stateless map stages of a lane: decode, render, filter, tokenize (DESIGN section 3.3).
+"""The stateless map stages of a lane: decode, render, filter, tokenize.
+
+The stages of docs/architecture.md, One lane.
 
 A map task takes a slice of raw records (already in shuffled order) and returns, for each,
 either its token columns or the reason it was set aside. The record's *format* decodes the

@@ -1,4 +1,4 @@
-"""The mixture stage: exact token-weighted interleaving of sources (DESIGN section 3.4).
+"""The mixture stage: exact token-weighted interleaving of sources (docs/architecture.md, One lane).
 
 The next document comes from the source with the smallest *pass*; ties go to the earlier
 source. While the weights are those of step 0 the pass is ``consumed_tokens / weight`` (stride

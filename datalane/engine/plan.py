@@ -1,4 +1,4 @@
-"""The plan: which chunks each lane reads, in which order (DESIGN section 3.1).
+"""The plan: which chunks each lane reads, in which order (docs/architecture.md, One lane).
 
 Per source, every file is listed and cut into chunks; per ``(source, epoch)`` the chunks are
 permuted by a key of ``(seed, source, epoch)`` and dealt round-robin to lanes, so lane ``l``

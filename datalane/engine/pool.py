@@ -9,7 +9,7 @@ oldest. In steady state every stream's new tasks go to the back at about the sam
 which is first in, first out again.
 
 Results do not depend on the order tasks run in: streams consume their tasks in submission
-order (DESIGN section 3).
+order (docs/architecture.md, One lane).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Counter-based randomness keyed by purpose (DESIGN section 3.5).
+"""Counter-based randomness keyed by purpose (docs/architecture.md, One lane).
 
 Every random decision is a pure function of a key such as ``(seed, "chunks", source, epoch)``;
 there is no generator state to save or restore, and no dependence on numpy's bit-generator

@@ -1,4 +1,4 @@
-"""Recipe fingerprints (DESIGN section 1).
+"""Recipe fingerprints (docs/recipe.md).
 
 The fingerprint document holds the canonical recipe, the identity of every source file and the
 tokenizer's content hash; the fingerprint is SHA-256 of its canonical JSON. Persisted states

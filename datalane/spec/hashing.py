@@ -1,4 +1,4 @@
-"""The canonical batch hash (DESIGN section 2).
+"""The canonical batch hash (docs/architecture.md, Trainers, ranks and readers).
 
 A lane window (its ``B/L`` sequences of one step) hashes as SHA-256 over the little-endian
 bytes of its columns in schema order (:mod:`datalane.spec.schema`): for a text recipe,

@@ -1,4 +1,4 @@
-"""Knobs: settings that change speed and memory, never a byte of output (DESIGN section 1).
+"""Knobs: settings that change speed and memory, never a byte of output (docs/recipe.md).
 
 The world size and rank are knobs too, but they are passed to the loader directly.
 """

@@ -1,4 +1,6 @@
-"""Lane math: which rank owns which lanes, and what a step window is (DESIGN section 2).
+"""Lane math: which rank owns which lanes, and what a step window is.
+
+See docs/architecture.md, Trainers, ranks and readers.
 
 Pure functions of ``(lanes, world_size, rank)``; the loader, the sidecar, the clients and the
 operator's scale guard all call these, so the split can never disagree between components.

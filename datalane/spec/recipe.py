@@ -1,4 +1,4 @@
-"""The recipe: everything that decides *what* the model eats (DESIGN section 1).
+"""The recipe: everything that decides *what* the model eats (docs/recipe.md).
 
 A :class:`Recipe` is a frozen, strictly validated value. Load it with :func:`load_recipe`
 (YAML or JSON file, or a mapping). Its JSON Schema (:func:`recipe_schema`) is the single source

@@ -1,4 +1,4 @@
-"""Persisted state schemas: lane resume points and checkpoints (DESIGN section 4).
+"""Persisted state schemas: lane resume points and checkpoints (docs/checkpoint-format.md).
 
 A :class:`LaneState` is the compact state of one lane between two steps. It holds references,
 never tokens: per-source cursors, the mixture's token counters, the packer's own state (its

@@ -1,4 +1,4 @@
-"""Checkpoint store: lane resume points in object storage (DESIGN section 4).
+"""Checkpoint store: lane resume points in object storage (docs/checkpoint-format.md).
 
 The sidecar writes each pod's lane states per checkpoint step and commits the step; the
 operator lists committed steps, reports the latest and garbage-collects; ``datalane audit``

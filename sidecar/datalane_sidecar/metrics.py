@@ -1,4 +1,4 @@
-"""Prometheus metrics of the sidecar (DESIGN section 5).
+"""Prometheus metrics of the sidecar (docs/architecture.md, The wire).
 
 tokens/s is derived by Prometheus from the ``datalane_tokens_total`` counter
 (``rate(datalane_tokens_total[1m])``); queue depth, the seconds trainers waited, replay seconds

@@ -1,6 +1,6 @@
 """The mixture stage, choice by choice: which source feeds the packer next.
 
-The rule (DESIGN section 3.4): the next document comes from the source with the smallest
+The rule (docs/architecture.md, One lane): the next document comes from the source with the smallest
 ``consumed_tokens / weight``; ties go to the earlier source; a source whose stream ended is
 skipped from then on. Weights are shares of *tokens*, not of documents. The streams here are
 fakes that hand out documents of chosen lengths, so every expected order below is worked out

@@ -1,11 +1,11 @@
 """The plan stage: how files are cut into chunks and how chunks are dealt to lanes.
 
-DESIGN section 3.1: per source, every file is cut into chunks (plain JSONL: ``chunk_bytes``
-byte ranges, a record belonging to the chunk its first byte lies in; Parquet: row groups, or
-``chunk_rows`` ranges inside them); per epoch the chunks are permuted by a key of
-``(seed, "chunks", source, epoch)`` and dealt round-robin, so lane ``l`` of ``L`` reads
-``perm[l], perm[l+L], ...``. The files are written here with known sizes (every JSONL line is
-16 bytes) so the chunks are known by hand.
+The plan (docs/architecture.md, One lane): per source, every file is cut into chunks (plain
+JSONL: ``chunk_bytes`` byte ranges, a record belonging to the chunk its first byte lies in;
+Parquet: row groups, or ``chunk_rows`` ranges inside them); per epoch the chunks are permuted by
+a key of ``(seed, "chunks", source, epoch)`` and dealt round-robin, so lane ``l`` of ``L`` reads
+``perm[l], perm[l+L], ...``. The files are written here with known sizes (every JSONL line is 16
+bytes) so the chunks are known by hand.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The shuffle stages: counter-based permutations and the block shuffle of a lane's documents.
 
 :func:`datalane.engine.rng.permutation` is a pure function of its key (no generator state).
-The block shuffle (DESIGN section 3.2) cuts a lane's records of a source, epoch by epoch, into
-blocks of ``block_size`` records in reading order and permutes each block by the key
+The block shuffle (docs/architecture.md, One lane) cuts a lane's records of a source, epoch
+by epoch, into blocks of ``block_size`` records in reading order and permutes each block by the key
 ``(seed, "block", source, lane, epoch, block)``; the last, shorter block of an epoch is
 permuted within itself. The documents here are one word each (``d<i>``, two tokens with EOS)
 and ``seq_len`` is 1, so every sequence of a ``wrap`` lane is exactly one document and the

@@ -1,4 +1,4 @@
-"""The packer seam: documents become sequences of ``size`` tokens (DESIGN section 3.4).
+"""The packer seam: documents become sequences of ``size`` tokens (docs/architecture.md, One lane).
 
 A packer pulls documents (:class:`~datalane.engine.documents.base.Doc`) from the mixture and
 emits one sequence per call as the recipe's columns: document columns (``input_ids``, a chat
