@@ -19,6 +19,7 @@ from datalane import StorageError, load_recipe
 from datalane.client import SidecarLoader
 from datalane.client.sidecar import _retryable
 from datalane.wire import NO_SESSION_KEY
+from tests.sidecar.inproc import serve_in_process
 from tests.sidecar.test_edges import _reference, _same, _take
 
 
@@ -186,24 +187,17 @@ def test_a_draining_sidecar_is_waited_for_not_a_mismatch(repeat_recipe, tmp_path
     """Open against a sidecar that is draining (kubelet's SIGTERM): the client waits for it
     to serve again. It got 'MismatchError: the sidecar is shutting down' and crashed the
     trainer. The servicer runs in-process on a real gRPC server so the drain can be held."""
-    from concurrent.futures import ThreadPoolExecutor
 
     from datalane_sidecar.metrics import Metrics
     from datalane_sidecar.service import DataLaneService
 
     from datalane.engine.plan import Plan
     from datalane.spec.knobs import Knobs
-    from datalane.wire import datalane_pb2_grpc as pbg
 
     recipe = load_recipe(repeat_recipe)
     service = DataLaneService(Plan.build(recipe), Knobs(workers=1), 8, None, "pod", 1,
                               str(tmp_path), Metrics())
-    server = grpc.server(ThreadPoolExecutor(max_workers=8))
-    pbg.add_DataLaneServicer_to_server(service, server)
-    sock = str(tmp_path / "dl.sock")
-    server.add_insecure_port(f"unix://{sock}")
-    server.start()
-    try:
+    with serve_in_process(service, tmp_path) as sock:
         service.serving = False  # draining: the socket answers, the sidecar does not serve
         loader = SidecarLoader(sock, rank=0, world_size=2, microbatch_size=2,
                                transport="inline", open_timeout=60)
@@ -226,6 +220,3 @@ def test_a_draining_sidecar_is_waited_for_not_a_mismatch(repeat_recipe, tmp_path
         assert loader.reconnects >= 1
         _same(out["got"], _reference(recipe, 0, 2, 2, 4))
         loader.close()
-    finally:
-        server.stop(0)
-        service.pool.shutdown(wait=False)

@@ -28,6 +28,7 @@ from datalane.spec import ConfigError, load_recipe
 from datalane.wire import PROTOCOL_VERSION
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
+from tests.sidecar.inproc import serve_in_process
 from tests.test_eval_streams import (
     STEPS,
     eval_files,  # noqa: F401  (the fixture)
@@ -202,7 +203,6 @@ def test_a_sidecar_that_predates_eval_streams_is_refused(eval_recipe_path: str,
     """A sidecar without eval streams ignores the request's `stream` (an unknown proto3
     field) and serves the training stream, answering "" and 0: the client must refuse it
     rather than evaluate on training data forever."""
-    from concurrent.futures import ThreadPoolExecutor
 
     from datalane_sidecar.metrics import Metrics
     from datalane_sidecar.service import DataLaneService
@@ -221,12 +221,7 @@ def test_a_sidecar_that_predates_eval_streams_is_refused(eval_recipe_path: str,
 
     service = Older(Plan.build(load_recipe(eval_recipe_path)), Knobs(workers=1), 8, None,
                     "pod", 1, str(tmp_path), Metrics())
-    server = grpc.server(ThreadPoolExecutor(max_workers=8))
-    pbg.add_DataLaneServicer_to_server(service, server)
-    sock = str(tmp_path / "dl.sock")
-    server.add_insecure_port(f"unix://{sock}")
-    server.start()
-    try:
+    with serve_in_process(service, tmp_path) as sock:
         with SidecarLoader(sock, rank=0, world_size=1, microbatch_size=8, transport="inline",
                            stream="heldout") as loader, pytest.raises(MismatchError) as info:
             next(iter(loader))
@@ -235,6 +230,3 @@ def test_a_sidecar_that_predates_eval_streams_is_refused(eval_recipe_path: str,
         with SidecarLoader(sock, rank=0, world_size=1, microbatch_size=8,
                            transport="inline") as train:
             assert next(iter(train)).step == 0  # training through it is unchanged
-    finally:
-        server.stop(0)
-        service.pool.shutdown(wait=False)
