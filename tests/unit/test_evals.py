@@ -23,6 +23,7 @@ from datalane.spec.evals import (
     training_view,
 )
 from datalane.spec.recipe import _NAME
+from tests.unit.test_recipe import error_of
 
 
 def minimal(**overrides: Any) -> dict[str, Any]:
@@ -44,12 +45,6 @@ def minimal(**overrides: Any) -> dict[str, Any]:
     }
     data.update(overrides)
     return data
-
-
-def error_of(data: Any) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_recipe(data)
-    return str(info.value)
 
 
 def stream(**fields: Any) -> dict[str, Any]:

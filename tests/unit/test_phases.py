@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from datalane.spec import ConfigError, load_recipe
+from datalane.spec import load_recipe
 from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import fingerprint_of
 from datalane.spec.phases import (
@@ -25,6 +25,7 @@ from datalane.spec.phases import (
     used_sources,
     weights_at,
 )
+from tests.unit.test_recipe import error_of
 
 
 def recipe(phases: list[dict[str, Any]] | None = None, weights: tuple[float, ...] = (1.0, 1.0),
@@ -39,12 +40,6 @@ def recipe(phases: list[dict[str, Any]] | None = None, weights: tuple[float, ...
     if phases is not None:
         data["phases"] = phases
     return data
-
-
-def error_of(data: dict[str, Any]) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_recipe(data)
-    return str(info.value)
 
 
 ANNEAL = {"name": "anneal", "start_step": 10, "weights": {"web": 0.2, "hq": 0.8},
