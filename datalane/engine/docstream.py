@@ -13,6 +13,7 @@ the offset, so restore cost is bounded by a block, whatever the position in the 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -260,15 +261,32 @@ class DocStream:
         # is set once after them
         quick = min(n, len(block.records) - task.start - 1) if self._probe is None else 0
         counters = self._counters
+        set_aside = res.set_aside
+        base = offsets[first]
         quick_last = False
         while taken < need and (allow is None or allow(taken)):
             j = self._i
             if j < quick and status[j] is None:
-                self._i = j + 1
-                counters.docs += 1
-                taken += offsets[j + 1] - offsets[j]
-                last = j
-                docs += 1
+                # records j .. stop - 1 are kept documents; document k is taken while the
+                # tokens before it, offsets[k] - base, are fewer than need and allowed
+                # (allow is monotone: once false it stays false as more tokens are taken)
+                k = bisect.bisect_left(set_aside, j)
+                stop = min(quick, set_aside[k]) if k < len(set_aside) else quick
+                end = bisect.bisect_left(offsets, base + need, j, stop)
+                if allow is not None:  # the first document allow refuses (j is allowed)
+                    lo, hi = j + 1, end
+                    while lo < hi:
+                        mid = (lo + hi) // 2
+                        if allow(offsets[mid] - base):
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    end = lo
+                self._i = end
+                counters.docs += end - j
+                taken = offsets[end] - base
+                last = end - 1
+                docs += end - j
                 quick_last = True
                 continue
             quick_last = False

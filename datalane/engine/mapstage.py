@@ -14,7 +14,6 @@ policy raises, so both are deterministic.
 
 from __future__ import annotations
 
-import functools
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,15 +54,14 @@ class MapResult:
     status: list[str | None]
     detail: list[str | None]
     positions: np.ndarray  # int32: each token's index in its document (0 at each start)
+    # computed on the worker too, for the ordered thread: ``offsets`` as Python ints, and the
+    # indexes of the records set aside (status not None), ascending
+    bounds: list[int]
+    set_aside: list[int]
 
     @property
     def tokens(self) -> np.ndarray:
         return self.columns["input_ids"]
-
-    @functools.cached_property
-    def bounds(self) -> list[int]:
-        """``offsets`` as Python ints (the consumer reads them one at a time)."""
-        return list(self.offsets.tolist())
 
 
 def _load_predicate(path: str) -> Callable[[str], bool]:
@@ -195,4 +193,5 @@ class MapStage:
         # computed here, on the worker, so that the ordered thread only copies them
         positions = np.arange(int(offsets[-1]), dtype=np.int32)
         positions -= np.repeat(offsets[:-1].astype(np.int32), lengths)
-        return MapResult(columns, offsets, status, detail, positions)
+        return MapResult(columns, offsets, status, detail, positions, offsets.tolist(),
+                         [i for i, reason in enumerate(status) if reason is not None])
