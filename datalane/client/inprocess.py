@@ -99,7 +99,7 @@ class InProcessLoader:
                     skip -= 1
                     continue
                 batch = Batch(step.step, i, step.microbatch(i, m).columns, step.ended,
-                              dict(step.lane_digests) if i == self.per_step - 1 else {}, schema,
+                              step.lane_digests if i == self.per_step - 1 else {}, schema,
                               step.step_tokens)
                 pos.advance(step.step, i, self.per_step, after)
                 yield batch

@@ -11,7 +11,7 @@ checkpoints of a step restores any world size (:func:`datalane.spec.state.merge_
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,40 +31,9 @@ from datalane.spec.schema import SampleSchema, TextColumns
 from datalane.spec.state import Checkpoint, Counters, LaneState
 from datalane.spec.targets import trained_tokens
 
-__all__ = ["LaneDigests", "Loader", "Microbatch", "Step"]
+__all__ = ["Loader", "Microbatch", "Step"]
 
 _OPEN_THREADS = 8  # lanes opened side by side
-
-
-class LaneDigests(Mapping[int, bytes]):
-    """Lane -> window digest of one step, computed on the loader's hashing thread: reading
-    one waits for them all. The thread hashes private copies of the windows, so whatever
-    the caller does to the step's arrays meanwhile, the digests are of the bytes delivered."""
-
-    __slots__ = ("_digests", "_lanes", "_pending")
-
-    def __init__(self, pending: list[tuple[int, Future[bytes]]]) -> None:
-        self._pending = pending
-        self._lanes = [lane for lane, _ in pending]
-        self._digests: dict[int, bytes] | None = None
-
-    def resolve(self) -> dict[int, bytes]:
-        if self._digests is None:
-            self._digests = {lane: f.result() for lane, f in self._pending}
-            self._pending = []
-        return self._digests
-
-    def __getitem__(self, lane: int) -> bytes:
-        return self.resolve()[lane]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._lanes)
-
-    def __len__(self) -> int:
-        return len(self._lanes)
-
-    def __repr__(self) -> str:
-        return f"LaneDigests({self.resolve()!r})"
 
 
 @dataclass
@@ -73,7 +42,7 @@ class Step(TextColumns):
 
     step: int
     columns: dict[str, np.ndarray]  # schema order; per-token columns (B/W, seq_len + 1)
-    lane_digests: Mapping[int, bytes]  # window digest of each lane this rank owns
+    lane_digests: dict[int, bytes]  # window digest of each lane this rank owns
     ended: bool  # every lane of this rank has run out of data (later steps are padding)
     schema: SampleSchema | None = None  # the pad values of microbatches past the real rows
     step_tokens: int = 0  # trained targets of the step (datalane.spec.targets)
@@ -135,7 +104,6 @@ class Loader:
         self._restore: Checkpoint | None = None
         self._step = 0
         self._hashing: ThreadPoolExecutor | None = None
-        self._hashed_behind: LaneDigests | None = None  # the last step's digests
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -220,32 +188,31 @@ class Loader:
         schema = self.plan.schema
         rows = self.recipe.lane_batch
         size = self.recipe.sequence_tokens
-        # the lanes fill their rows of the step in place; each window is hashed on the hashing
-        # thread (hashlib releases the GIL) from a copy, while the next lane packs and after
-        # the step is returned: reading the step's digests waits for them, and the next step
-        # waits for this one's before it returns, so at most one step is hashed behind
+        # the lanes fill their rows of the step in place; while one lane packs, the digest of
+        # the lane before it is computed on the hashing thread (hashlib releases the GIL), and
+        # the last lane's digest here, meanwhile
         columns = {c.name: np.empty(c.shape(rows * len(streams), size), dtype=c.np_dtype)
                    for c in schema}
-        hasher = self._hasher()
-        pending: list[tuple[int, Future[bytes]]] = []
-        ended = True
+        windows = []
+        digests: list[Future[bytes]] = []
+        last = len(streams) - 1
         for k, s in enumerate(streams):
             w = s.next_window({n: a[k * rows:(k + 1) * rows] for n, a in columns.items()})
-            ended = ended and w.ended
-            pending.append((w.lane, hasher.submit(
-                window_digest, schema, {n: a.copy() for n, a in w.columns.items()})))
-        digests = LaneDigests(pending)
+            windows.append(w)
+            if k < last:
+                digests.append(self._hasher().submit(window_digest, schema, w.columns))
+        step_tokens = trained_tokens(columns)
+        mine = windows[-1].digest
+        lane_digests = {w.lane: d.result() for w, d in zip(windows, digests, strict=False)}
+        lane_digests[windows[-1].lane] = mine  # lane order, as the windows came
         step = Step(
             step=self._step,
             columns=columns,
-            lane_digests=digests,
-            ended=ended,
+            lane_digests=lane_digests,
+            ended=all(w.ended for w in windows),
             schema=schema,
-            step_tokens=trained_tokens(columns),
+            step_tokens=step_tokens,
         )
-        if self._hashed_behind is not None:
-            self._hashed_behind.resolve()
-        self._hashed_behind = digests
         self._step += 1
         return step
 

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,9 +70,7 @@ class Prepared:
     columns: dict[str, np.ndarray]  # the schema's columns, in schema order
     ended: bool
     after: Boundary | None  # last index only: the lane states at the boundary after the step
-    # last index only; the step's digests, read when the microbatch is sent (the loader's
-    # hashing thread computes them meanwhile)
-    lane_digests: Mapping[int, bytes]
+    lane_digests: dict[int, bytes]  # last index only
     step_tokens: int = 0  # trained targets of the rank's step (every microbatch of it)
 
     @property
@@ -134,7 +132,7 @@ class Session:
         hold = prefetch + 2 * per_step + 64 if readers > 1 else 0
         self._fanout: Fanout[Prepared] = Fanout(readers, prefetch, hold, self._lock)
         self._boundaries: OrderedDict[int, Boundary] = OrderedDict()
-        self.digests: OrderedDict[int, Mapping[int, bytes]] = OrderedDict()
+        self.digests: OrderedDict[int, dict[int, bytes]] = OrderedDict()
         self._stop = threading.Event()
         self.waited_seconds = 0.0
         self.first_skip = skip_microbatches
@@ -352,7 +350,7 @@ class Session:
                         plan=self._plan, pool=pool)
         try:
             loader.load_state_dict(load())
-            got: dict[int, Mapping[int, bytes]] = {}
+            got: dict[int, dict[int, bytes]] = {}
             for s in range(since, self.first_step):
                 if self._stop.is_set():
                     return
@@ -390,8 +388,7 @@ class Session:
 
     def digests_between(self, start: int, stop: int) -> dict[int, dict[int, bytes]]:
         with self._lock:
-            held = [(s, d) for s, d in self.digests.items() if start <= s < stop]
-        return {s: dict(d) for s, d in held}  # read outside the lock: the newest may wait
+            return {s: d for s, d in self.digests.items() if start <= s < stop}
 
     def close(self) -> None:
         self._stop.set()
