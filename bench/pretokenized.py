@@ -17,8 +17,11 @@ batches (B 8, seq_len 2,048) and is timed from start to the last batch:
   the index, and at every row) and the SHA-256 of both columns;
 * ``datalane_<format>_workers_<k>``: ``Loader``, ``wrap`` packing, 2 lanes, shuffle blocks of
   1,024 documents, ``k`` map workers; everything is in the clock (planning, reading, checking
-  every id against the vocabulary, shuffling, packing, hashing). ``parquet_pylist`` is the
-  Parquet source with the integer-list fast path switched off (rows through ``to_pylist``);
+  every id against the vocabulary, shuffling, packing, hashing). ``..._batch_32``: the same
+  with 32 sequences per step, 16 per lane window (as a global batch of 1,024 sequences on 64
+  lanes gives; the cost of a window is partly per window, so larger ones deliver faster).
+  ``parquet_pylist`` is the Parquet source with the integer-list fast path switched off (rows
+  through ``to_pylist``);
 * ``datalane_read_only_<format>``: datalane's map stages alone (read every chunk, decode,
   check, concatenate; one thread, no packing, no hash) - the part the token formats own
   (``parquet_pylist`` again without the fast path);
@@ -34,7 +37,8 @@ the memmap limit and tokens per CPU-second (all threads; steadier than wall time
 machine, and the load average at each round's start is printed with the table). MosaicML
 Streaming's reader on MDS shards plugs in through ``PEERS`` (another helper's format): a name
 -> function ``(corpus dir) -> tokens delivered``.
-Results: printed as a table and written to ``bench/results/pretokenized.json``.
+Results: printed as a table, written to ``bench/results/pretokenized.json`` and drawn as
+``docs/pretokenized-throughput.png`` (``--plot``).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 B, SEQ = 8, 2048
+BIG_B = 32  # the larger batch: 16 sequences per lane window, as 1,024 sequences on 64 lanes
 EOS = 1
 SEED = 20261201
 
@@ -178,7 +183,7 @@ def run_memmap(corpus: Path, contract: bool) -> int:
     return delivered
 
 
-def _recipe(corpus: Path, fmt: str) -> Any:
+def _recipe(corpus: Path, fmt: str, batch: int = B) -> Any:
     from datalane import load_recipe
 
     source: dict[str, Any] = {
@@ -190,14 +195,14 @@ def _recipe(corpus: Path, fmt: str) -> Any:
     }[fmt]
     source.setdefault("tokens", {})
     return load_recipe({
-        "lanes": 2, "global_batch_size": B, "seq_len": SEQ, "seed": 1234,
+        "lanes": 2, "global_batch_size": batch, "seq_len": SEQ, "seed": 1234,
         "tokenizer": {"uri": str(corpus / "tokenizer.json")},
         "sources": [{"name": "ids", "epochs": 1, **source}],
         "packing": {"algorithm": "wrap"}, "shuffle": {"block_size": 1024},
     })
 
 
-def run_datalane(corpus: Path, fmt: str, workers: int) -> int:
+def run_datalane(corpus: Path, fmt: str, workers: int, batch: int = B) -> int:
     from datalane import Knobs, Loader
 
     if fmt == "parquet_pylist":
@@ -206,9 +211,9 @@ def run_datalane(corpus: Path, fmt: str, workers: int) -> int:
         parquet._id_lists = lambda column: None  # type: ignore[assignment]
         fmt = "parquet"
     delivered = 0
-    with Loader(_recipe(corpus, fmt), 0, 1, Knobs(workers=workers)) as loader:
+    with Loader(_recipe(corpus, fmt, batch), 0, 1, Knobs(workers=workers)) as loader:
         while True:
-            step = loader.next_step()
+            step = loader.next_step()  # (its lane digests are computed before it returns)
             delivered += int((step.positions >= 0).sum())
             if step.ended:
                 break
@@ -356,7 +361,8 @@ def one(corpus: Path, system: str) -> list[dict[str, Any]]:
         timed(system, lambda: run_read_only(corpus, fmt))
     elif system.startswith("datalane_"):
         fmt, _, workers = system.removeprefix("datalane_").rpartition("_workers_")
-        timed(system, lambda: run_datalane(corpus, fmt, int(workers)))
+        workers, _, batch = workers.partition("_batch_")
+        timed(system, lambda: run_datalane(corpus, fmt, int(workers), int(batch or B)))
     elif system == "streaming_mds_reader":
         timed(system, lambda: run_streaming_mds(corpus))
     elif system == "megatron":
@@ -386,6 +392,8 @@ def main() -> None:
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one system
     ap.add_argument("--corpus", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(HERE / "results" / "pretokenized.json"))
+    ap.add_argument("--plot", default=str(ROOT / "docs" / "pretokenized-throughput.png"),
+                    help="the bar chart of the table (matplotlib, from the dev extra)")
     args = ap.parse_args()
     if args.one:
         for rec in one(Path(args.corpus), args.one):
@@ -402,7 +410,8 @@ def main() -> None:
         make_mds(corpus)
     systems = ["memmap_limit", "memmap_limit_contract"]
     for fmt in ("megatron", "flatbin", "parquet") + (("mds",) if mds else ()):
-        systems += [f"datalane_{fmt}_workers_1", f"datalane_{fmt}_workers_2"]
+        systems += [f"datalane_{fmt}_workers_1", f"datalane_{fmt}_workers_2",
+                    f"datalane_{fmt}_workers_2_batch_{BIG_B}"]
     systems += ["datalane_parquet_pylist_workers_2", "datalane_read_only_megatron",
                 "datalane_read_only_flatbin", "datalane_read_only_parquet",
                 "datalane_read_only_parquet_pylist"]
@@ -462,6 +471,40 @@ def main() -> None:
     Path(args.out).write_text(json.dumps({"corpus": manifest, "rows": rows, "summary": summary,
                                           "rounds": args.rounds, "load_average": loads},
                                          indent=1))
+    plot(rows, args.plot, f"{manifest['tokens'] / 1e6:,.0f} M pre-tokenized tokens, "
+         f"seq_len {SEQ}; {os.cpu_count()} CPUs; median of {args.rounds} rounds")
+
+
+def plot(rows: list[dict[str, Any]], path: str, subtitle: str) -> None:
+    """M tokens/s of every row as horizontal bars (log scale: the memmap copy is far ahead),
+    datalane's delivering rows in one colour, the peers in another, the limits in grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if "read_only" not in r["name"]]
+    shown.sort(key=lambda r: r["tokens_per_s"])
+
+    def colour(name: str) -> str:
+        if name.startswith("memmap"):
+            return "#9e9e9e"
+        return "#1f77b4" if name.startswith("datalane") else "#ff7f0e"
+
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(shown) + 1.4))
+    values = [r["tokens_per_s"] / 1e6 for r in shown]
+    ax.barh(range(len(shown)), values, color=[colour(r["name"]) for r in shown])
+    ax.set_yticks(range(len(shown)), [r["name"] for r in shown], fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("M tokens/s (log scale)")
+    for i, v in enumerate(values):
+        ax.text(v * 1.05, i, f"{v:,.1f}", va="center", fontsize=7)
+    ax.set_xlim(right=max(values) * 3)
+    ax.set_title("Pre-tokenized throughput: datalane (blue), peers (orange), limits (grey)\n"
+                 + subtitle, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
