@@ -43,12 +43,17 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.sessions: Callable[[], list[Any]] = list  # set by the service
         self.registry.register(_Refresh(self))
-        self.tokens = Counter("datalane_tokens", "Document tokens delivered to trainers",
-                              registry=self.registry)
-        self.bytes = Counter("datalane_payload_bytes", "Payload bytes delivered",
-                             registry=self.registry)
-        self.microbatches = Counter("datalane_microbatches", "Microbatches delivered",
+        self.tokens = Counter("datalane_tokens", "Document tokens of training microbatches "
+                              "delivered to trainers", registry=self.registry)
+        self.bytes = Counter("datalane_payload_bytes", "Payload bytes delivered (training and "
+                             "eval microbatches)", registry=self.registry)
+        self.microbatches = Counter("datalane_microbatches", "Training microbatches delivered",
                                     registry=self.registry)
+        self.eval_tokens = Counter("datalane_eval_tokens", "Document tokens of eval-stream "
+                                   "microbatches delivered", ["stream"], registry=self.registry)
+        self.eval_microbatches = Counter("datalane_eval_microbatches", "Eval-stream "
+                                         "microbatches delivered", ["stream"],
+                                         registry=self.registry)
         self.queue_depth = Gauge("datalane_queue_depth", "Microbatches ready in the last "
                                  "session that delivered one", registry=self.registry)
         self.waited = Gauge("datalane_trainer_wait_seconds", "Seconds trainers waited for a "
@@ -76,12 +81,18 @@ class Metrics:
         self._summed = 0
         self._sums: list[float] = []
 
-    def delivered(self, payload_bytes: int, tokens: int, depth: int) -> None:
+    def delivered(self, payload_bytes: int, tokens: int, depth: int, stream: str = "") -> None:
         """One microbatch of ``payload_bytes`` (every column) holding ``tokens`` document
-        tokens (positions >= 0) was sent."""
+        tokens (positions >= 0) was sent: of the training stream (``stream`` "") or of the
+        eval stream ``stream``, which has counters of its own (an evaluation is not training
+        progress, and its queue is not the training queue)."""
+        self.bytes.inc(payload_bytes)
+        if stream:
+            self.eval_microbatches.labels(stream=stream).inc()
+            self.eval_tokens.labels(stream=stream).inc(tokens)
+            return
         self.microbatches.inc()
         self.tokens.inc(tokens)
-        self.bytes.inc(payload_bytes)
         self.queue_depth.set(depth)
 
     def refresh(self, sessions: list[Any]) -> None:

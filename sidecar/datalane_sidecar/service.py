@@ -431,7 +431,8 @@ class DataLaneService(pbg.DataLaneServicer):
                     msg.columns.extend(layout.pack(it.columns))
                 self.metrics.delivered(it.nbytes,
                                        int(np.count_nonzero(it.columns["positions"] >= 0)),
-                                       session.queue_depth(reader))
+                                       session.queue_depth(reader),
+                                       session.stream if session.is_eval else "")
             session.sent_to(reader, generation, (items[-1].step, items[-1].index))
             yield delivery
 

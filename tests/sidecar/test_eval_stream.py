@@ -104,6 +104,45 @@ def test_training_goes_on_undisturbed_and_its_position_does_not_change_the_eval_
     assert _bytes(got) == want_train
 
 
+def test_evaluations_have_metrics_of_their_own(sidecar: Any, eval_recipe_path: str) -> None:
+    import re
+    import urllib.request
+
+    from tests.sidecar.test_sidecar import _with_metrics
+
+    sc, url = _with_metrics(sidecar, eval_recipe_path)
+
+    def scrape() -> Any:
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+
+        def value(series: str) -> float:
+            found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+            assert found is not None, f"{series} is not exported:\n{text}"
+            return float(found.group(1))
+
+        return value
+
+    def tokens(batches: list[Any]) -> int:
+        return sum(int((b.positions >= 0).sum()) for b in batches)
+
+    with SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=2,
+                       stream="heldout") as heldout:
+        evaluated = list(heldout) + list(heldout)  # two evaluations before any training
+    value = scrape()
+    # an evaluation is not training progress: the training counters have not moved
+    assert (value("datalane_microbatches_total"), value("datalane_tokens_total")) == (0, 0)
+    assert value('datalane_eval_microbatches_total{stream="heldout"}') == len(evaluated)
+    assert value('datalane_eval_tokens_total{stream="heldout"}') == tokens(evaluated) > 0
+    assert value("datalane_payload_bytes_total") == sum(b.nbytes for b in evaluated)
+    with SidecarLoader(sc.socket, rank=0, world_size=1, microbatch_size=2) as train:
+        batches = iter(train)
+        trained = [next(batches) for _ in range(7)]
+        value = scrape()
+    assert value("datalane_microbatches_total") >= len(trained)  # (and the read-ahead)
+    assert value("datalane_tokens_total") >= tokens(trained)
+    assert value('datalane_eval_microbatches_total{stream="heldout"}') == len(evaluated)
+
+
 def test_every_iteration_is_one_evaluation_and_restart_goes_back_to_step_0(
         sidecar: Any, eval_recipe_path: str) -> None:
     from datalane.client.torch import DataLaneDataset

@@ -273,7 +273,7 @@ def test_prometheus_metrics(sidecar, repeat_recipe) -> None:
         _take(loader, 8)
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     assert "datalane_tokens_total" in text
-    assert "datalane_microbatches_total 8.0" in text or "datalane_microbatches_total" in text
+    assert "\ndatalane_microbatches_total 8.0\n" in text, text
     assert "datalane_queue_depth" in text
     assert "datalane_trainer_wait_seconds" in text
 
