@@ -156,13 +156,15 @@ def test_reading_a_chunk_reads_about_the_chunk_not_the_rest_of_the_file(
             super().close()
 
     monkeypatch.setattr("datalane.engine.formats.jsonl.open_file",
-                        lambda uri, compression=None: Counting(real_open(uri, compression)))
+                        lambda uri, compression=None, **kw: Counting(
+                            real_open(uri, compression, **kw)))
     chunk_bytes = 16384
     chunks = cut_file(0, sf, chunk_bytes, None)
     got = read_all(RecordReader([sf], "text"), chunks)
     assert len(got) == 5000
     assert got[-1] == (len(content) - len(line), line[:-1])
-    assert read[0] <= len(content) + len(chunks) * (jsonl_mod._READ_MORE + len(line))
+    # (a line of 203 bytes ends within the first 4 KiB read past a chunk)
+    assert read[0] <= len(content) + len(chunks) * (jsonl_mod._READ_FIRST + len(line))
 
 
 # -- compressed JSONL -----------------------------------------------------------------------------

@@ -48,6 +48,9 @@ from datalane.spec.errors import DataError, StorageError
 
 __all__ = ["JSONL"]
 
+# the last record of a chunk is finished by reads of 4 KiB, doubling up to 64 KiB: a line
+# usually ends within the first (a remote file fetches what is read, no read-ahead)
+_READ_FIRST = 1 << 12
 _READ_MORE = 1 << 16
 
 
@@ -60,7 +63,7 @@ class JsonlReader:
     def _plain(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, bytes]]:
         uri = self._files[chunk.file].uri
         try:
-            with open_file(uri) as f:
+            with open_file(uri, ranged=True) as f:
                 if start is not None:  # a known record boundary
                     base = start
                     f.seek(base)
@@ -80,12 +83,14 @@ class JsonlReader:
                 # finish the last record that starts in the range: read on until a newline
                 # at or after the range's last byte (not until a read happens to end on one)
                 scan = max(chunk.stop - base - 1, 0)
+                want = _READ_FIRST
                 while buf.find(b"\n", scan) < 0:
-                    more = f.read(_READ_MORE)
+                    more = f.read(want)
                     if not more:
                         break
                     scan = len(buf)
                     buf += more
+                    want = min(2 * want, _READ_MORE)
         except OSError as e:
             raise StorageError(f"cannot read {uri} bytes {chunk.start}-{chunk.stop}: {e}",
                                transient=True) from e

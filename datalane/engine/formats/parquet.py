@@ -29,7 +29,7 @@ __all__ = ["PARQUET"]
 def _row_groups(sf: SourceFile) -> list[int]:
     import pyarrow.parquet as pq
 
-    with open_file(sf.uri) as f:
+    with open_file(sf.uri, ranged=True) as f:
         try:
             meta = pq.ParquetFile(f).metadata
         except Exception as e:  # pyarrow raises ArrowInvalid and OSError subclasses
@@ -52,7 +52,7 @@ class ParquetReader:
 
         pf = self._open.get(index)
         if pf is None:
-            pf = pq.ParquetFile(open_file(self._files[index].uri))
+            pf = pq.ParquetFile(open_file(self._files[index].uri, ranged=True))
             self._open[index] = pf
             while len(self._open) > 2:
                 self._open.popitem(last=False)

@@ -70,7 +70,7 @@ def load_bytes(uri: str) -> Any:
             if os.path.getsize(path) == 0:
                 return np.zeros(0, dtype=np.uint8)
             return np.memmap(path, dtype=np.uint8, mode="r")
-        with open_file(uri) as f:
+        with open_file(uri, ranged=True) as f:
             return np.frombuffer(f.read(), dtype=np.uint8)
     except FileNotFoundError as e:
         raise StorageError(f"{uri} disappeared after planning") from e
@@ -89,7 +89,7 @@ class TokenFiles:
     def _file(self, uri: str) -> IO[bytes]:
         f = self._open.get(uri)
         if f is None:
-            f = open_file(uri)
+            f = open_file(uri, ranged=True)
             self._open[uri] = f
             while len(self._open) > 2:
                 self._open.popitem(last=False)[1].close()
