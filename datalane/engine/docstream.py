@@ -14,10 +14,12 @@ the offset, so restore cost is bounded by a block, whatever the position in the 
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +37,16 @@ from datalane.spec.state import Counters, SourceCursor
 __all__ = ["DocStream"]
 
 _FIRST_TASK_DOCS = 16
+_READ_THREADS = 8  # block reads in flight at once, over every stream of the process
 _MIN_FOR_FRACTION = 1000  # records a lane reads before bad_records_max_fraction applies
 _PROBE = 100  # a fresh lane whose first records of a source are all malformed stops at once
+
+
+@functools.cache
+def _reads() -> ThreadPoolExecutor:
+    """The process's reader threads (block reads are I/O and decompression: few threads serve
+    every lane; created on first use)."""
+    return ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="datalane-read")
 
 
 @dataclass
@@ -91,6 +101,7 @@ class DocStream:
         self._skip_first = cur.offset  # records of the first block already consumed
         self._block: _Block | None = None
         self._tasks: deque[_Task] = deque()
+        self._ahead: Future[_Block | None] | None = None  # the next block's read, in flight
         # consumer side
         self._cur: MapResult | None = None
         self._cur_task: _Task | None = None
@@ -186,7 +197,11 @@ class DocStream:
         while len(self._tasks) < self._depth:
             block = self._block
             if block is None or block.submitted >= len(block.records):
-                block = self._read_block()
+                reading = self._read_ahead()
+                if (self._tasks or self._cur is not None) and not reading.done():
+                    return  # the next block is being read; what is in hand comes first
+                self._ahead = None
+                block = reading.result()
                 if block is None:
                     return
                 block.submitted = min(self._skip_first, len(block.records))
@@ -209,6 +224,22 @@ class DocStream:
                                              self._formats)
             self._queued_docs += len(piece)
             self._tasks.append(_Task(block, start, len(piece), future))
+            if block.submitted >= len(block.records):
+                self._read_ahead()  # the block is all submitted: read the next one meanwhile
+
+    def _read_ahead(self) -> Future[_Block | None]:
+        """The read of the next block, started on a reader thread if it is not yet: the
+        reader side runs one block ahead of the map tasks, so a read (storage latency,
+        decompression) overlaps the tasks in flight instead of stopping the ordered thread.
+        One read at a time per stream, in order: the blocks are those read in line."""
+        if self._ahead is None:
+            self._ahead = _reads().submit(self._read_block)
+        return self._ahead
+
+    def _settle(self) -> None:
+        """Wait for a read in flight (the reader is then free to use here)."""
+        if self._ahead is not None:
+            futures.wait([self._ahead])
 
     def prime(self) -> None:
         """Submit the first map task now, so every lane's first task runs in parallel."""
@@ -383,6 +414,7 @@ class DocStream:
         if len(probe) < _PROBE and not end_of_epoch:
             return
         self._probe = None
+        self._settle()
         fields = self._reader.fields(file)
         reasons = ", ".join(f"{r}={probe.count(r)}" for r in sorted(set(probe)))
         there = (f"its records have the fields {', '.join(repr(f) for f in fields[:20])}"
@@ -452,4 +484,11 @@ class DocStream:
             task.future.cancel()
         self._tasks.clear()
         self._queued_docs = 0
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and not ahead.cancel():
+            # a read in flight closes the reader when it ends (a slow remote read does not
+            # hold the close up)
+            reader = self._reader
+            ahead.add_done_callback(lambda _: reader.close())
+            return
         self._reader.close()
