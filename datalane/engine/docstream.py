@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -47,6 +48,10 @@ def _reads() -> ThreadPoolExecutor:
     """The process's reader threads (block reads are I/O and decompression: few threads serve
     every lane; created on first use)."""
     return ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="datalane-read")
+
+
+# a forked child (a DataLoader worker) has none of the parent's threads: it makes its own pool
+os.register_at_fork(after_in_child=_reads.cache_clear)
 
 
 @dataclass

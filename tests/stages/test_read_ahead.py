@@ -102,3 +102,26 @@ def test_a_block_is_consumed_while_the_next_one_is_read(tmp_path: Path, pool) ->
         gate.set()
     assert got + ids(stream) == want
     stream.close()
+
+
+def test_a_forked_child_reads_with_threads_of_its_own(tmp_path: Path, pool) -> None:
+    import multiprocessing
+
+    make = make_streams(tmp_path, pool)
+    want = ids(make())  # the parent's reader threads exist now
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+
+    def child() -> None:
+        with TaskPool(2) as own:  # (the parent's map workers are not in the child either)
+            queue.put(ids(make_streams(tmp_path, own)()))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    try:
+        got = queue.get(timeout=60)
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    assert got == want, "a forked child must read the same documents with its own threads"
