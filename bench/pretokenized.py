@@ -31,6 +31,10 @@ batches (B 8, seq_len 2,048) and is timed from start to the last batch:
   batch; ``megatron_gptdataset_getitem``: its ``__getitem__`` (tokens, labels, loss mask,
   position ids as torch tensors), what its DataLoader calls. Only when megatron-core imports.
 
+With ``--s3`` (moto from the dev extra), the Megatron dataset is also put on moto's S3 server
+on loopback: ``s3_read_limit`` fetches its ``.bin`` whole in one request (what the endpoint
+serves at best, nothing else) and ``datalane_megatron_s3_workers_2`` reads it from there.
+
 Each measurement is a fresh process; ``--rounds`` rounds interleave the systems and the
 medians are reported with tokens/s, GB/s (of the ids as their 2 stored bytes), the share of
 the memmap limit and tokens per CPU-second (all threads; steadier than wall time on a busy
@@ -67,6 +71,7 @@ B, SEQ = 8, 2048
 BIG_B = 32  # the larger batch: 16 sequences per lane window, as 1,024 sequences on 64 lanes
 EOS = 1
 SEED = 20261201
+S3_BUCKET = "datalane-bench"
 
 #: extra peers, run like the systems above: name -> fn(corpus dir) -> tokens delivered
 PEERS: dict[str, Callable[[Path], int]] = {}
@@ -192,6 +197,8 @@ def _recipe(corpus: Path, fmt: str, batch: int = B) -> Any:
         "parquet": {"uris": [str(corpus / "parquet" / "*.parquet")]},
         "mds": {"uris": [str(corpus / "mds")], "format": "mds",
                 "tokens": {"field": "input_ids"}},
+        # the Megatron dataset on the --s3 endpoint (moto's server on loopback)
+        "megatron_s3": {"uris": [f"s3://{S3_BUCKET}/corpus.idx"]},
     }[fmt]
     source.setdefault("tokens", {})
     return load_recipe({
@@ -363,6 +370,12 @@ def one(corpus: Path, system: str) -> list[dict[str, Any]]:
         fmt, _, workers = system.removeprefix("datalane_").rpartition("_workers_")
         workers, _, batch = workers.partition("_batch_")
         timed(system, lambda: run_datalane(corpus, fmt, int(workers), int(batch or B)))
+    elif system == "s3_read_limit":
+        import s3fs
+
+        # the limit of the endpoint: the .bin fetched whole in one request, nothing else
+        timed(system, lambda: len(s3fs.S3FileSystem().cat_file(
+            f"{S3_BUCKET}/corpus.bin")) // 2)
     elif system == "streaming_mds_reader":
         timed(system, lambda: run_streaming_mds(corpus))
     elif system == "megatron":
@@ -374,6 +387,38 @@ def one(corpus: Path, system: str) -> list[dict[str, Any]]:
     else:
         raise SystemExit(f"unknown system {system!r}")
     return results
+
+
+def _serve_s3(corpus: Path) -> None:
+    """Start moto's S3 server on a free loopback port for the rest of this process, put the
+    Megatron dataset there, and point the measuring processes at it (the environment)."""
+    import atexit
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    atexit.register(proc.terminate)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(150):
+        try:
+            urllib.request.urlopen(endpoint + "/", timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        raise SystemExit("moto's S3 server did not start (is the dev extra installed?)")
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+                      AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=endpoint)
+    import s3fs
+
+    fs = s3fs.S3FileSystem()
+    fs.mkdir(S3_BUCKET)
+    for name in ("corpus.idx", "corpus.bin"):
+        fs.put(str(corpus / name), f"{S3_BUCKET}/{name}")
 
 
 def _megatron_installed() -> bool:
@@ -392,6 +437,9 @@ def main() -> None:
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one system
     ap.add_argument("--corpus", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(HERE / "results" / "pretokenized.json"))
+    ap.add_argument("--s3", action="store_true",
+                    help="also read the Megatron dataset from S3: moto's server on loopback "
+                         "(the dev extra), against fetching the same bytes in one request")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "pretokenized-throughput.png"),
                     help="the bar chart of the table (matplotlib, from the dev extra)")
     args = ap.parse_args()
@@ -423,6 +471,9 @@ def main() -> None:
         print("(mosaicml-streaming not importable: no MDS rows; see tests/data/make_mds.py)",
               file=sys.stderr)
     systems += list(PEERS)
+    if args.s3:
+        _serve_s3(corpus)
+        systems += ["s3_read_limit", "datalane_megatron_s3_workers_2"]
     runs: dict[str, list[float]] = {}
     cpu_runs: dict[str, list[float]] = {}
     loads = []
@@ -457,6 +508,9 @@ def main() -> None:
                "best_datalane_of_contract_limit": round(best_dl / med["memmap_limit_contract"], 4),
                "best_datalane_over_best_peer": round(best_dl / max(peers.values()), 3)
                if peers else None}
+    if "s3_read_limit" in med:
+        summary["datalane_s3_of_s3_limit"] = round(
+            med["datalane_megatron_s3_workers_2"] / med["s3_read_limit"], 4)
     print(f"\ncorpus: {manifest['tokens']:,} tokens in {manifest['documents']:,} documents; "
           f"B {B}, seq_len {SEQ}; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs; median of {args.rounds} interleaved rounds; load average "
@@ -487,7 +541,7 @@ def plot(rows: list[dict[str, Any]], path: str, subtitle: str) -> None:
     shown.sort(key=lambda r: r["tokens_per_s"])
 
     def colour(name: str) -> str:
-        if name.startswith("memmap"):
+        if name.startswith("memmap") or name.endswith("_limit"):
             return "#9e9e9e"
         return "#1f77b4" if name.startswith("datalane") else "#ff7f0e"
 
