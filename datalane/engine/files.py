@@ -141,9 +141,12 @@ def open_file(uri: str, compression: str | None = None, *,
             return io.BytesIO(fs.cat_file(path))
         if "file" in protocols or "local" in protocols:
             return fs.open(path, "rb")  # type: ignore[no-any-return]
-        return fs.open(path, "rb", **(  # type: ignore[no-any-return]
-            {"cache_type": "none"} if ranged else
-            {"cache_type": "readahead", "block_size": REMOTE_STREAM_BLOCK}))
+        options: dict[str, Any] = ({"cache_type": "none"} if ranged else
+                                   {"cache_type": "readahead", "block_size": REMOTE_STREAM_BLOCK})
+        try:
+            return fs.open(path, "rb", **options)  # type: ignore[no-any-return]
+        except TypeError:  # a filesystem without fsspec's cache options: its own reading
+            return fs.open(path, "rb")  # type: ignore[no-any-return]
     except FileNotFoundError as e:
         raise StorageError(f"source file {uri} disappeared after planning") from e
     except OSError as e:

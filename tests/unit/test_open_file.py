@@ -5,9 +5,15 @@ of a path the *same* file object; two readers of one file - a lane reading a chu
 another lane opens the same file on another thread - then move each other's position, and a
 reader that closes its handle closes the file for everyone. Seen as a WebDataset sample read
 from the wrong offset about one run in ten (tests/test_formats_more.py, memory:// URIs).
+
+Remote files open with fsspec's cache options (``cache_type``, ``block_size``: see
+tests/test_remote_reads.py); a filesystem that does not take them opens with its own.
 """
 
 from __future__ import annotations
+
+import io
+from typing import Any
 
 import fsspec
 
@@ -26,3 +32,23 @@ def test_two_readers_of_one_memory_file_keep_their_own_positions() -> None:
     assert a.read(2) == bytes([6, 7]), "closing one reader leaves the other open"
     with open_file(uri) as c:
         assert c.read() == bytes(range(32)), "and the file itself readable"
+
+
+class _PlainFileSystem(fsspec.AbstractFileSystem):
+    """A filesystem whose files take no ``cache_type`` (its ``_open`` has the arguments
+    ``AbstractFileSystem.open`` always passes, and no ``**kwargs``): what a third-party
+    implementation may look like."""
+
+    protocol = "datalane-plain"
+
+    def _open(self, path: str, mode: str = "rb", block_size: Any = None,  # type: ignore[override]
+              autocommit: bool = True, cache_options: Any = None) -> io.BytesIO:
+        return io.BytesIO(b"plain bytes of " + path.encode())
+
+
+def test_a_filesystem_without_cache_options_opens_with_its_own_reading() -> None:
+    fsspec.register_implementation("datalane-plain", _PlainFileSystem, clobber=True)
+    for ranged in (False, True):
+        with open_file("datalane-plain://a/b", ranged=ranged) as f:
+            assert f.read().startswith(b"plain bytes of "), (
+                "a filesystem that takes no cache_type / block_size must still open")
