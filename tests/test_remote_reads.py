@@ -1,4 +1,4 @@
-"""Sources on object storage are read once: no more bytes fetched than the files hold.
+"""Sources on object storage are read about once: the bytes fetched are the files' bytes.
 
 Lanes read a source in chunks (1 MiB by default, in a shuffled order), so a remote file is
 entered at many offsets. fsspec's default for s3fs is 50 MiB of read-ahead on every read
