@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from datalane.spec.evals import TRAIN
 from datalane.spec.phases import Schedule
 
 __all__ = ["Metrics"]
@@ -81,13 +82,14 @@ class Metrics:
         self._summed = 0
         self._sums: list[float] = []
 
-    def delivered(self, payload_bytes: int, tokens: int, depth: int, stream: str = "") -> None:
+    def delivered(self, payload_bytes: int, tokens: int, depth: int,
+                  stream: str = TRAIN) -> None:
         """One microbatch of ``payload_bytes`` (every column) holding ``tokens`` document
-        tokens (positions >= 0) was sent: of the training stream (``stream`` "") or of the
-        eval stream ``stream``, which has counters of its own (an evaluation is not training
-        progress, and its queue is not the training queue)."""
+        tokens (positions >= 0) was sent on ``stream``: an eval stream has counters of its
+        own (an evaluation is not training progress, and its queue is not the training
+        queue)."""
         self.bytes.inc(payload_bytes)
-        if stream:
+        if stream != TRAIN:
             self.eval_microbatches.labels(stream=stream).inc()
             self.eval_tokens.labels(stream=stream).inc(tokens)
             return

@@ -431,8 +431,7 @@ class DataLaneService(pbg.DataLaneServicer):
                     msg.columns.extend(layout.pack(it.columns))
                 self.metrics.delivered(it.nbytes,
                                        int(np.count_nonzero(it.columns["positions"] >= 0)),
-                                       session.queue_depth(reader),
-                                       session.stream if session.is_eval else "")
+                                       session.queue_depth(reader), session.stream)
             session.sent_to(reader, generation, (items[-1].step, items[-1].index))
             yield delivery
 
