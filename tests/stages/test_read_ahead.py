@@ -76,12 +76,14 @@ def test_a_block_is_consumed_while_the_next_one_is_read(tmp_path: Path, pool) ->
 
     stream = make()
     gate = threading.Event()
+    second = threading.Event()  # set when the second block's read has started
     readers: list[str] = []
     read = stream._read_block
 
     def held() -> Any:
         readers.append(threading.current_thread().name)
         if len(readers) == 2:  # the second block's read waits for the gate
+            second.set()
             gate.wait()
         return read()
 
@@ -95,6 +97,10 @@ def test_a_block_is_consumed_while_the_next_one_is_read(tmp_path: Path, pool) ->
             f"with the next block's read held, the consumer got {len(got)} of the first "
             f"block's {BLOCK} documents: it must not wait for a read while documents of the "
             f"tasks in flight are left")
+        # The next read starts on a reader thread when the first block is all submitted, not
+        # when the consumer asks: under load that thread may not have run yet when the
+        # consumer is done, so wait for it (it must start without the consumer asking).
+        assert second.wait(timeout=20), f"the second block was never read: {readers}"
         assert len(readers) == 2 and all(r.startswith("datalane-read") for r in readers), (
             f"blocks are read on the reader threads, the next while the tasks in flight are "
             f"consumed: {readers}")
