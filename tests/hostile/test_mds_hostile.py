@@ -91,7 +91,7 @@ def test_a_shard_basename_outside_the_dataset_is_refused(tmp_path: Path, basenam
     index = write_index(root, TEXT_ONLY, [(basename, size, 1)])
     with pytest.raises(ConfigError) as info:
         _read(root)
-    assert f"{index}: shard 0 has the basename {basename!r}, which is no path inside the " \
+    assert f"{index}: shard 0's basename is {basename!r}, which is no path inside the " \
            f"dataset directory" in str(info.value)
 
 

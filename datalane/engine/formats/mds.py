@@ -49,6 +49,7 @@ import numpy as np
 
 from datalane.engine.files import SourceFile, file_ident, open_file
 from datalane.engine.formats.base import Chunk, Decoded
+from datalane.engine.formats.indexfiles import inside, read_index
 from datalane.spec.errors import ConfigError, DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES, TOO_LARGE
 
@@ -429,24 +430,15 @@ def list_mds_directory(fs: Any, path: str) -> list[tuple[str, int, str]] | None:
     """The shards an MDS dataset directory's ``index.json`` lists (its uncompressed shard
     where it is there, else the compressed one), or None when there is no index."""
     index_path = f"{path.rstrip('/')}/index.json"
-    try:
-        with fs.open(index_path, "rb") as f:
-            raw = f.read(MAX_RECORD_BYTES + 1)
-    except FileNotFoundError:
+    index = read_index(fs, index_path, "an MDS index")
+    if index is None:
         return None
-    if len(raw) > MAX_RECORD_BYTES:
-        raise ConfigError(f"{index_path} is not an MDS index: it holds more than "
-                          f"{MAX_RECORD_BYTES} bytes")
     try:
-        index = json.loads(raw)
         shards = index["shards"]
         if not isinstance(shards, list):
             raise TypeError(f"'shards' is a {type(shards).__name__}, not a list")
-    except (ValueError, KeyError, TypeError) as e:
+    except (KeyError, TypeError) as e:
         raise ConfigError(f"{index_path} is not an MDS index: {type(e).__name__}: {e}") from e
-    except RecursionError as e:
-        raise ConfigError(f"{index_path} is not an MDS index: its JSON is nested deeper than "
-                          f"the parser's limit") from e
     out: list[tuple[str, int, str]] = []
     for k, shard in enumerate(shards):
         if not isinstance(shard, dict) or shard.get("format") != "mds":
@@ -457,7 +449,8 @@ def list_mds_directory(fs: Any, path: str) -> list[tuple[str, int, str]] | None:
         for info in candidates:
             if not isinstance(info, dict) or not info.get("basename"):
                 continue
-            shard_path = f"{path.rstrip('/')}/{_inside(info['basename'], index_path, k)}"
+            name = inside(info["basename"], index_path, f"shard {k}'s basename")
+            shard_path = f"{path.rstrip('/')}/{name}"
             try:
                 stat = fs.info(shard_path)
             except FileNotFoundError:
@@ -470,14 +463,3 @@ def list_mds_directory(fs: Any, path: str) -> list[tuple[str, int, str]] | None:
                               f"missing from {path}")
     return out
 
-
-def _inside(basename: Any, index_path: str, k: int) -> str:
-    """A shard's basename, checked to name a file inside the dataset directory (a merged
-    index's shards are in subdirectories: ``part0/shard.00000.mds``)."""
-    parts = str(basename).replace("\\", "/").split("/")
-    if not isinstance(basename, str) or basename.startswith("/") or ".." in parts or \
-            "" in parts or "://" in basename:
-        raise ConfigError(f"{index_path}: shard {k} has the basename {basename!r}, which is no "
-                          f"path inside the dataset directory (absolute, '..' or a URI); "
-                          f"datalane reads only the dataset's own shards")
-    return basename
