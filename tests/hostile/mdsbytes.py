@@ -10,21 +10,25 @@ import struct
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TEXT_ONLY", "Columns", "shard_bytes", "text_dataset", "write_index"]
+__all__ = ["TEXT_ONLY", "Columns", "config_of", "shard_bytes", "text_dataset", "write_index"]
 
 Columns = tuple[list[str], list[str], list[int | None]]  # names, encodings, fixed sizes
 TEXT_ONLY: Columns = (["id", "text"], ["int", "str"], [8, None])
 
 
-def _config(columns: Columns) -> dict[str, Any]:
+def config_of(columns: Columns) -> dict[str, Any]:
     names, encodings, sizes = columns
     return {"column_names": names, "column_encodings": encodings, "column_sizes": sizes,
             "compression": None, "format": "mds", "hashes": [], "size_limit": 1 << 26,
             "version": 2}
 
 
-def shard_bytes(columns: Columns, samples: list[list[bytes]]) -> bytes:
-    config = json.dumps(_config(columns), sort_keys=True).encode()
+def shard_bytes(columns: Columns, samples: list[list[bytes]],
+                config_text: bytes | None = None) -> bytes:
+    """A shard of ``samples`` (each column's bytes); ``config_text``: the JSON config to write
+    instead of the columns' own (the samples are still laid out by ``columns``)."""
+    config = config_text if config_text is not None else json.dumps(
+        config_of(columns), sort_keys=True).encode()
     bodies = []
     for values in samples:
         var = [len(v) for v, size in zip(values, columns[2], strict=True) if size is None]
@@ -38,7 +42,7 @@ def shard_bytes(columns: Columns, samples: list[list[bytes]]) -> bytes:
 
 def write_index(root: Path, columns: Columns, shards: list[tuple[str, int, int]]) -> Path:
     """``root/index.json`` listing ``(basename, bytes, samples)`` shards."""
-    entries = [{**_config(columns), "raw_data": {"basename": name, "bytes": size, "hashes": {}},
+    entries = [{**config_of(columns), "raw_data": {"basename": name, "bytes": size, "hashes": {}},
                 "samples": n, "zip_data": None} for name, size, n in shards]
     path = root / "index.json"
     path.write_text(json.dumps({"shards": entries, "version": 2}))
