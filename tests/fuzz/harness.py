@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from datalane import ConfigError, DataError
@@ -38,7 +38,7 @@ from datalane.engine.formats import format_for
 from datalane.engine.plan import Plan
 from tests.hostile.common import bounded, one_lane
 
-__all__ = ["FUZZ", "Dataset", "Mutation", "Site", "check", "mutations", "read_documents"]
+__all__ = ["FUZZ", "Dataset", "Mutation", "Site", "check", "fuzz", "mutations", "read_documents"]
 
 #: the fuzzers' settings: derandomized (the same cases on every run), no example database,
 #: a fixed number of cases per format (each test passes its own max_examples)
@@ -211,3 +211,20 @@ def _judge(ds: Dataset, m: Mutation | None, docs: list[str], bad: Counter[str],
     assert lost <= n_bad, (f"{what}: {lost} untouched documents lost, {n_bad} bad records "
                            f"counted ({dict(bad)})")
     return "changed" if extra or (missing and not n_bad) else "bad"
+
+
+def fuzz(ds: Dataset, scratch: Path, cases: int, **kw: Any) -> Counter[str]:
+    """Check ``cases`` mutations of ``ds`` (the unmutated dataset first, which must read
+    exactly); the outcomes counted, printed, and each of error, exact and bad reached."""
+    assert check(ds, None, scratch, **kw) == "exact"
+    outcomes: Counter[str] = Counter()
+
+    @settings(FUZZ, max_examples=cases)
+    @given(st.data())
+    def case(data: st.DataObject) -> None:
+        check(ds, data.draw(mutations(ds)), scratch, outcomes=outcomes, **kw)
+
+    case()
+    print(f"{ds.fmt} fuzz: {sum(outcomes.values())} files, {dict(outcomes)}")
+    assert outcomes["error"] and outcomes["exact"] and outcomes["bad"], dict(outcomes)
+    return outcomes

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 import struct
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.data.format_corpus import text_of
-from tests.fuzz.harness import EDGES, FUZZ, Dataset, Site, check, mutations
+from tests.fuzz.harness import EDGES, Dataset, Site, fuzz
 from tests.hostile.mdsbytes import Columns, config_of, shard_bytes
 
 CASES = 300
@@ -101,15 +99,4 @@ def dataset() -> Dataset:
 
 
 def test_fuzz_mds(tmp_path: Path) -> None:
-    ds = dataset()
-    assert check(ds, None, tmp_path) == "exact"
-    outcomes: Counter[str] = Counter()
-
-    @settings(FUZZ, max_examples=CASES)
-    @given(st.data())
-    def case(data: st.DataObject) -> None:
-        check(ds, data.draw(mutations(ds)), tmp_path, outcomes=outcomes)
-
-    case()
-    print(f"mds fuzz: {sum(outcomes.values())} files, {dict(outcomes)}")
-    assert outcomes["error"] and outcomes["exact"] and outcomes["bad"]
+    fuzz(dataset(), tmp_path, CASES)

@@ -139,3 +139,42 @@ def test_a_state_json_nested_past_the_parsers_limit_is_a_config_error(tmp_path: 
     with pytest.raises(ConfigError, match=rf"{state} is not a save_to_disk state: its JSON is "
                                           rf"nested deeper than the parser's limit"):
         bounded(lambda: Plan.build(one_lane([str(tmp_path / "ds")], format="hf")), 20)
+
+
+# found by tests/fuzz/test_fuzz_hf.py: each dropped batches silently, or raised pyarrow's own
+
+
+def test_an_end_marker_before_the_last_batch_is_a_data_error(tmp_path: Path) -> None:
+    # a metadata length of 0 is the end-of-stream marker: the batches after it were dropped
+    path = tmp_path / "data.arrow"
+    raw = bytearray(_stream(path, [GOOD[:3], GOOD[3:]]))
+    batch = messages(bytes(raw))[2]
+    struct.pack_into("<i", raw, batch.at + 4, 0)
+    path.write_bytes(bytes(raw))
+    assert f"{path}: the Arrow stream's end-of-stream marker ends at byte {batch.at + 8}, but " \
+           f"the file has {len(raw)} bytes" in _plan_error(path)
+
+
+def test_a_message_of_another_type_is_a_data_error(tmp_path: Path) -> None:
+    # a batch whose header type reads 4 (a tensor) was skipped with its rows
+    path = tmp_path / "data.arrow"
+    raw = bytearray(_stream(path, [GOOD[:3], GOOD[3:]]))
+    batch = messages(bytes(raw))[1]
+    meta = bytes(raw[batch.at + 8:batch.at + 8 + batch.length])
+    from datalane.engine.formats.hf import _field
+
+    root = struct.unpack_from("<I", meta, 0)[0]
+    kind_at = _field(meta, root, 1)
+    assert kind_at is not None and raw[batch.at + 8 + kind_at] == 3
+    raw[batch.at + 8 + kind_at] = 4
+    path.write_bytes(bytes(raw))
+    assert f"{path}: the Arrow message at byte {batch.at} has the type 4, where a stream " \
+           f"holds batches" in _plan_error(path)
+
+
+def test_a_schema_pyarrow_cannot_read_is_a_data_error_when_the_plan_is(tmp_path: Path) -> None:
+    path = tmp_path / "data.arrow"
+    raw = bytearray(_stream(path, [GOOD[:3]]))
+    raw[18] ^= 1  # inside the schema's flatbuffer: pyarrow's OSError 'Invalid flatbuffers'
+    path.write_bytes(bytes(raw))
+    assert f"{path}: the Arrow schema message cannot be read" in _plan_error(path)

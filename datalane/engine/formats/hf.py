@@ -160,7 +160,11 @@ def _walk(f: IO[bytes], uri: str, size: int) -> ArrowIndex:
                                                      max(8 * body, _EMPTY_ROWS)):
             raise DataError(f"{uri}: the record batch at byte {pos} has the row count {n}, "
                             f"which its {body}-byte body cannot hold")
-        if kind == _SCHEMA and schema is None:
+        if (kind == _SCHEMA) != (schema is None) or kind not in (_SCHEMA, _DICTIONARY,
+                                                                  _RECORD_BATCH):
+            raise DataError(f"{uri}: the Arrow message at byte {pos} has the type {kind}, where "
+                            f"a stream holds {'its schema' if schema is None else 'batches'}")
+        if kind == _SCHEMA:
             schema = prefix[:skip] + meta
         elif kind == _DICTIONARY:
             raise ConfigError(f"{uri} holds dictionary-encoded columns, which datalane does not "
@@ -176,6 +180,7 @@ def _walk(f: IO[bytes], uri: str, size: int) -> ArrowIndex:
     if not ended:  # writers end a stream with a marker; without it, the file was cut short
         raise DataError(f"{uri}: the Arrow file is truncated: it ends at byte {pos} without "
                         f"the end-of-stream marker")
+    _check_after_stream(f, uri, size, pos + skip, lead[:6] == _FILE_MAGIC)
     return ArrowIndex(schema, np.array(starts, np.int64), np.array(ends, np.int64),
                       np.array(rows, np.int64))
 
@@ -183,6 +188,24 @@ def _walk(f: IO[bytes], uri: str, size: int) -> ArrowIndex:
 #: rows a batch of an uncompressed body may claim beyond 8 per body byte (a column needs at
 #: least one bit per row; a batch of only null-typed columns has no body at all)
 _EMPTY_ROWS = 1 << 16
+
+
+def _check_after_stream(f: IO[bytes], uri: str, size: int, end: int, is_file: bool) -> None:
+    """What follows the end-of-stream marker (ending at byte ``end``) must be nothing in a
+    stream, the footer in a file (``footer | int32 footer length | ARROW1``): an end marker
+    inside the data (a message length set to 0) would otherwise drop the batches after it."""
+    after = size - end
+    if is_file and after >= 10:
+        f.seek(size - 10)
+        tail = f.read(10)
+        (footer,) = struct.unpack_from("<i", tail, 0)
+        if tail[4:] == _FILE_MAGIC and footer + 10 == after:
+            return
+    elif not is_file and after == 0:
+        return
+    raise DataError(f"{uri}: the Arrow stream's end-of-stream marker ends at byte {end}, but "
+                    f"the file has {size} bytes, which are no "
+                    f"{'file footer' if is_file else 'part of the stream'}")
 
 
 def _batch_of(index: ArrowIndex, row: int) -> int:
@@ -250,9 +273,9 @@ class HfReader:
             index = arrow_index(self._files[file])
             try:
                 schema = pa.ipc.read_schema(pa.py_buffer(index.schema_message))
-            except (pa.ArrowException, SystemError, ValueError) as e:
+            except (pa.ArrowException, SystemError, ValueError, OSError) as e:
                 raise DataError(f"{self._files[file].uri}: the Arrow schema message cannot be "
-                                f"read: {e}") from e
+                                f"read: {type(e).__name__}: {e}") from e
             self._schemas[file] = schema
         return schema
 
@@ -339,6 +362,7 @@ class Hf:
     def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
             chunk_rows: int | None) -> list[Chunk]:
         ix = arrow_index(sf)
+        HfReader([sf], "").fields(0)  # the schema pyarrow reads, checked when the plan is
         n = ix.rows
         if n == 0:
             return []
