@@ -16,7 +16,7 @@ from datalane.engine.chunks import Chunk, cut_file
 from datalane.engine.documents import DocumentKind, kind_for, kind_name
 from datalane.engine.files import SourceFile, compression_of, expand, format_of
 from datalane.engine.formats import FORMATS
-from datalane.engine.formats.directories import directory_lister
+from datalane.engine.formats.directories import directory_lister, listed_format
 from datalane.engine.mapstage import MapStage
 from datalane.engine.rng import permutation
 from datalane.engine.tokenize import TokenizerHandle
@@ -126,7 +126,7 @@ def _plan_source(index: int, spec: Source, recipe: Recipe, kind: DocumentKind) -
                 raise ConfigError(
                     f"{where}.uris[{j}]: {path} is compressed with {packed}, which datalane "
                     f"does not read (it reads gzip .gz and zstd .zst); recompress the file")
-            fmt = format_of(path, spec.format, where)
+            fmt = format_of(path, spec.format or listed_format(ident), where)
             files.append(SourceFile(path, size, ident, fmt, compression_of(path)))
     chunks: list[Chunk] = []
     for i, sf in enumerate(files):

@@ -6,6 +6,9 @@ dataset (``index.json`` lists its shards), a Hugging Face ``save_to_disk`` direc
 dataset is one source file). :func:`directory_lister` gives
 :func:`datalane.engine.files.expand` the lister for a source: the declared format's, or,
 when the format is inferred, each of them in turn (the first that recognises the directory).
+A directory is recognised by what it holds, never by its name; a listed entry that is itself
+a dataset directory (a Lance table, whose name may have no ``.lance``) has its format from
+:func:`listed_format`, since no extension names it.
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ from typing import Any
 
 from datalane.engine.files import DirectoryLister
 from datalane.engine.formats.hf import list_hf_directory
-from datalane.engine.formats.lance import list_lance_directory
+from datalane.engine.formats.lance import LANCE_IDENT, list_lance_directory
 from datalane.engine.formats.mds import list_mds_directory
 
-__all__ = ["LISTERS", "directory_lister"]
+__all__ = ["LISTERS", "directory_lister", "listed_format"]
 
 #: format name -> lister of its dataset directories
 LISTERS: dict[str, DirectoryLister] = {
@@ -40,3 +43,9 @@ def directory_lister(declared: str | None) -> DirectoryLister | None:
         return None
 
     return any_dataset
+
+
+def listed_format(ident: str) -> str | None:
+    """The format of a listed entry whose identity says it is a dataset directory (a Lance
+    table: ``lance-version=N``), or None (a file: its extension names its format)."""
+    return "lance" if ident.startswith(LANCE_IDENT) else None

@@ -16,6 +16,16 @@ URI works and a remote file is never read whole. Streams with dictionary batches
 (``datasets`` does not write them). The value is the Python value of the source's column
 (invalid UTF-8 in a string column: bytes, counted ``non_utf8`` by the text kind).
 
+An Arrow file is hostile until checked: the walk reads every flatbuffer field inside its
+message, refuses a negative or oversized metadata length, body length or row count with a
+DataError naming the file, the message's byte offset and the field (so it always moves
+forward and ends), and a batch's row count is bounded by its body where the body is not
+compressed. A batch is decoded and its column validated in full before any value is taken
+(offsets inside their buffers: a negative one used to be a raw ``SystemError``); anything
+pyarrow refuses is a DataError naming the file and the batch. A value over
+:data:`~datalane.spec.limits.MAX_RECORD_BYTES` is a ``too_large`` record (the batch holding it
+is read, as pyarrow reads batches whole; the value is never made a Python object).
+
 Parquet on the Hugging Face Hub needs no format of its own: an ``hf://datasets/ORG/NAME/...``
 URI is opened by ``huggingface_hub``'s fsspec filesystem (``pip install 'datalane[hf]'``) and
 its ``.parquet`` files are read by the Parquet format.
@@ -24,20 +34,21 @@ its ``.parquet`` files are read by the Parquet format.
 from __future__ import annotations
 
 import itertools
-import json
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
 import numpy as np
 
 from datalane.engine.files import SourceFile, file_ident, open_file
-from datalane.engine.formats.arrowvalues import column_values
+from datalane.engine.formats.arrowvalues import Oversize, decoded
 from datalane.engine.formats.base import MISSING, Chunk, Decoded
+from datalane.engine.formats.indexfiles import inside, read_index
 from datalane.spec.errors import ConfigError, DataError, StorageError
+from datalane.spec.limits import TOO_LARGE
 
 __all__ = ["HF", "ArrowIndex", "arrow_index", "list_hf_directory"]
 
@@ -45,6 +56,7 @@ _CONTINUATION = 0xFFFFFFFF
 _SCHEMA, _DICTIONARY, _RECORD_BATCH = 1, 2, 3
 _FILE_MAGIC = b"ARROW1"
 _READ = 8 << 20  # bytes of batches read at once
+_MAX_BATCH_ROWS = (1 << 31) - 1  # a compressed batch's rows (its body does not bound them)
 
 
 @dataclass(frozen=True)
@@ -61,32 +73,42 @@ class ArrowIndex:
         return int(self.first_rows[-1])
 
 
+def _get(fmt: str, buf: bytes, at: int) -> Any:
+    """``struct.unpack_from(fmt, buf, at)[0]``, refusing an offset outside ``buf`` (struct
+    reads a negative one from the end)."""
+    if not 0 <= at <= len(buf) - struct.calcsize(fmt):
+        raise struct.error(f"a flatbuffer offset {at} outside the {len(buf)}-byte metadata")
+    return struct.unpack_from(fmt, buf, at)[0]
+
+
 def _field(buf: bytes, table: int, slot: int) -> int | None:
     """Absolute offset of field ``slot`` of the flatbuffer table at ``table``, or None."""
-    vtable = table - struct.unpack_from("<i", buf, table)[0]
-    vt_size = struct.unpack_from("<H", buf, vtable)[0]
+    vtable = table - _get("<i", buf, table)
+    vt_size = _get("<H", buf, vtable)
     at = 4 + 2 * slot
     if at + 2 > vt_size:
         return None
-    off = struct.unpack_from("<H", buf, vtable + at)[0]
+    off = _get("<H", buf, vtable + at)
     return table + off if off else None
 
 
-def _message(meta: bytes) -> tuple[int, int, int]:
-    """``(header type, body length, record batch rows)`` of a Message flatbuffer."""
-    root = struct.unpack_from("<I", meta, 0)[0]
+def _message(meta: bytes) -> tuple[int, int, int, bool]:
+    """``(header type, body length, record batch rows, body compressed)`` of a Message
+    flatbuffer; struct.error when a field lies outside it."""
+    root = _get("<I", meta, 0)
     at = _field(meta, root, 1)
-    kind = meta[at] if at is not None else 0
+    kind = _get("<B", meta, at) if at is not None else 0
     at = _field(meta, root, 3)
-    body = struct.unpack_from("<q", meta, at)[0] if at is not None else 0
-    rows = 0
+    body = _get("<q", meta, at) if at is not None else 0
+    rows, compressed = 0, False
     if kind == _RECORD_BATCH:
         at = _field(meta, root, 2)
         if at is not None:
-            header = at + struct.unpack_from("<I", meta, at)[0]
+            header = at + _get("<I", meta, at)
             at = _field(meta, header, 0)
-            rows = struct.unpack_from("<q", meta, at)[0] if at is not None else 0
-    return kind, body, rows
+            rows = _get("<q", meta, at) if at is not None else 0
+            compressed = _field(meta, header, 3) is not None
+    return kind, body, rows, compressed
 
 
 def _walk(f: IO[bytes], uri: str, size: int) -> ArrowIndex:
@@ -114,18 +136,35 @@ def _walk(f: IO[bytes], uri: str, size: int) -> ArrowIndex:
         if length == 0:  # end of stream
             ended = True
             break
+        if length < 0:
+            raise DataError(f"{uri}: the Arrow message at byte {pos} has the metadata length "
+                            f"{length}, which is no byte count")
+        if (skip == 4 and length < 4) or pos + skip + length > size:
+            raise DataError(f"{uri}: the Arrow file is truncated in the message at byte {pos} "
+                            f"(its metadata length {length} runs past the file's {size} bytes)")
         meta = f.read(length) if skip == 8 else prefix[4:] + f.read(length - 4)
-        if length < 0 or len(meta) < length:
+        if len(meta) < length:
             raise DataError(f"{uri}: the Arrow file is truncated in the message at byte {pos}")
         try:
-            kind, body, n = _message(meta)
+            kind, body, n, compressed = _message(meta)
         except struct.error as e:
             raise DataError(f"{uri}: no Arrow IPC message at byte {pos} ({e})") from e
+        if body < 0:
+            raise DataError(f"{uri}: the Arrow message at byte {pos} has the body length "
+                            f"{body}, which is no byte count")
         end = pos + skip + length + body
         if end > size:
             raise DataError(f"{uri}: the Arrow file is truncated: the message at byte {pos} "
                             f"ends at byte {end}, the file has {size}")
-        if kind == _SCHEMA and schema is None:
+        if kind == _RECORD_BATCH and not 0 <= n <= (_MAX_BATCH_ROWS if compressed else
+                                                     max(8 * body, _EMPTY_ROWS)):
+            raise DataError(f"{uri}: the record batch at byte {pos} has the row count {n}, "
+                            f"which its {body}-byte body cannot hold")
+        if (kind == _SCHEMA) != (schema is None) or kind not in (_SCHEMA, _DICTIONARY,
+                                                                  _RECORD_BATCH):
+            raise DataError(f"{uri}: the Arrow message at byte {pos} has the type {kind}, where "
+                            f"a stream holds {'its schema' if schema is None else 'batches'}")
+        if kind == _SCHEMA:
             schema = prefix[:skip] + meta
         elif kind == _DICTIONARY:
             raise ConfigError(f"{uri} holds dictionary-encoded columns, which datalane does not "
@@ -141,8 +180,32 @@ def _walk(f: IO[bytes], uri: str, size: int) -> ArrowIndex:
     if not ended:  # writers end a stream with a marker; without it, the file was cut short
         raise DataError(f"{uri}: the Arrow file is truncated: it ends at byte {pos} without "
                         f"the end-of-stream marker")
+    _check_after_stream(f, uri, size, pos + skip, lead[:6] == _FILE_MAGIC)
     return ArrowIndex(schema, np.array(starts, np.int64), np.array(ends, np.int64),
                       np.array(rows, np.int64))
+
+
+#: rows a batch of an uncompressed body may claim beyond 8 per body byte (a column needs at
+#: least one bit per row; a batch of only null-typed columns has no body at all)
+_EMPTY_ROWS = 1 << 16
+
+
+def _check_after_stream(f: IO[bytes], uri: str, size: int, end: int, is_file: bool) -> None:
+    """What follows the end-of-stream marker (ending at byte ``end``) must be nothing in a
+    stream, the footer in a file (``footer | int32 footer length | ARROW1``): an end marker
+    inside the data (a message length set to 0) would otherwise drop the batches after it."""
+    after = size - end
+    if is_file and after >= 10:
+        f.seek(size - 10)
+        tail = f.read(10)
+        (footer,) = struct.unpack_from("<i", tail, 0)
+        if tail[4:] == _FILE_MAGIC and footer + 10 == after:
+            return
+    elif not is_file and after == 0:
+        return
+    raise DataError(f"{uri}: the Arrow stream's end-of-stream marker ends at byte {end}, but "
+                    f"the file has {size} bytes, which are no "
+                    f"{'file footer' if is_file else 'part of the stream'}")
 
 
 def _batch_of(index: ArrowIndex, row: int) -> int:
@@ -180,6 +243,19 @@ def arrow_index(sf: SourceFile) -> ArrowIndex:
     return index
 
 
+class _Missing(Sequence[Any]):
+    """``n`` MISSING values, without a list of them (a batch's row count is the file's)."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        return MISSING
+
+
 class HfReader:
     """Rows of one source's Arrow files; keeps the last decoded batch."""
 
@@ -187,7 +263,7 @@ class HfReader:
         self._files = files
         self._field = field
         self._schemas: dict[int, Any] = {}
-        self._batch: tuple[int, int, list[Any]] | None = None  # (file, batch, values)
+        self._batch: tuple[int, int, Sequence[Any]] | None = None  # (file, batch, values)
 
     def _schema(self, file: int) -> Any:
         schema = self._schemas.get(file)
@@ -195,24 +271,32 @@ class HfReader:
             import pyarrow as pa
 
             index = arrow_index(self._files[file])
-            schema = pa.ipc.read_schema(pa.py_buffer(index.schema_message))
+            try:
+                schema = pa.ipc.read_schema(pa.py_buffer(index.schema_message))
+            except (pa.ArrowException, SystemError, ValueError, OSError) as e:
+                raise DataError(f"{self._files[file].uri}: the Arrow schema message cannot be "
+                                f"read: {type(e).__name__}: {e}") from e
             self._schemas[file] = schema
         return schema
 
-    def _values(self, file: int, batch: int, message: bytes) -> list[Any]:
+    def _values(self, file: int, batch: int, message: bytes) -> Sequence[Any]:
         import pyarrow as pa
 
         schema = self._schema(file)
         index = arrow_index(self._files[file])
         n = int(index.first_rows[batch + 1] - index.first_rows[batch])
         if self._field not in schema.names:
-            return [MISSING] * n
+            return _Missing(n)
+        uri = self._files[file].uri
         try:
             rb = pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(message)), schema)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise DataError(f"{self._files[file].uri}: record batch {batch} cannot be read: "
-                            f"{e}") from e
-        return column_values(rb.column(schema.get_field_index(self._field)))
+            if rb.num_rows != n:
+                raise ValueError(f"it holds {rb.num_rows} rows, its header {n}")
+            return decoded(rb.column(schema.get_field_index(self._field)))
+        except (pa.ArrowException, SystemError, ValueError, TypeError, IndexError,
+                OSError) as e:
+            raise DataError(f"{uri}: record batch {batch} (at byte {int(index.starts[batch])}) "
+                            f"cannot be read: {type(e).__name__}: {e}") from e
 
     def _read(self, file: int, lo: int, hi: int) -> bytes:
         sf = self._files[file]
@@ -273,11 +357,12 @@ class HfReader:
 class Hf:
     name = "hf"
     unit = "row"
-    bad_reasons = frozenset({"missing_field"})
+    bad_reasons = frozenset({"missing_field", TOO_LARGE})
 
     def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
             chunk_rows: int | None) -> list[Chunk]:
         ix = arrow_index(sf)
+        HfReader([sf], "").fields(0)  # the schema pyarrow reads, checked when the plan is
         n = ix.rows
         if n == 0:
             return []
@@ -295,6 +380,8 @@ class Hf:
     def decode(self, raw: Any, field: str) -> Decoded:
         if raw is MISSING or raw is None:
             return None, "missing_field", f"no value in column {field!r}"
+        if isinstance(raw, Oversize):
+            return None, TOO_LARGE, raw.detail(field)
         return raw, None, None
 
     def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
@@ -309,26 +396,21 @@ def list_hf_directory(fs: Any, path: str) -> list[tuple[str, int, str]] | None:
     """The Arrow files of a ``save_to_disk`` directory, in ``state.json``'s order; None when
     the directory is none."""
     root = path.rstrip("/")
-    try:
-        with fs.open(f"{root}/dataset_dict.json", "rb") as f:
-            splits = json.loads(f.read()).get("splits", [])
-    except FileNotFoundError:
-        splits = None
-    except (ValueError, AttributeError) as e:
-        raise ConfigError(f"{root}/dataset_dict.json cannot be read: {e}") from e
+    dataset_dict = read_index(fs, f"{root}/dataset_dict.json", "a DatasetDict's index")
+    splits = dataset_dict.get("splits", []) if isinstance(dataset_dict, dict) else None
+    if dataset_dict is not None and not isinstance(splits, list):
+        raise ConfigError(f"{root}/dataset_dict.json cannot be read: its splits are "
+                          f"{splits!r}, not a list")
     if splits is not None:
         raise ConfigError(f"{root} is a Hugging Face DatasetDict with the splits "
                           f"{', '.join(map(str, splits))}; name one split's directory "
                           f"({root}/{splits[0] if splits else 'train'})")
-    try:
-        with fs.open(f"{root}/state.json", "rb") as f:
-            state = json.loads(f.read())
-    except FileNotFoundError:
+    state = read_index(fs, f"{root}/state.json", "a save_to_disk state")
+    if state is None:
         return None
-    except ValueError as e:
-        raise ConfigError(f"{root}/state.json is not JSON: {e}") from e
     try:
-        names = [str(d["filename"]) for d in state["_data_files"]]
+        names = [inside(d["filename"], f"{root}/state.json", f"data file {k}")
+                 for k, d in enumerate(state["_data_files"])]
     except (KeyError, TypeError) as e:
         raise ConfigError(f"{root}/state.json lists no _data_files ({type(e).__name__}: "
                           f"{e}); is it a save_to_disk directory?") from e

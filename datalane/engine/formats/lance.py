@@ -12,6 +12,16 @@ rows not counted, as ``LanceDataset.take`` addresses them). Chunks never cross a
 each fragment is one chunk, or ranges of ``chunk_rows`` rows of it. A reader reads a chunk
 with ``LanceFragment.to_batches(offset=, limit=)`` and only the source's column.
 
+Lance's own metadata (manifests, data file footers) is read by ``pylance`` and cannot be
+checked here; whatever it raises for a corrupt dataset (a ``LanceError`` as ValueError,
+pyarrow's ArrowInvalid, a Rust panic as pyo3's PanicException) is a DataError naming the
+dataset and what was being read; an OSError stays a (transient) StorageError. A value over
+:data:`~datalane.spec.limits.MAX_RECORD_BYTES` is a ``too_large`` record, and every batch's
+column is validated in full before its values are taken (:func:`arrowvalues.decoded`).
+
+A dataset directory is recognised by what it holds (a ``_versions`` directory), whatever its
+name: ``/data/web.lance`` and ``/data/web`` read alike.
+
 ``pylance`` is optional (``pip install 'datalane[lance]'``, about 220 MB installed); it is
 imported only when a recipe reads Lance.
 """
@@ -19,18 +29,39 @@ imported only when a recipe reads Lance.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from datalane.engine.files import SourceFile
-from datalane.engine.formats.arrowvalues import column_values
+from datalane.engine.formats.arrowvalues import Oversize, decoded
 from datalane.engine.formats.base import MISSING, Chunk, Decoded
-from datalane.spec.errors import ConfigError, DataError, StorageError
+from datalane.spec.errors import ConfigError, DataError, DatalaneError, StorageError
+from datalane.spec.limits import TOO_LARGE
 
 __all__ = ["LANCE", "list_lance_directory"]
 
 _IDENT = "lance-version="
+LANCE_IDENT = _IDENT  # the identity prefix of a listed Lance dataset (directories.py)
+
+
+@contextmanager
+def _lance_errors(uri: str, what: str) -> Iterator[None]:
+    """Errors of pylance while reading ``what`` of the dataset ``uri`` as datalane's: an
+    OSError a transient StorageError, anything else it raises a DataError."""
+    try:
+        yield
+    except (DatalaneError, GeneratorExit, KeyboardInterrupt, SystemExit):
+        raise
+    except OSError as e:
+        raise StorageError(f"cannot read {what} of the Lance dataset {uri}: {e}",
+                           transient=True) from e
+    except BaseException as e:  # LanceError (ValueError), ArrowInvalid, PanicException
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
+        raise DataError(f"the Lance dataset {uri}: {what} cannot be read: "
+                        f"{type(e).__name__}: {e}") from e
 
 
 def _lance() -> Any:
@@ -51,11 +82,8 @@ def _version(sf: SourceFile) -> int:
 
 def _open(sf: SourceFile) -> Any:
     lance = _lance()
-    try:
+    with _lance_errors(sf.uri, f"version {_version(sf)}"):
         return lance.dataset(sf.uri, version=_version(sf))
-    except (OSError, ValueError, RuntimeError) as e:
-        raise StorageError(f"cannot open the Lance dataset {sf.uri} at version "
-                           f"{_version(sf)}: {e}", transient=True) from e
 
 
 class _Table:
@@ -63,10 +91,13 @@ class _Table:
 
     def __init__(self, sf: SourceFile) -> None:
         self.ds = _open(sf)
-        self.fragments = list(self.ds.get_fragments())
-        counts = [f.count_rows() for f in self.fragments]
+        with _lance_errors(sf.uri, f"the fragments of version {_version(sf)}"):
+            self.fragments = list(self.ds.get_fragments())
+            counts = [f.count_rows() for f in self.fragments]
+            self.names = list(self.ds.schema.names)
+        if any(c < 0 for c in counts):
+            raise DataError(f"the Lance dataset {sf.uri}: a fragment has {min(counts)} rows")
         self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        self.names = list(self.ds.schema.names)
 
     def fragment_of(self, row: int) -> int:
         return int(np.searchsorted(self.starts, row, side="right")) - 1
@@ -97,19 +128,17 @@ class LanceReader:
             return
         k = t.fragment_of(row)
         base = int(t.starts[k])
-        try:
+        uri = self._files[chunk.file].uri
+        with _lance_errors(uri, f"rows {row}-{chunk.stop}"):
             batches = t.fragments[k].to_batches(columns=[self._field], offset=row - base,
                                                 limit=chunk.stop - row, batch_size=1024)
             for batch in batches:
-                for value in column_values(batch.column(0)):
+                for value in decoded(batch.column(0)):
+                    if row >= chunk.stop:
+                        raise DataError(f"the Lance dataset {uri}: fragment {k} holds more "
+                                        f"rows than it counts ({int(t.starts[k + 1]) - base})")
                     yield row, value
                     row += 1
-        except OSError as e:
-            raise StorageError(f"cannot read {self._files[chunk.file].uri} rows {row}-"
-                               f"{chunk.stop}: {e}", transient=True) from e
-        except ValueError as e:  # pyarrow's ArrowInvalid: data Lance cannot decode
-            raise DataError(f"{self._files[chunk.file].uri} rows {row}-{chunk.stop} cannot "
-                            f"be read: {e}") from e
 
     def read_one(self, file: int, pos: int) -> Any:
         t = self._table(file)
@@ -117,8 +146,9 @@ class LanceReader:
             raise StorageError(f"{self._files[file].uri} has no row {pos}")
         if self._field not in t.names:
             return MISSING
-        table = t.ds.take([pos], columns=[self._field])
-        return column_values(table.column(0))[0]
+        with _lance_errors(self._files[file].uri, f"row {pos}"):
+            table = t.ds.take([pos], columns=[self._field])
+            return decoded(table.column(0).combine_chunks())[0]
 
     def fields(self, file: int) -> list[str]:
         return list(self._table(file).names)
@@ -130,7 +160,7 @@ class LanceReader:
 class Lance:
     name = "lance"
     unit = "row"
-    bad_reasons = frozenset({"missing_field"})
+    bad_reasons = frozenset({"missing_field", TOO_LARGE})
 
     def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
             chunk_rows: int | None) -> list[Chunk]:
@@ -148,6 +178,8 @@ class Lance:
     def decode(self, raw: Any, field: str) -> Decoded:
         if raw is MISSING or raw is None:
             return None, "missing_field", f"no value in column {field!r}"
+        if isinstance(raw, Oversize):
+            return None, TOO_LARGE, raw.detail(field)
         return raw, None, None
 
     def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
@@ -168,7 +200,10 @@ def list_lance_directory(fs: Any, path: str) -> list[tuple[str, int, str]] | Non
     lance = _lance()
     try:
         ds = lance.dataset(uri)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise ConfigError(f"{uri} cannot be opened as a Lance dataset: {e}") from e
+    except BaseException as e:  # LanceError (ValueError), OSError, PanicException
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
+        raise ConfigError(f"{uri} cannot be opened as a Lance dataset: {type(e).__name__}: "
+                          f"{e}") from e
     # the version is the identity (a size would mean listing every data file; it is 0)
     return [(root, 0, f"{_IDENT}{ds.version}")]

@@ -23,6 +23,15 @@ bytes are a ``non_utf8`` record), ``bytes``, ``json`` (parsed; ``malformed_json`
 the integer and float scalars, ``str_int`` / ``str_float`` / ``str_decimal``, and
 ``ndarray[:dtype[:shape]]`` (a numpy array, for token ids). ``pkl`` is refused (unpickling
 data runs arbitrary code) and image encodings are no documents.
+
+Shards and indexes are hostile until checked: the offset table and the column config must fit
+in the file (at most :data:`~datalane.spec.limits.MAX_RECORD_BYTES` each in a compressed
+shard), the offsets ascend, every fixed column size is a non-negative integer, the source's
+column has an encoding this reader knows, and a sample's column sizes add up to exactly its
+bytes (``malformed_sample`` otherwise); a sample over ``MAX_RECORD_BYTES`` is a ``too_large``
+record, never read. An ``index.json`` names its shards by paths inside the dataset directory:
+an absolute basename or one with a ``..`` component is refused, as is an index nested deeper
+than the JSON parser's limit.
 """
 
 from __future__ import annotations
@@ -40,7 +49,9 @@ import numpy as np
 
 from datalane.engine.files import SourceFile, file_ident, open_file
 from datalane.engine.formats.base import Chunk, Decoded
+from datalane.engine.formats.indexfiles import inside, read_index
 from datalane.spec.errors import ConfigError, DataError, StorageError
+from datalane.spec.limits import MAX_RECORD_BYTES, TOO_LARGE
 
 __all__ = ["MDS", "MdsShard", "list_mds_directory", "read_shard_header"]
 
@@ -70,12 +81,19 @@ class MdsShard:
         return len(self.offsets) - 1
 
 
-def read_shard_header(f: IO[bytes], uri: str) -> MdsShard:
-    """Parse a shard's header from ``f`` (at the start of the decompressed shard)."""
+def read_shard_header(f: IO[bytes], uri: str, size: int | None) -> MdsShard:
+    """Parse a shard's header from ``f`` (at the start of the decompressed shard); ``size``:
+    the shard's bytes (None: compressed, its decompressed size unknown)."""
     head = f.read(4)
     if len(head) < 4:
         raise DataError(f"{uri} is not an MDS shard: {len(head)} bytes long")
     (n,) = struct.unpack("<I", head)
+    room = MAX_RECORD_BYTES if size is None else size - 4
+    if 4 * (n + 1) > room:
+        raise DataError(f"{uri} is not an MDS shard: its sample count {n} needs an offset "
+                        f"table of {4 * (n + 1)} bytes, more than the "
+                        f"{'shard holds' if size is not None else 'bound on a header'} "
+                        f"({room} bytes)")
     table = f.read(4 * (n + 1))
     if len(table) < 4 * (n + 1):
         raise DataError(f"{uri}: the MDS shard is truncated inside its offset table "
@@ -85,19 +103,32 @@ def read_shard_header(f: IO[bytes], uri: str) -> MdsShard:
     if int(offsets[0]) < start or np.any(np.diff(offsets.astype(np.int64)) < 0):
         raise DataError(f"{uri} is not an MDS shard: its sample offsets are not ascending "
                         f"from the end of the header")
+    if int(offsets[0]) - start > (MAX_RECORD_BYTES if size is None else size - start):
+        raise DataError(f"{uri} is not an MDS shard: its column config would end at byte "
+                        f"{int(offsets[0])} (the first sample's offset), past "
+                        f"{'the shard' if size is not None else 'the bound on a header'}")
     config = f.read(int(offsets[0]) - start)
     try:
         obj = json.loads(config)
         names = tuple(str(c) for c in obj["column_names"])
         encodings = tuple(str(c) for c in obj["column_encodings"])
-        sizes = tuple(None if s is None else int(s) for s in obj["column_sizes"])
-    except (ValueError, KeyError, TypeError) as e:
+        sizes = tuple(_fixed_size(s) for s in obj["column_sizes"])
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise DataError(f"{uri} is not an MDS shard: its column config cannot be read "
                         f"({type(e).__name__}: {e})") from e
     if not len(names) == len(encodings) == len(sizes):
         raise DataError(f"{uri}: the MDS shard's column names, encodings and sizes differ in "
                         f"length")
     return MdsShard(offsets, names, encodings, sizes)
+
+
+def _fixed_size(s: Any) -> int | None:
+    """A column_sizes entry: None (variable size) or a byte count."""
+    if s is None:
+        return None
+    if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+        raise ValueError(f"the column size {s!r} is no byte count")
+    return s
 
 
 @dataclass(frozen=True)
@@ -116,6 +147,7 @@ class MdsSample:
 
     data: bytes
     column: _Column | None  # None: the shard has no such column
+    oversize: int | None = None  # the sample's bytes, when over MAX_RECORD_BYTES (not read)
 
 
 def _column_of(shard: MdsShard, field: str, uri: str) -> _Column | None:
@@ -131,33 +163,39 @@ def _column_of(shard: MdsShard, field: str, uri: str) -> _Column | None:
     if base in _IMAGES:
         raise ConfigError(f"{uri}: column {field!r} holds images ({encoding}); a source reads "
                           f"text (str, bytes, json) or token ids (ndarray, integers)")
-    if base not in _TEXTUAL and base not in _SCALARS and base != "ndarray":
+    known = _ndarray_encoding(encoding) if base == "ndarray" else (
+        encoding in _TEXTUAL or encoding in _SCALARS)
+    if not known:
         raise ConfigError(f"{uri}: column {field!r} has the MDS encoding {encoding!r}, which "
                           f"datalane does not know")
     variable = sum(1 for s in shard.sizes if s is None)
     return _Column(index, encoding, shard.sizes, variable)
 
 
+def _ndarray_encoding(encoding: str) -> bool:
+    """Whether ``ndarray[:dtype[:shape]]`` names one of Streaming's dtypes and a shape of
+    non-negative sizes."""
+    args = encoding.split(":")[1:]
+    if len(args) > 2 or (args and args[0] and args[0] not in _ND_VALUE.values()):
+        return False
+    return len(args) < 2 or all(d.isdigit() for d in args[1].split(","))
+
+
 def _field_bytes(sample: MdsSample) -> bytes | None:
-    """The bytes of the source's column in the sample, or None when they do not fit."""
+    """The bytes of the source's column in the sample, or None unless the column sizes add up
+    to the sample's bytes (Streaming writes the sizes, then every column, nothing more)."""
     col = sample.column
     assert col is not None
     data = sample.data
     head = 4 * col.variable
     if len(data) < head:
         return None
-    var_sizes = struct.unpack_from(f"<{col.variable}I", data, 0)
-    pos, k = head, 0
-    for i, fixed in enumerate(col.fixed):
-        size = fixed if fixed is not None else var_sizes[k]
-        if fixed is None:
-            k += 1
-        if i == col.index:
-            if pos + size > len(data):
-                return None
-            return data[pos:pos + size]
-        pos += size
-    return None  # unreachable: index < len(fixed)
+    var_sizes = iter(struct.unpack_from(f"<{col.variable}I", data, 0))
+    sizes = [fixed if fixed is not None else next(var_sizes) for fixed in col.fixed]
+    if head + sum(sizes) != len(data):
+        return None
+    pos = head + sum(sizes[:col.index])
+    return data[pos:pos + sizes[col.index]]
 
 
 def _ndarray(encoding: str, data: bytes) -> np.ndarray:
@@ -228,7 +266,7 @@ class MdsReader:
         if got is None:
             sf = self._files[file]
             with _open(sf) as f:
-                shard = read_shard_header(f, sf.uri)
+                shard = read_shard_header(f, sf.uri, _size(sf))
             got = (shard, _column_of(shard, self._field, sf.uri))
             self._headers[file] = got
             while len(self._headers) > 4:
@@ -250,10 +288,16 @@ class MdsReader:
                 yield i, MdsSample(b"", None)
             return
         with _open(sf) as f:
-            _seek(f, int(offsets[first]), sf)
+            _seek(f, 0, int(offsets[first]), sf)
             step = 1 << 22  # read in pieces of about 4 MiB of samples
             i = first
             while i < stop:
+                lo, hi = int(offsets[i]), int(offsets[i + 1])
+                if hi - lo > MAX_RECORD_BYTES:  # never read: seek (or stream) past it
+                    yield i, MdsSample(b"", column, hi - lo)
+                    _seek(f, lo, hi, sf)
+                    i += 1
+                    continue
                 j = i + 1
                 while j < stop and int(offsets[j + 1]) - int(offsets[i]) <= step:
                     j += 1
@@ -272,8 +316,10 @@ class MdsReader:
         if column is None:
             return MdsSample(b"", None)
         lo, hi = int(shard.offsets[pos]), int(shard.offsets[pos + 1])
+        if hi - lo > MAX_RECORD_BYTES:
+            return MdsSample(b"", column, hi - lo)
         with _open(sf) as f:
-            _seek(f, lo, sf)
+            _seek(f, 0, lo, sf)
             return MdsSample(_read_exactly(f, hi - lo, sf, lo), column)
 
     def fields(self, file: int) -> list[str]:
@@ -287,11 +333,17 @@ def _open(sf: SourceFile) -> IO[bytes]:
     return open_file(sf.uri, sf.compression)
 
 
-def _seek(f: IO[bytes], pos: int, sf: SourceFile) -> None:
+def _size(sf: SourceFile) -> int | None:
+    """The bytes of the shard as the reader sees it (None: compressed, not known)."""
+    return sf.size if sf.compression is None else None
+
+
+def _seek(f: IO[bytes], at: int, pos: int, sf: SourceFile) -> None:
+    """Move ``f`` from byte ``at`` to byte ``pos`` of the shard."""
     if sf.compression is None:
         f.seek(pos)
         return
-    left = pos  # a decompressing stream: read forward (it was opened at the start)
+    left = pos - at  # a decompressing stream: read forward
     while left:
         got = f.read(min(left, 1 << 20))
         if not got:
@@ -320,13 +372,13 @@ class Mds:
     name = "mds"
     unit = "sample"
     bad_reasons = frozenset({"missing_field", "malformed_sample", "malformed_json",
-                             "non_utf8"})
+                             "non_utf8", TOO_LARGE})
 
     def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
             chunk_rows: int | None) -> list[Chunk]:
         try:
             with _open(sf) as f:
-                shard = read_shard_header(f, sf.uri)
+                shard = read_shard_header(f, sf.uri, _size(sf))
         except DataError:
             raise
         except Exception as e:
@@ -355,9 +407,12 @@ class Mds:
         sample: MdsSample = raw
         if sample.column is None:
             return None, "missing_field", f"no column {field!r} in the shard"
+        if sample.oversize is not None:
+            return None, TOO_LARGE, (f"the sample holds {sample.oversize} bytes, more than the "
+                                     f"{MAX_RECORD_BYTES} a record may hold")
         data = _field_bytes(sample)
         if data is None:
-            return None, "malformed_sample", (f"the sample's column sizes run past its "
+            return None, "malformed_sample", (f"the sample's column sizes do not add up to its "
                                               f"{len(sample.data)} bytes")
         return _value(sample.column.encoding, data)
 
@@ -375,15 +430,14 @@ def list_mds_directory(fs: Any, path: str) -> list[tuple[str, int, str]] | None:
     """The shards an MDS dataset directory's ``index.json`` lists (its uncompressed shard
     where it is there, else the compressed one), or None when there is no index."""
     index_path = f"{path.rstrip('/')}/index.json"
-    try:
-        with fs.open(index_path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
+    index = read_index(fs, index_path, "an MDS index")
+    if index is None:
         return None
     try:
-        index = json.loads(raw)
         shards = index["shards"]
-    except (ValueError, KeyError, TypeError) as e:
+        if not isinstance(shards, list):
+            raise TypeError(f"'shards' is a {type(shards).__name__}, not a list")
+    except (KeyError, TypeError) as e:
         raise ConfigError(f"{index_path} is not an MDS index: {type(e).__name__}: {e}") from e
     out: list[tuple[str, int, str]] = []
     for k, shard in enumerate(shards):
@@ -395,7 +449,8 @@ def list_mds_directory(fs: Any, path: str) -> list[tuple[str, int, str]] | None:
         for info in candidates:
             if not isinstance(info, dict) or not info.get("basename"):
                 continue
-            shard_path = f"{path.rstrip('/')}/{info['basename']}"
+            name = inside(info["basename"], index_path, f"shard {k}'s basename")
+            shard_path = f"{path.rstrip('/')}/{name}"
             try:
                 stat = fs.info(shard_path)
             except FileNotFoundError:
@@ -407,3 +462,4 @@ def list_mds_directory(fs: Any, path: str) -> list[tuple[str, int, str]] | None:
             raise ConfigError(f"{index_path}: shard {k} ({', '.join(map(str, names))}) is "
                               f"missing from {path}")
     return out
+

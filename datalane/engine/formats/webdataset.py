@@ -16,6 +16,14 @@ re-read (and a lane resumed) by one seek. Plain tars are indexed at plan time by
 (``.tar.gz``, ``.tar.zst``) cannot be entered in the middle: each is one chunk, read as a
 stream. Headers are read by this module (ustar, GNU long names, pax ``path``/``size``
 records) rather than by :mod:`tarfile`, which keeps every member it has seen in memory.
+
+A tar is hostile until checked: every header's checksum is verified, its size must be a
+non-negative octal (or base-256) number and a pax ``size`` a decimal one, every member must
+lie inside the file, and a GNU long name or pax header may hold at most
+:data:`~datalane.spec.limits.MAX_RECORD_BYTES`; anything else stops the walk with a DataError
+naming the file, the header's byte offset and the field. Each header moves the walk forward
+by at least one block, so a walk ends. A selected member over ``MAX_RECORD_BYTES`` is never
+read: the sample is a ``too_large`` bad record.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import numpy as np
 from datalane.engine.files import SourceFile, open_file
 from datalane.engine.formats.base import Chunk, Decoded
 from datalane.spec.errors import DataError, StorageError
+from datalane.spec.limits import MAX_RECORD_BYTES, TOO_LARGE
 
 __all__ = ["WEBDATASET", "TarMember", "WdsSample", "scan_samples", "split_key"]
 
@@ -99,17 +108,24 @@ class _Tape:
 _POSIX_MAGIC = b"ustar\x0000"
 
 
-def _octal(field: bytes) -> int:
-    if field[:1] and field[0] & 0x80:  # GNU base-256 (sizes beyond 8 GiB)
+_OCTAL = re.compile(rb"[0-7]*")
+_DECIMAL = re.compile(r"[0-9]+")
+
+
+def _octal(field: bytes, what: str) -> int:
+    """A header's number field; ValueError naming ``what`` unless a non-negative number."""
+    if field[:1] == b"\x80":  # GNU base-256, positive (sizes beyond 8 GiB)
         return int.from_bytes(field[1:], "big")
     digits = field.split(b"\0", 1)[0].strip()
+    if field[:1] == b"\xff" or not _OCTAL.fullmatch(digits):
+        raise ValueError(f"its {what} field {field!r} is no non-negative octal number")
     return int(digits, 8) if digits else 0
 
 
 def _header(block: bytes) -> tuple[str, int, bytes]:
     """``(name, size, type)`` of a tar header block (what :class:`tarfile.TarInfo` takes
     from it, without the fields a reader of members does not need); ValueError if invalid."""
-    stored = _octal(block[148:156])
+    stored = _octal(block[148:156], "checksum")
     total = int(np.frombuffer(block, np.uint8).sum()) - sum(block[148:156]) + 256
     if stored != total and stored != int(np.frombuffer(block, np.int8).sum()) - sum(
             b - 256 if b > 127 else b for b in block[148:156]) + 256:
@@ -123,26 +139,36 @@ def _header(block: bytes) -> tuple[str, int, bytes]:
     text = name.decode("utf-8", "surrogateescape")
     if kind == tarfile.AREGTYPE and text.endswith("/"):
         kind = tarfile.DIRTYPE
-    return text, _octal(block[124:136]), kind
+    return text, _octal(block[124:136], "size"), kind
 
 
-def _pax(records: bytes) -> dict[str, str]:
+_PAX_RECORD = re.compile(rb"([0-9]{1,20}) ")
+
+
+def _pax(records: bytes, uri: str, at: int) -> dict[str, str]:
+    """The ``key=value`` records of a pax header (``LENGTH key=value\\n`` each, as POSIX
+    writes them; NUL padding after the last is allowed); DataError if malformed."""
     out: dict[str, str] = {}
     pos = 0
-    while pos < len(records):
-        space = records.find(b" ", pos)
-        if space < 0:
-            break
-        try:
-            length = int(records[pos:space])
-        except ValueError:
-            break
-        if length <= 0:
-            break
-        key, _, value = records[space + 1:pos + length - 1].partition(b"=")
+    end = len(records.rstrip(b"\0"))
+    while pos < end:
+        m = _PAX_RECORD.match(records, pos)
+        length = int(m.group(1)) if m else 0
+        record = records[m.end():pos + length] if m else b""
+        if m is None or pos + length > end or not record.endswith(b"\n") or b"=" not in record:
+            raise DataError(f"{uri}: the pax header at byte {at} holds a malformed record at "
+                            f"byte {pos} of its data: {records[pos:pos + 40]!r}")
+        key, _, value = record[:-1].partition(b"=")
         out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += length
     return out
+
+
+def _pax_size(value: str, uri: str, at: int) -> int:
+    if not _DECIMAL.fullmatch(value):
+        raise DataError(f"{uri}: the pax header at byte {at} has the size field {value!r}, "
+                        f"which is no non-negative decimal number")
+    return int(value)
 
 
 def _members(tape: _Tape, total: int | None) -> Iterator[TarMember]:
@@ -174,16 +200,20 @@ def _members(tape: _Tape, total: int | None) -> Iterator[TarMember]:
         if total is not None and data + size > total:
             raise DataError(f"{tape.uri}: the tar is truncated: member {header_name!r} at byte "
                             f"{at} needs {data + size} bytes, the file has {total}")
+        if kind in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE) and size > MAX_RECORD_BYTES:
+            raise DataError(f"{tape.uri}: the extended header at byte {at} claims {size} bytes "
+                            f"in its size field, more than the {MAX_RECORD_BYTES} a header "
+                            f"may hold")
         if kind == tarfile.GNUTYPE_LONGNAME:
             first = at if first is None else first
             name = tape.read_at(data, size).rstrip(b"\0").decode("utf-8", "surrogateescape")
         elif kind == tarfile.XHDTYPE:
             first = at if first is None else first
-            pax = _pax(tape.read_at(data, size))
+            pax = _pax(tape.read_at(data, size), tape.uri, at)
             if "path" in pax:
                 name = pax["path"]
             if "size" in pax:
-                size_override = int(pax["size"])
+                size_override = _pax_size(pax["size"], tape.uri, at)
         elif kind in (tarfile.GNUTYPE_LONGLINK, tarfile.XGLTYPE):
             first = at if first is None else first
         else:
@@ -218,13 +248,14 @@ def scan_samples(sf: SourceFile) -> tuple[np.ndarray, int]:
 
 @dataclass(frozen=True)
 class WdsSample:
-    """A raw record: the selected member's bytes (None: no such member) and the sample's
-    extensions, in member order."""
+    """A raw record: the selected member's bytes (None: no such member, or one too large to
+    read) and the sample's extensions, in member order."""
 
     key: str
     data: bytes | None
     extensions: tuple[str, ...]
     duplicate: str | None = None
+    oversize: int | None = None  # the selected member's size, when over MAX_RECORD_BYTES
 
 
 class WebDatasetReader:
@@ -244,24 +275,28 @@ class WebDatasetReader:
             data: bytes | None = None
             exts: list[str] = []
             dup: str | None = None
+            over: int | None = None
             for m in _members(tape, sf.size if sf.compression is None else None):
                 got = split_key(m.name)
                 if got is None:
                     continue
                 if got[0] != key:
                     if key is not None:
-                        yield start, WdsSample(key, data, tuple(exts), dup)
+                        yield start, WdsSample(key, data, tuple(exts), dup, over)
                     if 0 <= stop <= m.offset:
                         return
-                    key, start, data, exts, dup = got[0], m.offset, None, [], None
+                    key, start, data, exts, dup, over = got[0], m.offset, None, [], None, None
                 ext = got[1]
                 if ext in exts and dup is None:
                     dup = ext
+                if ext == self._ext and ext not in exts:
+                    if m.size > MAX_RECORD_BYTES:
+                        over = m.size  # never read: the walk seeks (or streams) past it
+                    else:
+                        data = tape.read_at(m.data, m.size)
                 exts.append(ext)
-                if ext == self._ext and data is None:
-                    data = tape.read_at(m.data, m.size)
             if key is not None:
-                yield start, WdsSample(key, data, tuple(exts), dup)
+                yield start, WdsSample(key, data, tuple(exts), dup, over)
 
     def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
         return self._samples(chunk.file, chunk.start if start is None else start, chunk.stop)
@@ -287,7 +322,7 @@ class WebDatasetReader:
 class WebDataset:
     name = "webdataset"
     unit = "byte"
-    bad_reasons = frozenset({"missing_field", "malformed_sample", "malformed_json"})
+    bad_reasons = frozenset({"missing_field", "malformed_sample", "malformed_json", TOO_LARGE})
 
     def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
             chunk_rows: int | None) -> list[Chunk]:
@@ -312,6 +347,10 @@ class WebDataset:
         if sample.duplicate is not None:
             return None, "malformed_sample", (f"sample {sample.key!r} has two members with the "
                                               f"extension {sample.duplicate!r}")
+        if sample.oversize is not None:
+            return None, TOO_LARGE, (f"sample {sample.key!r}: its .{field.lower()} member holds "
+                                     f"{sample.oversize} bytes, more than the "
+                                     f"{MAX_RECORD_BYTES} a record may hold")
         if sample.data is None:
             return None, "missing_field", (f"sample {sample.key!r} has no .{field.lower()} "
                                            f"member")
