@@ -570,6 +570,10 @@ def _zstd_index(f: IO[bytes], sf: SourceFile) -> FrameIndex:
                                 f"end of the file (byte {size})")
         if content is None and measured:
             content = plain
+        if content is not None and content > (end - pos) << 17:
+            # a block of 4 bytes makes at most 128 KiB: no frame holds more than that ratio
+            raise _corrupt(uri, f"the zstd frame at byte {pos} claims {content} bytes of "
+                                f"content in {end - pos} bytes")
         frames.append((pos, content))
         pos = end
     starts: list[tuple[int, int]] = []

@@ -171,5 +171,8 @@ def documents(files: TokenFiles, sf: SourceFile, dtype: np.dtype[Any], starts: n
         buf = files.read(sf, dtype, lo, int(starts[e]) - lo)
         rel = (starts[d:e + 1] - lo).tolist()
         for k in range(e - d):
-            yield d + k, buf[rel[k]:rel[k + 1]]
+            if rel[k + 1] - rel[k] > most:  # (a window larger than the bound)
+                yield d + k, TooLarge((rel[k + 1] - rel[k]) * dtype.itemsize, "document")
+            else:
+                yield d + k, buf[rel[k]:rel[k + 1]]
         d = e
