@@ -35,7 +35,6 @@ from datalane import (
     Loader,
     MismatchError,
     Recipe,
-    StorageError,
     load_recipe,
 )
 from datalane.corpus import DemoCorpus, tokenizer_path
@@ -230,7 +229,7 @@ def test_parquet_without_the_text_column(tmp_path: Path, tok: str) -> None:
 def test_corrupt_parquet_file_is_named(tmp_path: Path, tok: str) -> None:
     path = tmp_path / "broken.parquet"
     path.write_bytes(b"PAR1 but nothing else")
-    with pytest.raises(StorageError) as info:
+    with pytest.raises(DataError) as info:
         Loader(recipe(tok, [str(path)]))
     assert str(info.value).startswith(f"{path} is not a readable Parquet file: ")
 

@@ -3,20 +3,30 @@
 The identity of a file (URI, size, and the ETag or modification time its filesystem reports)
 goes into the recipe fingerprint. Callers: :mod:`datalane.engine.plan` (listing),
 :mod:`datalane.engine.chunks` (reading), :mod:`datalane.engine.tokenize` (tokenizer file).
+
+**A file read is the file planned.** :func:`open_file` given a :class:`SourceFile` (what the
+plan listed) compares the file it opens with it - the size, and the identity where the
+filesystem reports one - once per open, and raises a :class:`DataError` naming the file, what
+the plan saw and what is there now. Object stores overwrite objects in place: a file
+truncated, appended to or rewritten after the plan would otherwise lose documents silently or
+fail in a parsing library. Local files are checked on the open descriptor (``fstat``), remote
+ones with a fresh ``info`` (a HEAD request on S3: the listing fsspec keeps from planning would
+say what the plan saw).
 """
 
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
-from datalane.spec.errors import ConfigError, StorageError
+from datalane.spec.errors import ConfigError, DataError, StorageError
 from datalane.spec.formats import PROTOCOL_EXTRAS, compression_of, infer_format
 
-__all__ = ["DirectoryLister", "SourceFile", "compression_of", "expand", "file_ident", "format_of",
-           "open_file", "read_bytes"]
+__all__ = ["DirectoryLister", "SourceFile", "check_unchanged", "compression_of", "expand",
+           "file_ident", "format_of", "open_file", "read_bytes"]
 
 
 @dataclass(frozen=True)
@@ -116,9 +126,13 @@ def expand(uri: str, where: str,
 REMOTE_STREAM_BLOCK = 4 << 20
 
 
-def open_file(uri: str, compression: str | None = None, *,
+def open_file(source: str | SourceFile, compression: str | None = None, *,
               ranged: bool = False) -> IO[bytes]:
     """Open a source file for binary reading, decompressing on the fly if asked.
+
+    ``source``: a URI, or the :class:`SourceFile` the plan listed - then the file opened must
+    still be that file (:func:`check_unchanged`: its size, and its identity where the
+    filesystem reports one), or this raises a :class:`DataError`.
 
     Compressed files are read by :func:`datalane.engine.formats.compressed.open_stream`, which
     raises a DataError for a stream cut short or corrupt (fsspec's zstd reader returns a
@@ -130,7 +144,9 @@ def open_file(uri: str, compression: str | None = None, *,
     if compression is not None:
         from datalane.engine.formats.compressed import open_stream
 
-        return open_stream(uri, compression)
+        return open_stream(source, compression)
+    planned = source if isinstance(source, SourceFile) else None
+    uri = source.uri if isinstance(source, SourceFile) else source
     try:
         fs, path = fsspec.core.url_to_fs(uri)
         protocols = _protocols(fs)
@@ -138,11 +154,26 @@ def open_file(uri: str, compression: str | None = None, *,
             # fsspec's memory filesystem hands every reader the same file object, so two
             # readers of one file (a lane's reader and another lane opening) would move each
             # other's position; each gets a copy of its own
-            return io.BytesIO(fs.cat_file(path))
+            data = fs.cat_file(path)
+            if planned is not None:
+                _compare(planned, {"size": len(data)})
+            return io.BytesIO(data)
         if "file" in protocols or "local" in protocols:
-            return fs.open(path, "rb")  # type: ignore[no-any-return]
+            f = fs.open(path, "rb")
+            if planned is not None:
+                try:
+                    st = os.fstat(f.fileno())
+                    _compare(planned, {"size": st.st_size, "mtime": st.st_mtime})
+                except BaseException:
+                    f.close()
+                    raise
+            return f  # type: ignore[no-any-return]
         options: dict[str, Any] = ({"cache_type": "none"} if ranged else
                                    {"cache_type": "readahead", "block_size": REMOTE_STREAM_BLOCK})
+        if planned is not None:
+            info = _fresh_info(fs, path)
+            _compare(planned, info)
+            options["size"] = int(info["size"])  # the file need not ask again
         try:
             return fs.open(path, "rb", **options)  # type: ignore[no-any-return]
         except TypeError:  # a filesystem without fsspec's cache options: its own reading
@@ -151,6 +182,44 @@ def open_file(uri: str, compression: str | None = None, *,
         raise StorageError(f"source file {uri} disappeared after planning") from e
     except OSError as e:
         raise StorageError(f"cannot open {uri}: {e}", transient=True) from e
+
+
+def check_unchanged(sf: SourceFile) -> None:
+    """Raise a :class:`DataError` unless ``sf`` is still the file the plan listed (for files
+    read without :func:`open_file`: memory-mapped indexes)."""
+    fs, path = _fs(sf.uri, "source file")
+    try:
+        if "file" in _protocols(fs) or "local" in _protocols(fs):
+            st = os.stat(path)
+            _compare(sf, {"size": st.st_size, "mtime": st.st_mtime})
+        else:
+            _compare(sf, _fresh_info(fs, path))
+    except FileNotFoundError as e:
+        raise StorageError(f"source file {sf.uri} disappeared after planning") from e
+    except DataError:
+        raise
+    except OSError as e:
+        raise StorageError(f"cannot look at {sf.uri}: {e}", transient=True) from e
+
+
+def _fresh_info(fs: Any, path: str) -> dict[str, Any]:
+    """What the filesystem says of ``path`` now, not what it listed when the plan was made."""
+    fs.invalidate_cache(path)
+    return fs.info(path)  # type: ignore[no-any-return]
+
+
+def _compare(sf: SourceFile, info: dict[str, Any]) -> None:
+    """The size must be the planned one; the identity too when the filesystem reports the same
+    kind now (an ETag against an ETag, a modification time against one)."""
+    size = int(info.get("size", -1))
+    ident = _ident(info)
+    kind, now = sf.ident.partition("=")[0], ident.partition("=")[0]
+    if size != sf.size or (ident != sf.ident and kind == now and kind != "none"):
+        raise DataError(
+            f"{sf.uri} changed after the plan was made: the plan saw {sf.size} bytes "
+            f"({sf.ident}), the file now has {size} bytes ({ident}); a source file must not "
+            f"change while a recipe reads it - make a new plan (restart) to read the new "
+            f"content")
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

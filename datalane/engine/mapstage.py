@@ -24,7 +24,9 @@ import numpy as np
 from datalane.engine.documents.base import DocumentKind, Rendered, Tokenized
 from datalane.engine.documents.text import TextKind
 from datalane.engine.formats import FORMATS, Format
+from datalane.engine.formats.base import Decoded, TooLarge
 from datalane.spec.errors import ConfigError
+from datalane.spec.limits import TOO_LARGE
 from datalane.spec.recipe import Filters
 from datalane.spec.schema import Column
 
@@ -32,13 +34,21 @@ __all__ = ["ALWAYS_FAIL", "BAD_RECORD_REASONS", "MapResult", "MapStage", "Record
 
 #: Reasons the built-in formats and plain text give for a malformed record (the
 #: ``bad_records`` policy applies to them); a stage's own set adds its kind's reasons.
-BAD_RECORD_REASONS = frozenset().union(TextKind.bad_reasons,
+BAD_RECORD_REASONS = frozenset().union({TOO_LARGE}, TextKind.bad_reasons,
                                        *(f.bad_reasons for f in FORMATS.values()))
 
 #: Reasons that stop the stream whatever the policy: a bug in user code is not bad data.
 ALWAYS_FAIL = frozenset({"predicate_error"})
 
 Record = tuple[int, int, Any]  # (file index, position, raw value)
+
+
+def _decode(fmt: Format, raw: Any, field: str) -> Decoded:
+    """The field's value in a raw record; a record its reader found too large to hold is a bad
+    record of reason ``too_large`` in every format."""
+    if isinstance(raw, TooLarge):
+        return None, TOO_LARGE, raw.detail
+    return fmt.decode(raw, field)
 
 
 @dataclass
@@ -120,7 +130,7 @@ class MapStage:
         if self._whole is not None:  # a kind that checks a whole task at once (token ids)
             values = []
             for file, _, raw in records:
-                value, reason, _ = formats[file].decode(raw, self.field)
+                value, reason, _ = _decode(formats[file], raw, self.field)
                 if reason is not None:
                     break
                 values.append(value)
@@ -137,7 +147,7 @@ class MapStage:
         """Decode, render and filter record by record; the indexes of the documents kept."""
         keep: list[int] = []
         for i, (file, _, raw) in enumerate(records):
-            value, reason, why = formats[file].decode(raw, self.field)
+            value, reason, why = _decode(formats[file], raw, self.field)
             doc = None
             if reason is None:
                 doc, reason, why = self.kind.render(value)

@@ -349,11 +349,11 @@ def test_parquet_with_an_empty_row_group_between_others(tmp_path: Path) -> None:
     assert read_all(RecordReader([sf], "text"), chunks) == [(0, "a"), (1, "b"), (2, "c")]
 
 
-def test_not_a_parquet_file_is_a_storage_error_naming_it(tmp_path: Path) -> None:
+def test_not_a_parquet_file_is_a_data_error_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "fake.parquet"
     path.write_bytes(b"this is not parquet at all")
     sf = source_file(path)
-    with pytest.raises(StorageError) as info:
+    with pytest.raises(DataError) as info:
         cut_file(0, sf, 1, None)
     assert str(info.value).startswith(f"{sf.uri} is not a readable Parquet file: ")
 

@@ -21,10 +21,27 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from datalane.engine.files import SourceFile
 
-__all__ = ["MISSING", "Chunk", "Decoded", "Format", "FormatReader"]
+__all__ = ["MISSING", "Chunk", "Decoded", "Format", "FormatReader", "TooLarge"]
 
 MISSING = object()  # a record without the source's field (a Parquet file without the column)
 
+
+@dataclass(frozen=True)
+class TooLarge:
+    """The raw value of a record over :data:`~datalane.spec.limits.MAX_RECORD_BYTES`, which its
+    reader did not hold: the map stage sets it aside as a bad record of reason ``too_large``
+    (:mod:`datalane.engine.mapstage`), whatever the format. ``size``: its bytes, or at least
+    that many when the reader stopped counting."""
+
+    size: int
+    what: str = "record"  # what the format calls it: "line", "document", "value"
+
+    @property
+    def detail(self) -> str:
+        from datalane.spec.limits import MAX_RECORD_BYTES
+
+        return (f"a {self.what} of {self.size:,} bytes, over the limit of "
+                f"{MAX_RECORD_BYTES:,} bytes per record")
 
 
 @dataclass(frozen=True)

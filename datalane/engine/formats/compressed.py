@@ -43,8 +43,10 @@ that took more than a read is worth keeping: indexes of files of at least
 :data:`CACHE_MIN_BYTES` are cached by ``(uri, size, ident)`` under
 ``$DATALANE_CACHE_DIR`` (default ``$XDG_CACHE_HOME/datalane``, ``~/.cache/datalane``), in
 ``frames/``; any file there may be deleted at any time, and a cache that cannot be written is
-skipped. In one process, indexes are kept in memory (the plan cuts a file, its readers reuse
-the index).
+skipped. A cache file is tamper-evident: it starts with a SHA-256 digest of the source file's
+identity and of the index, and one that does not match (a flipped bit, a file copied under
+another key) is built again, never read as another index. In one process, indexes are kept
+in memory (the plan cuts a file, its readers reuse the index).
 """
 
 from __future__ import annotations
@@ -75,10 +77,11 @@ SEEKABLE_FOOTER_MAGIC = 0x8F92EAB1
 GZIP_MAGIC = b"\x1f\x8b\x08"
 
 CACHE_MIN_BYTES = 16 << 20  # smaller files index in well under a second
-_INDEX_VERSION = 1  # part of the cache key: bump when an index of the same file would differ
+_INDEX_VERSION = 2  # part of the cache key: bump when an index of the same file would differ
 
 _READ = 1 << 20  # compressed bytes read from the file at a time
-_ZSTD_FEED = 32 << 10  # fed to zstd at a time: bounds one call's output (no max_length there)
+_ZSTD_FEED = 32 << 10  # most compressed bytes fed to zstd at a time
+_FEED_BLOCKS = 32  # most zstd blocks one call completes: 32 x 128 KiB = 4 MiB of output
 _GZIP_OUT = 4 << 20  # most decompressed bytes one zlib call returns
 _PEEK = 4096  # bytes read at a header while walking frames (the rest is seeked over)
 _PROBE = 64 << 10  # bytes inflated from a possible gzip member start to try it
@@ -93,6 +96,95 @@ def _u32(b: bytes | memoryview, at: int = 0) -> int:
 
 
 # -- strict streams -----------------------------------------------------------------------------
+
+
+class _ZstdBlocks:
+    """Where the blocks of a zstd stream end, read from their headers as the stream is fed.
+
+    python-zstandard's ``decompressobj`` has no bound on one call's output, and a byte count
+    does not bound it either: an RLE block of 4 bytes decompresses to 128 KiB, so 32 KiB of
+    input could make 1 GiB (a bomb: a 130 KB file holding a 4 GiB line). A block decompresses
+    to at most 128 KiB, so feeding input that completes at most :data:`_FEED_BLOCKS` blocks
+    bounds a call's output at 4 MiB. Reading a header costs a few operations per block (128
+    KiB of output); ordinary files are fed 32 KiB at a time as before. Bytes it cannot parse
+    (not a frame) are fed 256 at a time: the decompressor rejects them."""
+
+    def __init__(self, at: int) -> None:
+        self._next = at  # compressed offset of the next structure not yet parsed
+        self._in_frame = False  # the next structure is a block header (else a frame start)
+        self._checksum = 0  # bytes of checksum after the frame's last block
+        self._block_end = -1  # end of the block being fed, not yet complete
+        self._lost = False
+
+    def feed(self, at: int, data: memoryview, eof: bool) -> int:
+        """How many bytes of ``data`` (starting at compressed offset ``at``) to feed now; 0
+        when a header runs past ``data`` and more input is needed first."""
+        limit = at + min(len(data), _ZSTD_FEED)
+        if self._lost:
+            return min(len(data), 256)
+        blocks = 0
+        while True:
+            if self._block_end >= 0:
+                if self._block_end > limit:
+                    return limit - at
+                blocks += 1
+                self._block_end = -1
+                if blocks >= _FEED_BLOCKS:
+                    return self._next_end(at)
+            if self._next >= limit:
+                return limit - at
+            rel = self._next - at
+            need = self._parse(data[rel:rel + 18])
+            if need < 0:
+                self._lost = True
+                return max(rel, min(len(data), 256))
+            if need > 0:  # the header runs past the data at hand
+                if eof or rel > 0:
+                    return len(data) if eof else rel
+                return 0
+
+    def _next_end(self, at: int) -> int:
+        return self._last_end - at
+
+    def _parse(self, head: memoryview) -> int:
+        """Parse the structure at ``self._next``: 0 when done, > 0 if ``head`` is too short,
+        < 0 if it is not zstd."""
+        if not self._in_frame:
+            if len(head) < 4:
+                return 4
+            magic = _u32(head)
+            if magic & SKIPPABLE_MASK == SKIPPABLE_MAGIC:
+                if len(head) < 8:
+                    return 8
+                self._next += 8 + _u32(head, 4)
+                return 0
+            if magic != ZSTD_MAGIC:
+                return -1
+            if len(head) < 5:
+                return 5
+            fhd = head[4]
+            single, fcs_flag = fhd >> 5 & 1, fhd >> 6
+            hlen = 5 + (0 if single else 1) + _DICT_ID_BYTES[fhd & 3] + (
+                (1 if single else 0), 2, 4, 8)[fcs_flag]
+            if len(head) < hlen:
+                return hlen
+            self._checksum = 4 if fhd & 0x04 else 0
+            self._next += hlen
+            self._in_frame = True
+            return 0
+        if len(head) < 3:
+            return 3
+        v = int.from_bytes(head[:3], "little")
+        last, kind, bsize = v & 1, v >> 1 & 3, v >> 3
+        end = self._next + 3 + (1 if kind == 1 else bsize)
+        self._block_end = self._last_end = end
+        self._next = end
+        if last:
+            self._next += self._checksum
+            self._in_frame = False
+        return 0
+
+    _last_end = 0
 
 
 class _Stream(io.RawIOBase):
@@ -122,6 +214,7 @@ class _Stream(io.RawIOBase):
         self.produced = 0  # decompressed bytes so far
         self.starts: list[tuple[int, int]] = []
         self._zstd: Any = None
+        self._blocks = _ZstdBlocks(offset)
         if not self._gzip:
             import zstandard
 
@@ -191,7 +284,12 @@ class _Stream(io.RawIOBase):
                 rest = data[len(data) - len(dec.unused_data if dec.eof
                                             else dec.unconsumed_tail):]
             else:
-                piece = data[:_ZSTD_FEED]
+                n = self._blocks.feed(self._at, data, False)
+                while n == 0:  # a block header runs past the input at hand: read on
+                    more = self._read()
+                    data = self._input = memoryview(bytes(data) + bytes(more))
+                    n = self._blocks.feed(self._at, data, not more)
+                piece = data[:n]
                 out = dec.decompress(piece)
                 rest = data[len(piece) - (len(dec.unused_data) if dec.eof else 0):]
         except zlib.error as e:
@@ -218,13 +316,15 @@ class _Stream(io.RawIOBase):
         super().close()
 
 
-def open_stream(uri: str, compression: str, offset: int = 0) -> IO[bytes]:
-    """The decompressed bytes of ``uri`` from the frame (member) starting at ``offset``.
+def open_stream(source: str | SourceFile, compression: str, offset: int = 0) -> IO[bytes]:
+    """The decompressed bytes of ``source`` from the frame (member) starting at ``offset``.
 
     Frames follow each other as one stream; the stream raises :class:`DataError` when the file
-    ends inside a frame or a frame is corrupt. Not seekable: skip by reading.
+    ends inside a frame or a frame is corrupt. Not seekable: skip by reading. A
+    :class:`SourceFile` is checked to be the file the plan listed (``files.open_file``).
     """
-    raw = open_file(uri)
+    uri = source.uri if isinstance(source, SourceFile) else source
+    raw = open_file(source)
     try:
         if offset:
             raw.seek(offset)
@@ -339,7 +439,7 @@ def frame_index(sf: SourceFile) -> FrameIndex:
 def _build(sf: SourceFile) -> FrameIndex:
     if sf.compression not in ("gzip", "zstd"):
         raise ValueError(f"{sf.uri}: no frames to index for compression {sf.compression!r}")
-    with open_file(sf.uri) as f:
+    with open_file(sf) as f:
         if sf.compression == "zstd":
             return _seekable_index(f, sf) or _zstd_index(f, sf)
         return _gzip_index(f, sf)
@@ -470,6 +570,10 @@ def _zstd_index(f: IO[bytes], sf: SourceFile) -> FrameIndex:
                                 f"end of the file (byte {size})")
         if content is None and measured:
             content = plain
+        if content is not None and content > (end - pos) << 17:
+            # a block of 4 bytes makes at most 128 KiB: no frame holds more than that ratio
+            raise _corrupt(uri, f"the zstd frame at byte {pos} claims {content} bytes of "
+                                f"content in {end - pos} bytes")
         frames.append((pos, content))
         pos = end
     starts: list[tuple[int, int]] = []
@@ -480,7 +584,7 @@ def _zstd_index(f: IO[bytes], sf: SourceFile) -> FrameIndex:
         dpos += n or 0
     if unsized:  # measure them: decompress once from the first to the end of the file
         first = frames[unsized[0]][0]
-        raw = open_file(uri)
+        raw = open_file(sf)
         raw.seek(first)
         with _Stream(raw, uri, "zstd", first) as stream:
             total = stream.drain()
@@ -536,7 +640,7 @@ def _bgzf_index(p: _Peeker, sf: SourceFile) -> FrameIndex:
             if head[:3] != GZIP_MAGIC:
                 raise _corrupt(uri, f"no gzip member at byte {pos} (it starts "
                                     f"{head[:3].hex()})")
-            raw = open_file(uri)  # a member without a BC field: inflate it to find its end
+            raw = open_file(sf)  # a member without a BC field: inflate it to find its end
             raw.seek(pos)
             with _Stream(raw, uri, "gzip", pos, limit=1) as s:
                 isize = s.drain()
@@ -581,7 +685,7 @@ def _second_member_possible(f: IO[bytes], sf: SourceFile) -> bool:
             while 0 <= i < window:
                 if i + 3 >= len(buf):
                     return True  # a member header cut off at the end: reading it must fail
-                if not buf[i + 3] & 0xE0 and _inflates(uri, pos + i):
+                if not buf[i + 3] & 0xE0 and _inflates(sf, pos + i):
                     return True
                 i = buf.find(GZIP_MAGIC, i + 1)
             pos += window
@@ -590,8 +694,8 @@ def _second_member_possible(f: IO[bytes], sf: SourceFile) -> bool:
     return False
 
 
-def _inflates(uri: str, pos: int) -> bool:
-    with open_file(uri) as g:
+def _inflates(sf: SourceFile, pos: int) -> bool:
+    with open_file(sf) as g:
         g.seek(pos)
         data = g.read(_PROBE)
     try:
@@ -613,21 +717,41 @@ def cache_dir() -> Path:
     return Path(base) / "datalane" / "frames"
 
 
+def _identity(sf: SourceFile) -> bytes:
+    """What a cached index is of: the file's URI, size, identity, compression (and the index
+    layout's version)."""
+    return json.dumps([_INDEX_VERSION, sf.uri, sf.size, sf.ident, sf.compression]).encode()
+
+
 def _cache_path(sf: SourceFile) -> Path | None:
     if sf.ident == "none":  # no way to tell a rewritten file of the same size
         return None
-    digest = hashlib.sha256(json.dumps([_INDEX_VERSION, sf.uri, sf.size, sf.ident,
-                                        sf.compression]).encode()).hexdigest()
-    return cache_dir() / f"{digest[:40]}.npy"
+    return cache_dir() / f"{hashlib.sha256(_identity(sf)).hexdigest()[:40]}.frames"
+
+
+def _seal(sf: SourceFile, payload: bytes) -> bytes:
+    """The digest a cache file starts with: SHA-256 of the file's identity and the payload."""
+    return hashlib.sha256(_identity(sf) + payload).digest()
 
 
 def _load(sf: SourceFile) -> FrameIndex | None:
+    """The cached index of ``sf``, or None. A cache file is a SHA-256 digest of the source
+    file's identity and the payload, then the payload (the index as an ``.npy`` array): any
+    byte changed (a flipped bit, a file copied from another key, a torn write) fails the
+    digest, and the index is built again - never read as another index."""
     path = _cache_path(sf)
     if path is None:
         return None
     try:
-        rows = np.load(path, allow_pickle=False)
-    except (OSError, ValueError):
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    digest, payload = blob[:32], blob[32:]
+    if len(digest) != 32 or digest != _seal(sf, payload):
+        return None
+    try:
+        rows = np.load(io.BytesIO(payload), allow_pickle=False)
+    except (OSError, ValueError, EOFError):
         return None
     if rows.ndim != 2 or rows.shape[1] != 2 or rows.shape[0] < 1 or rows.dtype != np.int64 \
             or int(rows[-1, 0]) != sf.size:
@@ -639,12 +763,15 @@ def _store(sf: SourceFile, index: FrameIndex) -> None:
     path = _cache_path(sf)
     if path is None:
         return
+    out = io.BytesIO()
+    np.save(out, index.to_array(), allow_pickle=False)
+    payload = out.getvalue()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         try:
-            with os.fdopen(fd, "wb") as out:
-                np.save(out, index.to_array(), allow_pickle=False)
+            with os.fdopen(fd, "wb") as f:
+                f.write(_seal(sf, payload) + payload)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

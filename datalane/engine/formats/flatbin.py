@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from datalane.engine.files import SourceFile, expand
-from datalane.engine.formats.base import Chunk, Decoded
+from datalane.engine.files import SourceFile, check_unchanged, expand
+from datalane.engine.formats.base import Chunk, Decoded, TooLarge
 from datalane.engine.formats.tokenfile import (
     WINDOW_BYTES,
     TokenFiles,
@@ -48,6 +48,7 @@ from datalane.engine.formats.tokenfile import (
     local_path,
 )
 from datalane.spec.errors import ConfigError, DataError, StorageError
+from datalane.spec.limits import MAX_RECORD_BYTES
 
 if TYPE_CHECKING:
     from datalane.spec.recipe import Source
@@ -65,23 +66,32 @@ def offsets_path(uri: str) -> str:
     return posixpath.join(head, stem + ".offsets.npy") if head else stem + ".offsets.npy"
 
 
-def read_offsets(uri: str, tokens: int) -> np.ndarray:
-    """The document offsets in ``uri`` (an ``.npy``), checked against a file of ``tokens``."""
+def read_offsets(source: str | SourceFile, tokens: int) -> np.ndarray:
+    """The document offsets in ``source`` (an ``.npy``), checked against a file of ``tokens``
+    (a copy in memory: a memory map would change under the reader if the file did)."""
     import io
 
+    uri = source.uri if isinstance(source, SourceFile) else source
     try:
-        if is_local(uri):  # memory-mapped: the lanes of a process share the pages
+        if is_local(uri):
+            if isinstance(source, SourceFile):
+                check_unchanged(source)
             offsets = np.load(local_path(uri), mmap_mode="r", allow_pickle=False)
         else:
-            offsets = np.load(io.BytesIO(load_bytes(uri).tobytes()), allow_pickle=False)
-    except (ValueError, EOFError) as e:
-        raise DataError(f"{uri} is not a .npy file of document offsets: {e}") from e
+            offsets = np.load(io.BytesIO(load_bytes(source).tobytes()), allow_pickle=False)
     except FileNotFoundError as e:
         raise StorageError(f"{uri} disappeared after planning") from e
+    except (DataError, StorageError):
+        raise
+    except Exception as e:  # numpy's header parser and reader: ValueError, EOFError, ...
+        raise DataError(f"{uri} is not a .npy file of document offsets: {e}") from e
     if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) < 1:
         raise DataError(f"{uri} holds a {offsets.dtype} array of shape {offsets.shape}; the "
                         f"document offsets are a 1-D integer array of n + 1 entries")
-    offsets = np.asarray(offsets, dtype=np.int64)
+    if offsets.dtype.itemsize > 8 or (offsets.dtype.kind == "u" and offsets.dtype.itemsize == 8
+                                      and len(offsets) and int(offsets.max()) >= 1 << 63):
+        raise DataError(f"{uri} holds offsets beyond the range of int64")
+    offsets = np.array(offsets, dtype=np.int64)
     if int(offsets[0]) != 0 or int(offsets[-1]) != tokens:
         raise DataError(f"{uri} runs from {int(offsets[0])} to {int(offsets[-1])}, but its "
                         f"documents must cover the {tokens} tokens of the data file from 0")
@@ -108,23 +118,24 @@ class FlatbinReader:
         self._tf = TokenFiles()
 
     # -- documents listed in an offsets file ---------------------------------------------
-    def _indexed(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, np.ndarray]]:
+    def _indexed(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, Any]]:
         sf = self._files[chunk.file]
         layout = self._fmt.layout(sf)
         starts = self._fmt.offsets(sf, layout)
         first = chunk.start if start is None else start
-        return documents(self._tf, sf.uri, layout.dtype, starts, first,
+        return documents(self._tf, sf, layout.dtype, starts, first,
                          min(chunk.stop, len(starts) - 1))
 
     # -- documents ended by a boundary token -------------------------------------------------
-    def _bounded(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, np.ndarray]]:
+    def _bounded(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, Any]]:
         sf = self._files[chunk.file]
         layout = self._fmt.layout(sf)
         boundary = layout.boundary
         assert boundary is not None
-        n = sf.size // layout.dtype.itemsize
+        size = layout.dtype.itemsize
+        n = sf.size // size
         stop = min(chunk.stop, n)
-        window = max(1, WINDOW_BYTES // layout.dtype.itemsize)
+        window = max(1, WINDOW_BYTES // size)
         # buf holds tokens [at, at + len(buf)); hits: the boundaries in it, found once per read
         buf = np.zeros(0, dtype=layout.dtype)
         hits: list[int] = []
@@ -139,7 +150,7 @@ class FlatbinReader:
             while True:
                 if p >= stop:
                     return
-                buf = self._tf.read(sf.uri, layout.dtype, p, min(window, step, n - p))
+                buf = self._tf.read(sf, layout.dtype, p, min(window, step, n - p))
                 hits = np.flatnonzero(buf == boundary).tolist()
                 if hits:
                     at, p, h = p, p + hits[0] + 1, 1
@@ -155,21 +166,42 @@ class FlatbinReader:
             if h < len(hits):  # the document at p ends at the next boundary
                 end = hits[h] + 1
                 h += 1
-                yield p, buf[rel:end]
+                yield p, buf[rel:end] if (end - rel) * size <= MAX_RECORD_BYTES else TooLarge(
+                    (end - rel) * size, "document")
                 p = at + end
                 continue
             have = at + len(buf)
             if have >= n:  # ids after the last boundary: the last document
                 if rel < len(buf):
-                    yield p, buf[rel:]
+                    yield p, buf[rel:] if (n - p) * size <= MAX_RECORD_BYTES else TooLarge(
+                        (n - p) * size, "document")
                 return
+            if (have - p) * size > MAX_RECORD_BYTES:  # over the bound: find its end, unkept
+                end = self._boundary_after(sf, layout, have, n, window)
+                yield p, TooLarge((end - p) * size, "document")
+                p = at = end
+                buf = buf[:0]
+                hits, h = [], 0
+                continue
             # the rest of the chunk at once; past its end (the last document), growing steps
             want = max(stop - have, 8192, len(buf) - rel)
-            more = self._tf.read(sf.uri, layout.dtype, have, min(window, want, n - have))
+            more = self._tf.read(sf, layout.dtype, have, min(window, want, n - have))
             buf = np.concatenate([buf[rel:], more]) if rel < len(buf) else more
             at = p
             hits = np.flatnonzero(buf == boundary).tolist()
             h = 0
+
+    def _boundary_after(self, sf: SourceFile, layout: _Layout, q: int, n: int,
+                        window: int) -> int:
+        """The token after the first boundary at or after token ``q`` (``n`` if none), read a
+        window at a time and not kept."""
+        while q < n:
+            more = self._tf.read(sf, layout.dtype, q, min(window, n - q))
+            hit = np.flatnonzero(more == layout.boundary)
+            if len(hit):
+                return q + int(hit[0]) + 1
+            q += len(more)
+        return n
 
     def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
         if self._fmt.layout(self._files[chunk.file]).boundary is None:
@@ -184,7 +216,7 @@ class FlatbinReader:
             if not 0 <= pos < len(starts) - 1:
                 raise DataError(f"{sf.uri} has {len(starts) - 1} documents, no document {pos}; "
                                 f"did the file change?")
-            return next(documents(self._tf, sf.uri, layout.dtype, starts, pos, pos + 1))[1]
+            return next(documents(self._tf, sf, layout.dtype, starts, pos, pos + 1))[1]
         n = sf.size // layout.dtype.itemsize
         for _, ids in self._bounded(Chunk(file, pos, pos + 1), pos):
             return ids
@@ -252,13 +284,14 @@ class Flatbin:
 
         def build() -> np.ndarray:
             try:
-                expand(uri, f"the offsets file of {sf.uri}:")
+                ((_, size, ident),) = expand(uri, f"the offsets file of {sf.uri}:")
             except ConfigError as e:
                 raise ConfigError(
                     f"source {self._source!r}: {sf.uri} has no offsets file {uri}; write the "
                     f"document offsets there (np.save) or set tokens.boundary to the id "
                     f"that ends each document") from e
-            return read_offsets(uri, sf.size // layout.dtype.itemsize)
+            listed = SourceFile(uri, size, ident, "flatbin", None)
+            return read_offsets(listed, sf.size // layout.dtype.itemsize)
 
         return cached(("flatbin", sf.uri, sf.size, sf.ident), build)
 

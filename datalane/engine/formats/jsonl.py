@@ -42,9 +42,10 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from datalane.engine.files import SourceFile, open_file
-from datalane.engine.formats.base import Chunk, Decoded
+from datalane.engine.formats.base import Chunk, Decoded, TooLarge
 from datalane.engine.formats.compressed import FrameIndex, frame_index, known_index, open_stream
 from datalane.spec.errors import DataError, StorageError
+from datalane.spec.limits import MAX_RECORD_BYTES
 
 __all__ = ["JSONL"]
 
@@ -52,6 +53,9 @@ __all__ = ["JSONL"]
 # usually ends within the first (a remote file fetches what is read, no read-ahead)
 _READ_FIRST = 1 << 12
 _READ_MORE = 1 << 16
+_SCAN = 1 << 20  # read at a time past a line over the bound, to its end (nothing is kept)
+
+Raw = bytes | TooLarge  # a line, or one over MAX_RECORD_BYTES that was not kept
 
 
 class JsonlReader:
@@ -60,10 +64,12 @@ class JsonlReader:
     def __init__(self, files: list[SourceFile], field: str) -> None:
         self._files = files
 
-    def _plain(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, bytes]]:
-        uri = self._files[chunk.file].uri
+    def _plain(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, Raw]]:
+        sf = self._files[chunk.file]
+        tail: Raw | None = None
+        n = 0
         try:
-            with open_file(uri, ranged=True) as f:
+            with open_file(sf, ranged=True) as f:
                 if start is not None:  # a known record boundary
                     base = start
                     f.seek(base)
@@ -80,32 +86,32 @@ class JsonlReader:
                     first = len(buf) if nl < 0 else nl + 1
                 if first >= len(buf) and base + len(buf) >= chunk.stop:
                     return
-                # finish the last record that starts in the range: read on until a newline
-                # at or after the range's last byte (not until a read happens to end on one)
-                scan = max(chunk.stop - base - 1, 0)
-                want = _READ_FIRST
-                while buf.find(b"\n", scan) < 0:
-                    more = f.read(want)
-                    if not more:
-                        break
-                    scan = len(buf)
-                    buf += more
-                    want = min(2 * want, _READ_MORE)
+                # the last record that starts in the range runs on past it unless a newline
+                # ends it there: finish it (bounded, see _finish)
+                n = len(buf)
+                cut = max(first, buf.rfind(b"\n") + 1)
+                if cut < n and base + cut < chunk.stop:
+                    tail = _finish(f, memoryview(buf)[cut:])
+                    n = cut
         except OSError as e:
-            raise StorageError(f"cannot read {uri} bytes {chunk.start}-{chunk.stop}: {e}",
+            raise StorageError(f"cannot read {sf.uri} bytes {chunk.start}-{chunk.stop}: {e}",
                                transient=True) from e
         pos = first
-        n = len(buf)
         while pos < n and base + pos < chunk.stop:
             end = buf.find(b"\n", pos)
             if end < 0:
                 end = n
-            line = buf[pos:end]
-            if line.strip():
-                yield base + pos, line
+            if end - pos > MAX_RECORD_BYTES:  # only with chunk_bytes over the bound
+                yield base + pos, TooLarge(end - pos, "line")
+            else:
+                line = buf[pos:end]
+                if line.strip():
+                    yield base + pos, line
             pos = end + 1
+        if tail is not None and (not isinstance(tail, bytes) or tail.strip()):
+            yield base + n, tail
 
-    def _compressed(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, bytes]]:
+    def _compressed(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, Raw]]:
         sf = self._files[chunk.file]
         assert sf.compression is not None
         whole = chunk.start == 0 and chunk.stop < 0
@@ -118,48 +124,46 @@ class JsonlReader:
         coffset, doffset = index.restart(begin) if index is not None else (0, 0)
         stop = chunk.stop
         try:
-            with open_stream(sf.uri, sf.compression, coffset) as f:
+            with open_stream(sf, sf.compression, coffset) as f:
                 pos = doffset + _skip_stream(f, begin - doffset)
                 if pos < begin:
                     if whole:
                         return
                     raise _ended_early(sf.uri, pos, chunk)
                 if start is None and begin > 0:  # a record starting before the chunk's
-                    pos += len(f.readline())     # first newline is the previous chunk's
-                for line in f:
-                    if 0 <= stop < pos:
-                        return
-                    body = line.rstrip(b"\n")
-                    if body.strip():
+                    pos += _line(f)[0]           # first newline is the previous chunk's
+                while True:
+                    used, body = _line(f)
+                    if not used or 0 <= stop < pos:
+                        break
+                    if not isinstance(body, bytes) or body.strip():
                         yield pos, body
-                    pos += len(line)
-                if pos < stop:
+                    pos += used
+                if not used and pos < stop:
                     raise _ended_early(sf.uri, pos, chunk)
         except DataError:
             raise
         except Exception as e:
             _raise_read_error(e, sf.uri)
 
-    def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, bytes]]:
+    def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Raw]]:
         if self._files[chunk.file].compression is None:
             return self._plain(chunk, start)
         return self._compressed(chunk, start)
 
-    def read_one(self, file: int, pos: int) -> bytes:
+    def read_one(self, file: int, pos: int) -> Raw:
         sf = self._files[file]
         try:
             if sf.compression is None:
-                with open_file(sf.uri) as raw:
+                with open_file(sf) as raw:
                     f = _buffered(raw)
                     _skip(f, pos)
-                    line: bytes = f.readline()
-                    return line.rstrip(b"\n")
+                    return _line(f)[1]
             index = known_index(sf)
             coffset, doffset = index.restart(pos) if index is not None else (0, 0)
-            with open_stream(sf.uri, sf.compression, coffset) as f:
+            with open_stream(sf, sf.compression, coffset) as f:
                 _skip_stream(f, pos - doffset)
-                line = f.readline()
-                return line.rstrip(b"\n")
+                return _line(f)[1]
         except DataError:
             raise
         except Exception as e:
@@ -172,6 +176,8 @@ class JsonlReader:
         for seen, (_, line) in enumerate(self.records(chunk)):
             if seen >= 100:
                 break
+            if not isinstance(line, bytes):
+                continue
             try:
                 obj = json.loads(line)
             except (ValueError, RecursionError):
@@ -267,6 +273,49 @@ def _raise_read_error(e: Exception, what: str) -> NoReturn:
     if isinstance(e, OSError) and not isinstance(e, StorageError):
         raise StorageError(f"cannot read {what}: {e}", transient=True) from e
     raise e
+
+
+def _finish(f: Any, head: memoryview) -> Raw:
+    """The rest of a line whose first bytes are ``head``, read from ``f`` up to its newline
+    (or the end of the file); a line over :data:`MAX_RECORD_BYTES` is read to its end without
+    being kept. Pieces are joined once: appending each read to the line so far copied it
+    again every time, which made a long line cost time quadratic in its length."""
+    total = len(head)
+    pieces: list[bytes | memoryview] | None = [head] if total <= MAX_RECORD_BYTES else None
+    want = _READ_FIRST
+    while True:
+        more = f.read(want if pieces is not None else _SCAN)
+        if not more:
+            break
+        nl = more.find(b"\n")
+        piece = more if nl < 0 else more[:nl]
+        total += len(piece)
+        if pieces is not None:
+            if total > MAX_RECORD_BYTES:
+                pieces = None
+            else:
+                pieces.append(piece)
+        if nl >= 0:
+            break
+        want = min(2 * want, _READ_MORE)
+    return b"".join(pieces) if pieces is not None else TooLarge(total, "line")
+
+
+def _line(f: Any) -> tuple[int, Raw]:
+    """``(bytes consumed, the line without its newline)`` of the next line of buffered stream
+    ``f`` - ``(0, b"")`` at its end; a line over :data:`MAX_RECORD_BYTES` is consumed to its
+    end in bounded pieces and given as :class:`TooLarge`."""
+    got = f.readline(MAX_RECORD_BYTES + 1)
+    if got.endswith(b"\n"):
+        return len(got), got[:-1]
+    if len(got) <= MAX_RECORD_BYTES:  # the last line of the stream, or none
+        return len(got), got
+    used = len(got)
+    while True:
+        more = f.readline(_SCAN)
+        used += len(more)
+        if not more or more.endswith(b"\n"):
+            return used, TooLarge(used - (1 if more.endswith(b"\n") else 0), "line")
 
 
 def _skip_stream(f: Any, n: int) -> int:

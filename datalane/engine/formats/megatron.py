@@ -66,9 +66,13 @@ class MegatronIndex:
     """One dataset: where its documents start (tokens, n + 1 entries) and its token type."""
 
     idx_uri: str
-    bin_uri: str
+    bin_file: SourceFile  # the .bin as listed when the index was read (reads check it)
     dtype: np.dtype[Any]
     starts: np.ndarray  # int64: document d is tokens [starts[d], starts[d+1]) of the .bin
+
+    @property
+    def bin_uri(self) -> str:
+        return self.bin_file.uri
 
     @property
     def documents(self) -> int:
@@ -85,9 +89,14 @@ def megatron_paths(uri: str) -> tuple[str, str]:
                       f"index (NAME.idx, with NAME.bin beside it)")
 
 
-def read_index(idx_uri: str, bin_uri: str, bin_size: int) -> MegatronIndex:
-    """Parse and check one index (see the module docstring for the layout)."""
-    buf = load_bytes(idx_uri)
+def read_index(idx: str | SourceFile, bin_: str | SourceFile, bin_size: int) -> MegatronIndex:
+    """Parse and check one index (see the module docstring for the layout). Listed files
+    (:class:`SourceFile`) are checked to be what was listed when they are read."""
+    idx_uri = idx.uri if isinstance(idx, SourceFile) else idx
+    bin_file = bin_ if isinstance(bin_, SourceFile) else SourceFile(bin_, bin_size, "none",
+                                                                    "megatron", None)
+    bin_uri = bin_file.uri
+    buf = load_bytes(idx)
     size = len(buf)
 
     def bad(why: str) -> DataError:
@@ -134,7 +143,7 @@ def read_index(idx_uri: str, bin_uri: str, bin_size: int) -> MegatronIndex:
                         f"{total} {name} tokens ({total * isz} bytes); the pair does not "
                         f"belong together or one of them is truncated")
     starts = seq_starts[doc_index]
-    return MegatronIndex(idx_uri, bin_uri, dtype, starts)
+    return MegatronIndex(idx_uri, bin_file, dtype, starts)
 
 
 def _index(sf: SourceFile) -> MegatronIndex:
@@ -142,12 +151,14 @@ def _index(sf: SourceFile) -> MegatronIndex:
         idx_uri, bin_uri = megatron_paths(sf.uri)
         other = bin_uri if sf.uri == idx_uri else idx_uri
         try:
-            ((_, other_size, _),) = expand(other, f"the Megatron dataset of {sf.uri}:")
+            ((_, other_size, other_ident),) = expand(other, f"the Megatron dataset of {sf.uri}:")
         except ConfigError as e:
             raise ConfigError(f"{sf.uri} is a Megatron dataset without its "
                               f"{other.rsplit('.', 1)[1]} file: {other} does not exist") from e
-        bin_size = other_size if other == bin_uri else sf.size
-        return read_index(idx_uri, bin_uri, bin_size)
+        pair = SourceFile(other, other_size, other_ident, "megatron", None)
+        if other == bin_uri:
+            return read_index(sf, pair, other_size)
+        return read_index(pair, sf, sf.size)
 
     return cached(("megatron", sf.uri, sf.size, sf.ident), build)
 
@@ -171,7 +182,7 @@ class MegatronReader:
     def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
         index = self._index(chunk.file)
         first = chunk.start if start is None else start
-        return documents(self._tf, index.bin_uri, index.dtype, index.starts, first,
+        return documents(self._tf, index.bin_file, index.dtype, index.starts, first,
                          min(chunk.stop, index.documents))
 
     def read_one(self, file: int, pos: int) -> Any:
@@ -179,7 +190,7 @@ class MegatronReader:
         if not 0 <= pos < index.documents:
             raise DataError(f"{index.idx_uri} has {index.documents} documents, no document "
                             f"{pos}; did the file change?")
-        return next(documents(self._tf, index.bin_uri, index.dtype, index.starts, pos,
+        return next(documents(self._tf, index.bin_file, index.dtype, index.starts, pos,
                               pos + 1))[1]
 
     def fields(self, file: int) -> list[str]:

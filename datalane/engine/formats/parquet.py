@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from datalane.engine.files import SourceFile, open_file
-from datalane.engine.formats.base import MISSING, Chunk, Decoded
-from datalane.spec.errors import StorageError
+from datalane.engine.formats.base import MISSING, Chunk, Decoded, TooLarge
+from datalane.spec.errors import DataError, StorageError
+from datalane.spec.limits import MAX_RECORD_BYTES
 
 if TYPE_CHECKING:
     from datalane.spec.recipe import Source
@@ -27,14 +28,34 @@ __all__ = ["PARQUET"]
 
 
 def _row_groups(sf: SourceFile) -> list[int]:
+    """The rows of each row group, from the footer, checked against each other."""
     import pyarrow.parquet as pq
 
-    with open_file(sf.uri, ranged=True) as f:
+    with open_file(sf, ranged=True) as f:
         try:
             meta = pq.ParquetFile(f).metadata
+            rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        except (DataError, StorageError):
+            raise
         except Exception as e:  # pyarrow raises ArrowInvalid and OSError subclasses
-            raise StorageError(f"{sf.uri} is not a readable Parquet file: {e}") from e
-        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+            raise _unreadable(sf, e, "its footer") from e
+    if any(n < 0 for n in rows) or sum(rows) != meta.num_rows:
+        raise DataError(f"{sf.uri} is not a readable Parquet file: its footer gives "
+                        f"{meta.num_rows} rows, but its row groups hold {rows[:8]}"
+                        f"{'...' if len(rows) > 8 else ''}")
+    return rows
+
+
+def _unreadable(sf: SourceFile, e: Exception, where: str) -> Exception:
+    """A failure reading ``sf`` with pyarrow, classified: an error of the file object (an
+    OSError subclass, or one with an errno: the storage) is a transient StorageError, and
+    anything pyarrow itself refuses (corrupt thrift, pages, encodings) a DataError."""
+    import pyarrow as pa
+
+    if isinstance(e, OSError) and not isinstance(e, pa.ArrowException) and (
+            type(e) is not OSError or e.errno is not None):
+        return StorageError(f"cannot read {where} of {sf.uri}: {e}", transient=True)
+    return DataError(f"{sf.uri} is not a readable Parquet file: {e} (in {where})")
 
 
 class ParquetReader:
@@ -52,7 +73,15 @@ class ParquetReader:
 
         pf = self._open.get(index)
         if pf is None:
-            pf = pq.ParquetFile(open_file(self._files[index].uri, ranged=True))
+            sf = self._files[index]
+            f = open_file(sf, ranged=True)
+            try:
+                pf = pq.ParquetFile(f)
+            except Exception as e:
+                f.close()
+                if isinstance(e, DataError | StorageError):
+                    raise
+                raise _unreadable(sf, e, "its footer") from e
             self._open[index] = pf
             while len(self._open) > 2:
                 self._open.popitem(last=False)
@@ -74,9 +103,13 @@ class ParquetReader:
             first += rows
         else:
             raise StorageError(f"{self._files[index].uri} has no row {row}")
+        sf = self._files[index]
         try:
             if self._field in pf.schema_arrow.names:
                 column = pf.read_row_group(g, columns=[self._field]).column(0)
+                if len(column) != rows:
+                    raise DataError(f"{sf.uri}: row group {g} holds {len(column)} values of "
+                                    f"{self._field!r}, but its footer says {rows} rows")
                 fast = _id_lists(column) if self._ids else None
                 try:
                     values = fast if fast is not None else column.to_pylist()
@@ -84,11 +117,14 @@ class ParquetReader:
                     import pyarrow as pa
 
                     values = column.cast(pa.binary()).to_pylist()
+                for r, size in _oversized(column):
+                    values[r] = TooLarge(size, "value")
             else:
                 values = [MISSING] * rows
-        except OSError as e:
-            raise StorageError(f"cannot read row group {g} of {self._files[index].uri}: {e}",
-                               transient=True) from e
+        except (DataError, StorageError):
+            raise
+        except Exception as e:
+            raise _unreadable(sf, e, f"row group {g}") from e
         self._group = (index, first, values)
         return first, values
 
@@ -150,6 +186,29 @@ class Parquet:
 
 
 PARQUET = Parquet()
+
+
+def _oversized(column: Any) -> list[tuple[int, int]]:
+    """``(row, bytes)`` of the values of ``column`` over :data:`MAX_RECORD_BYTES` (strings and
+    binaries by their bytes, lists by their values' bytes), found from the offsets alone."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = column.type
+    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or \
+            pa.types.is_large_binary(t):
+        sizes = pc.binary_length(column)
+    elif (pa.types.is_list(t) or pa.types.is_large_list(t)) and \
+            pa.types.is_primitive(t.value_type):
+        sizes = pc.multiply(pc.list_value_length(column).cast(pa.int64()),
+                            t.value_type.bit_width // 8 or 1)
+    else:
+        return []
+    big = pc.greater(sizes, MAX_RECORD_BYTES)
+    if not pc.any(big).as_py():
+        return []
+    rows = pc.indices_nonzero(pc.fill_null(big, False)).to_pylist()
+    return [(r, int(sizes[r].as_py())) for r in rows]
 
 
 def _id_lists(column: Any) -> list[Any] | None:

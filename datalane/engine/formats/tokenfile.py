@@ -8,8 +8,9 @@ of the range it was read in (the document kind copies the ids into the sample). 
 
 A *document index* lists where each document starts, in tokens: document ``d`` is tokens
 ``[starts[d], starts[d+1])`` of its file. Indexes are cached per process (keyed by the file's
-URI, size and identity), so the lanes of a sidecar share one copy; local files are
-memory-mapped.
+URI, size and identity), so the lanes of a sidecar share one copy; local index files are
+memory-mapped while they are parsed. A document over
+:data:`~datalane.spec.limits.MAX_RECORD_BYTES` is not read: it is a bad record ``too_large``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import IO, Any, TypeVar
 
 import numpy as np
 
-from datalane.engine.files import open_file
-from datalane.engine.formats.base import Chunk
+from datalane.engine.files import SourceFile, check_unchanged, open_file
+from datalane.engine.formats.base import Chunk, TooLarge
 from datalane.spec.errors import DataError, StorageError
+from datalane.spec.limits import MAX_RECORD_BYTES
 
 __all__ = ["WINDOW_BYTES", "TokenFiles", "cached", "cut_documents", "documents", "is_local",
            "load_bytes", "local_path"]
@@ -60,17 +62,21 @@ def local_path(uri: str) -> str:
     return uri[len("file://"):] if uri.startswith("file://") else uri
 
 
-def load_bytes(uri: str) -> Any:
-    """The whole content of a (small) file: memory-mapped when local, read when remote."""
+def load_bytes(source: SourceFile | str) -> Any:
+    """The whole content of a (small) file: memory-mapped when local, read when remote; a
+    :class:`SourceFile` must still be the file listed (``files.open_file``)."""
+    uri = source.uri if isinstance(source, SourceFile) else source
     try:
         if is_local(uri):
             path = local_path(uri)
             import os
 
+            if isinstance(source, SourceFile):
+                check_unchanged(source)
             if os.path.getsize(path) == 0:
                 return np.zeros(0, dtype=np.uint8)
             return np.memmap(path, dtype=np.uint8, mode="r")
-        with open_file(uri, ranged=True) as f:
+        with open_file(source, ranged=True) as f:
             return np.frombuffer(f.read(), dtype=np.uint8)
     except FileNotFoundError as e:
         raise StorageError(f"{uri} disappeared after planning") from e
@@ -81,30 +87,32 @@ def load_bytes(uri: str) -> Any:
 
 
 class TokenFiles:
-    """The open token files of one reader (the two used last), read as numpy arrays."""
+    """The open token files of one reader (the two used last), read as numpy arrays; each
+    opened as the file the plan listed (``files.open_file`` checks it)."""
 
     def __init__(self) -> None:
         self._open: OrderedDict[str, IO[bytes]] = OrderedDict()
 
-    def _file(self, uri: str) -> IO[bytes]:
-        f = self._open.get(uri)
+    def _file(self, sf: SourceFile) -> IO[bytes]:
+        f = self._open.get(sf.uri)
         if f is None:
-            f = open_file(uri, ranged=True)
-            self._open[uri] = f
+            f = open_file(sf, ranged=True)
+            self._open[sf.uri] = f
             while len(self._open) > 2:
                 self._open.popitem(last=False)[1].close()
         else:
-            self._open.move_to_end(uri)
+            self._open.move_to_end(sf.uri)
         return f
 
-    def read(self, uri: str, dtype: np.dtype[Any], start: int, count: int) -> np.ndarray:
-        """Tokens ``[start, start + count)`` of ``uri``; DataError if the file ends first."""
+    def read(self, sf: SourceFile, dtype: np.dtype[Any], start: int, count: int) -> np.ndarray:
+        """Tokens ``[start, start + count)`` of ``sf``; DataError if the file ends first."""
         size = dtype.itemsize
+        uri = sf.uri
         try:
-            f = self._file(uri)
+            f = self._file(sf)
             f.seek(start * size)
             data = f.read(count * size)
-        except StorageError:
+        except (StorageError, DataError):
             raise
         except OSError as e:
             self._open.pop(uri, None)
@@ -144,18 +152,27 @@ def cut_documents(index: int, starts: np.ndarray, itemsize: int, chunk_bytes: in
     return [Chunk(index, a, b) for a, b in itertools.pairwise(bounds)]
 
 
-def documents(files: TokenFiles, uri: str, dtype: np.dtype[Any], starts: np.ndarray,
-              first: int, stop: int) -> Iterator[tuple[int, np.ndarray]]:
-    """``(d, tokens)`` of documents ``first .. stop - 1``, read a window at a time."""
+def documents(files: TokenFiles, sf: SourceFile, dtype: np.dtype[Any], starts: np.ndarray,
+              first: int, stop: int) -> Iterator[tuple[int, np.ndarray | TooLarge]]:
+    """``(d, tokens)`` of documents ``first .. stop - 1``, read a window at a time; a document
+    over :data:`MAX_RECORD_BYTES` is not read (:class:`TooLarge`)."""
     window = max(1, WINDOW_BYTES // dtype.itemsize)
+    most = MAX_RECORD_BYTES // dtype.itemsize
     d = first
     while d < stop:
         lo = int(starts[d])
+        if int(starts[d + 1]) - lo > most:
+            yield d, TooLarge((int(starts[d + 1]) - lo) * dtype.itemsize, "document")
+            d += 1
+            continue
         # the documents that end within the window (at least one)
         e = int(np.searchsorted(starts, lo + window, side="right")) - 1
         e = min(max(e, d + 1), stop)
-        buf = files.read(uri, dtype, lo, int(starts[e]) - lo)
+        buf = files.read(sf, dtype, lo, int(starts[e]) - lo)
         rel = (starts[d:e + 1] - lo).tolist()
         for k in range(e - d):
-            yield d + k, buf[rel[k]:rel[k + 1]]
+            if rel[k + 1] - rel[k] > most:  # (a window larger than the bound)
+                yield d + k, TooLarge((rel[k + 1] - rel[k]) * dtype.itemsize, "document")
+            else:
+                yield d + k, buf[rel[k]:rel[k + 1]]
         d = e
