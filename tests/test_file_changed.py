@@ -138,3 +138,37 @@ def test_an_object_overwritten_on_s3_after_planning_fails_naming_it(
     assert message.startswith(f"{uri} changed after the plan was made: the plan saw "
                               f"{len(lines)} bytes (ETag="), message
     assert f"the file now has {len(lines)} bytes (ETag=" in message
+
+
+def _container(tmp_path: Path, fmt: str) -> tuple[Path, dict[str, Any]]:
+    """A small dataset of ``fmt``, the file a rewrite should change, and its recipe source."""
+    from tests.hostile.mdsbytes import text_dataset
+    from tests.hostile.tarbytes import write_tar
+
+    texts = [f"document number {i} " * 4 for i in range(40)]
+    if fmt == "webdataset":
+        path = tmp_path / "s.tar"
+        write_tar(path, [(f"{i:04d}.txt", t.encode()) for i, t in enumerate(texts)])
+        return path, {"uris": [str(path)], "format": "webdataset", "text_field": "txt"}
+    if fmt == "mds":
+        root = text_dataset(tmp_path / "mds", texts)
+        return root / "shard.00000.mds", {"uris": [str(root)], "text_field": "text"}
+    path = tmp_path / "data.arrow"
+    with pa.ipc.new_stream(str(path), pa.schema([("text", pa.string())])) as w:
+        for k in range(0, 40, 10):
+            w.write_batch(pa.record_batch([pa.array(texts[k:k + 10])], names=["text"]))
+    return path, {"uris": [str(path)], "format": "hf"}
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "mds", "hf"])
+def test_a_dataset_file_rewritten_after_planning_fails_naming_it(tmp_path: Path,
+                                                                 fmt: str) -> None:
+    # The same size, other bytes in one document: only the file's identity tells.
+    path, source = _container(tmp_path, fmt)
+    plan = Plan.build(recipe({**source, "chunk_rows": 5}))
+    data = path.read_bytes()
+    at = data.index(b"number 7 ")
+    rewrite(path, data[:at] + b"NUMBER 7 " + data[at + 9:])
+    with pytest.raises(DataError) as info, Loader(plan.recipe, 0, 1, plan=plan) as loader:
+        drain(loader)
+    assert str(info.value).startswith(changed(path, len(data), len(data))), str(info.value)

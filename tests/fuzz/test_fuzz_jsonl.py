@@ -1,4 +1,5 @@
-"""JSONL readers (plain, gzip members, zstd frames) against mutated files (tests/fuzz/stream_harness.py).
+"""JSONL readers (plain, gzip members, zstd frames) against mutated files
+(tests/fuzz/stream_harness.py).
 
 Content flips: a flipped bit inside a JSON document changes its text and leaves a valid file
 of the same size, which no reader can tell from what the writer meant (JSONL has no checksum;

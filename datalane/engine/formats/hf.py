@@ -230,7 +230,7 @@ def arrow_index(sf: SourceFile) -> ArrowIndex:
                           f"decompress it (Arrow compresses inside the file: "
                           f"IpcWriteOptions(compression='zstd'))")
     try:
-        with open_file(sf.uri) as f:
+        with open_file(sf) as f:
             index = _walk(f, sf.uri, sf.size)
     except (DataError, ConfigError, StorageError):
         raise
@@ -301,7 +301,7 @@ class HfReader:
     def _read(self, file: int, lo: int, hi: int) -> bytes:
         sf = self._files[file]
         try:
-            with open_file(sf.uri) as f:
+            with open_file(sf) as f:
                 f.seek(lo)
                 buf = f.read(hi - lo)
         except OSError as e:

@@ -330,7 +330,7 @@ class MdsReader:
 
 
 def _open(sf: SourceFile) -> IO[bytes]:
-    return open_file(sf.uri, sf.compression)
+    return open_file(sf, sf.compression)
 
 
 def _size(sf: SourceFile) -> int | None:

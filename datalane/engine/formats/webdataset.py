@@ -226,7 +226,7 @@ def _members(tape: _Tape, total: int | None) -> Iterator[TarMember]:
 
 
 def _open(sf: SourceFile, pos: int) -> tuple[IO[bytes], _Tape]:
-    f = open_file(sf.uri, sf.compression)
+    f = open_file(sf, sf.compression)
     return f, _Tape(f, pos, sf.compression is None, sf.uri)
 
 
