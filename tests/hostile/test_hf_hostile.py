@@ -109,8 +109,8 @@ def test_a_value_over_the_record_bound_is_a_counted_record(tmp_path: Path) -> No
     assert counters.skipped == {"too_large": 1}
     message = fail_message([str(path)])
     assert f"{path} at row 1" in message
-    assert f"the value of column 'text' holds {MAX_RECORD_BYTES + 1} bytes, more than the " \
-           f"{MAX_RECORD_BYTES}" in message
+    assert f"a value of {MAX_RECORD_BYTES + 1:,} bytes, over the limit of " \
+           f"{MAX_RECORD_BYTES:,} bytes per record" in message
 
 
 def _save_to_disk(root: Path, names: list[str]) -> Path:

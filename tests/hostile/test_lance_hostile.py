@@ -58,4 +58,4 @@ def test_a_value_over_the_record_bound_is_a_counted_record(tmp_path: Path) -> No
     np.testing.assert_array_equal(tokens, expected(GOOD[:2]))
     assert counters.skipped == {"too_large": 1}
     message = fail_message([str(path)])
-    assert f"{path} at row 1" in message and f"holds {MAX_RECORD_BYTES + 1} bytes" in message
+    assert f"{path} at row 1" in message and f"a value of {MAX_RECORD_BYTES + 1:,} bytes" in message

@@ -8,29 +8,19 @@ instead of the whole batch failing.
 first (every offset inside its buffers; a string column as binary, so invalid UTF-8 stays a
 per-value matter), since pyarrow turns values into Python objects without checking them (a
 negative string offset was a raw ``SystemError``), and a value over
-:data:`~datalane.spec.limits.MAX_RECORD_BYTES` becomes an :class:`Oversize` marker instead
-of a Python object.
+:data:`~datalane.spec.limits.MAX_RECORD_BYTES` becomes the
+:class:`~datalane.engine.formats.base.TooLarge` marker every format uses instead of a Python
+object (the map stage sets it aside as ``too_large``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from datalane.engine.formats.base import TooLarge
 from datalane.spec.limits import MAX_RECORD_BYTES
 
-__all__ = ["Oversize", "column_values", "decoded"]
-
-
-@dataclass(frozen=True)
-class Oversize:
-    """A value over MAX_RECORD_BYTES, not made a Python object: its size in bytes."""
-
-    size: int
-
-    def detail(self, field: str) -> str:
-        return (f"the value of column {field!r} holds {self.size} bytes, more than the "
-                f"{MAX_RECORD_BYTES} a record may hold")
+__all__ = ["column_values", "decoded"]
 
 
 def column_values(column: Any) -> list[Any]:
@@ -77,7 +67,7 @@ def _value_bytes(column: Any) -> Any:
 def decoded(column: Any) -> list[Any]:
     """The values of ``column`` (an Arrow array) from a file not yet trusted: the column is
     validated in full (pyarrow's ArrowInvalid otherwise, for the caller to name the file),
-    and each value over MAX_RECORD_BYTES is an :class:`Oversize`."""
+    and each value over MAX_RECORD_BYTES is a :class:`TooLarge`."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -90,5 +80,5 @@ def decoded(column: Any) -> list[Any]:
     values = column_values(pc.if_else(pa.array(big), pa.nulls(len(column), column.type),
                                       column))
     for i in np.flatnonzero(big):
-        values[i] = Oversize(int(sizes[i]))
+        values[i] = TooLarge(int(sizes[i]), "value")
     return values

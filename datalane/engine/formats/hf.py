@@ -44,7 +44,7 @@ from typing import IO, Any
 import numpy as np
 
 from datalane.engine.files import SourceFile, file_ident, open_file
-from datalane.engine.formats.arrowvalues import Oversize, decoded
+from datalane.engine.formats.arrowvalues import decoded
 from datalane.engine.formats.base import MISSING, Chunk, Decoded
 from datalane.engine.formats.indexfiles import inside, read_index
 from datalane.spec.errors import ConfigError, DataError, StorageError
@@ -380,8 +380,6 @@ class Hf:
     def decode(self, raw: Any, field: str) -> Decoded:
         if raw is MISSING or raw is None:
             return None, "missing_field", f"no value in column {field!r}"
-        if isinstance(raw, Oversize):
-            return None, TOO_LARGE, raw.detail(field)
         return raw, None, None
 
     def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from datalane.engine.files import SourceFile
-from datalane.engine.formats.arrowvalues import Oversize, decoded
+from datalane.engine.formats.arrowvalues import decoded
 from datalane.engine.formats.base import MISSING, Chunk, Decoded
 from datalane.spec.errors import ConfigError, DataError, DatalaneError, StorageError
 from datalane.spec.limits import TOO_LARGE
@@ -178,8 +178,6 @@ class Lance:
     def decode(self, raw: Any, field: str) -> Decoded:
         if raw is MISSING or raw is None:
             return None, "missing_field", f"no value in column {field!r}"
-        if isinstance(raw, Oversize):
-            return None, TOO_LARGE, raw.detail(field)
         return raw, None, None
 
     def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
