@@ -11,10 +11,7 @@ raw ValueError, in YAML and in JSON.
 from __future__ import annotations
 
 import json
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,29 +19,11 @@ import pytest
 from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.integrity import read_json_file
 from datalane.spec.recipe import load_recipe
+from tests.deadline import deadline
 
 LAUGHS = ["lol0: &lol0 [" + ", ".join(['"lol"'] * 10) + "]"] + [
     f"lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * 10) + "]" for i in range(1, 10)]
 BOMB = "\n".join(LAUGHS) + "\nlanes: *lol9\n"  # 10^10 strings in 843 bytes
-
-
-class _TookTooLong(Exception):
-    pass
-
-
-@contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Interrupt the test's own (main-thread, Python-level) work after ``seconds``."""
-    def expire(signum: int, frame: object) -> None:
-        raise _TookTooLong(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def test_a_billion_laughs_recipe_is_refused_before_it_expands(tmp_path: Path) -> None:

@@ -24,7 +24,9 @@ span's start or end is trained. ``train_on``: ``assistant`` every assistant turn
 ``not_messages`` (not a non-empty list of mappings with ``role`` and ``content``),
 ``bad_role``, ``not_text`` (content that is not a string), ``no_assistant`` (nothing to
 train on under ``assistant`` / ``last_assistant``), ``chat_template`` (the template raised,
-through ``raise_exception`` or otherwise, or is not prefix-consistent for the conversation).
+through ``raise_exception`` or otherwise, went past a bound of a render or would print a value
+without a fixed text (:mod:`.template_sandbox`), or is not prefix-consistent for the
+conversation).
 
 A conversation longer than a sequence is not this kind's concern: the packers split long
 documents (``wrap`` continues it in the next sequence, ``bestfit`` cuts it into full
