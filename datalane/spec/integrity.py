@@ -114,7 +114,9 @@ def parse_json(data: bytes | str, where: str, error: type[DatalaneError] = Confi
     text = parse_text(data, where, error) if isinstance(data, bytes) else data
     try:
         value = json.loads(text, **options)
-    except json.JSONDecodeError as e:
+    except DatalaneError:  # an object hook's own error
+        raise
+    except ValueError as e:  # JSONDecodeError, or an integer of more than 4,300 digits
         raise error(f"{where} is not valid JSON: {e}") from None
     except RecursionError:
         raise error(f"{where} is nested deeper than {MAX_DEPTH} levels; no datalane file "

@@ -305,7 +305,19 @@ def _load_yaml(text: str, path: str) -> Any:
     import yaml
 
     class StrictLoader(yaml.SafeLoader):
-        """Safe YAML that refuses a key given twice (the later one would win silently)."""
+        """Safe YAML that refuses a key given twice (the later one would win silently) and
+        any alias: ``*name`` repeats a node, so a kilobyte of nested aliases ("billion
+        laughs") is a graph of 9^9 leaves that every later walk expands. Refused while the
+        document is composed, before anything is built from it."""
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()  # type: ignore[no-untyped-call]
+                raise ConfigError(
+                    f"recipe {path} line {event.start_mark.line + 1}: the YAML alias "
+                    f"*{event.anchor} repeats another node; recipes may not use anchors and "
+                    f"aliases (&name, *name, <<: *name), write the values out")
+            return super().compose_node(parent, index)
 
     def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
         seen: dict[Any, Any] = {}
@@ -322,6 +334,10 @@ def _load_yaml(text: str, path: str) -> Any:
         return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: safe
     except yaml.YAMLError as e:
         raise ConfigError(f"recipe {path} is not valid YAML: {e}") from e
+    except ConfigError:
+        raise
+    except ValueError as e:  # an integer of more than 4,300 digits
+        raise ConfigError(f"recipe {path} holds a value YAML cannot read: {e}") from None
     except RecursionError:
         raise ConfigError(f"recipe {path} is nested deeper than {MAX_DEPTH} levels; no "
                           f"datalane file is") from None

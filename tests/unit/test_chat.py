@@ -209,12 +209,13 @@ QA = ("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\
       "{% else %}A: {{ m['content'] }}\n{% endif %}{% endfor %}"
       "{% if add_generation_prompt %}A: {% endif %}")
 # "Q: x\nA: hello\n": the generation prompt "A: " ends with a space, and the tokenizer joins
-# that space to the answer's "h" ("Ġh"): the token starts before the span, so it is not trained
-QA_EXPECTED = [("Q", 0), (":", 0), ("Ġx", 0), ("Ċ", 0), ("A", 0), (":", 0), ("Ġh", 0),
+# that space to the answer's "h" ("Ġh"): the token holds the span's first character, so it is
+# trained, as transformers' return_assistant_tokens_mask marks it (char_to_token)
+QA_EXPECTED = [("Q", 0), (":", 0), ("Ġx", 0), ("Ċ", 0), ("A", 0), (":", 0), ("Ġh", 1),
                ("e", 1), ("ll", 1), ("o", 1), ("Ċ", 1)]
 
 
-def test_a_token_is_trained_iff_its_first_character_is_in_a_span(
+def test_the_token_holding_the_first_character_of_a_span_is_trained(
         handle: TokenizerHandle) -> None:
     k = kind(handle, template_text=QA)
     doc, _, _ = k.render([U("x"), A("hello")])
@@ -224,14 +225,19 @@ def test_a_token_is_trained_iff_its_first_character_is_in_a_span(
     assert list(zip(tokens, mask, strict=True)) == QA_EXPECTED
 
 
+def trimming_tokenizer(source: str, folder: Path) -> TokenizerHandle:
+    """The tokenizer ``source`` with a ByteLevel post-processor that trims offsets."""
+    tok = Tokenizer.from_file(source)
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    path = folder / "tokenizer.json"
+    tok.save(str(path))
+    return TokenizerHandle.load(TokenizerSpec(uri=str(path)))
+
+
 def test_offsets_are_taken_before_a_post_processor_trims_them(tmp_path: Path) -> None:
     """A ByteLevel post-processor with trim_offsets reports "Ġh" as starting at "h"; the mask
     must not change with it."""
-    tok = Tokenizer.from_file(TOKENIZER)
-    tok.post_processor = processors.ByteLevel(trim_offsets=True)
-    path = tmp_path / "tokenizer.json"
-    tok.save(str(path))
-    trimming = TokenizerHandle.load(TokenizerSpec(uri=str(path)))
+    trimming = trimming_tokenizer(TOKENIZER, tmp_path)
     enc = trimming.tokenizer.encode("Q: x\nA: hello\n", add_special_tokens=False)
     assert enc.offsets[6] == (8, 9)  # the premise: trimmed past the space
     k = kind(trimming, template_text=QA)
@@ -270,7 +276,7 @@ def test_each_batch_document_gets_its_own_mask(handle: TokenizerHandle) -> None:
     cols, offsets, lengths = k.tokenize(batch)
     assert offsets.tolist() == [0, 11, 18] and lengths.tolist() == [11, 7]
     # "A: hello\n" alone: A : Ġh e ll o Ċ; the head "A: " is the generation prompt
-    assert cols["loss_mask"].tolist() == [m for _, m in QA_EXPECTED] + [0, 0, 0, 1, 1, 1, 1]
+    assert cols["loss_mask"].tolist() == [m for _, m in QA_EXPECTED] + [0, 0, 1, 1, 1, 1, 1]
     assert k.tokenize([])[0]["loss_mask"].tolist() == []
 
 

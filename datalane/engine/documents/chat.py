@@ -13,16 +13,20 @@ fills the ``loss_mask`` column.
 the turn's content and its end-of-turn marker, not its header. This needs the template to be
 *prefix-consistent* (each shorter render is a prefix of the longer ones); a conversation for
 which it is not (a template that rewrites earlier turns, or prints a default system prompt
-only once a message exists) is a bad record with reason ``chat_template``. A token is trained
-iff its first character lies in a trained span (the tokenizer's character offsets, taken
-before any post-processor trims them). ``train_on``: ``assistant`` every assistant turn,
+only once a message exists) is a bad record with reason ``chat_template``. The tokens of a
+span are those ``transformers``' ``return_assistant_tokens_mask`` marks: from the token
+holding its first character through the token holding its last (``char_to_token``, on the
+tokenizer's character offsets taken before any post-processor trims them), so a token across a
+span's start or end is trained. ``train_on``: ``assistant`` every assistant turn,
 ``last_assistant`` the last one, ``all`` every token.
 
 **Bad records** (the recipe's ``bad_records`` policy applies; each detail names the problem):
 ``not_messages`` (not a non-empty list of mappings with ``role`` and ``content``),
 ``bad_role``, ``not_text`` (content that is not a string), ``no_assistant`` (nothing to
 train on under ``assistant`` / ``last_assistant``), ``chat_template`` (the template raised,
-through ``raise_exception`` or otherwise, or is not prefix-consistent for the conversation).
+through ``raise_exception`` or otherwise, went past a bound of a render or would print a value
+without a fixed text (:mod:`.template_sandbox`), or is not prefix-consistent for the
+conversation).
 
 A conversation longer than a sequence is not this kind's concern: the packers split long
 documents (``wrap`` continues it in the next sequence, ``bestfit`` cuts it into full
@@ -71,8 +75,8 @@ class ChatKind:
         tok = tokenizer.tokenizer
         if spec.train_on != "all" and tok.post_processor is not None:
             # Offsets only: a post-processor adds nothing with add_special_tokens off, but
-            # ByteLevel / RoBERTa ones trim whitespace off the offsets (a token " Hi" would
-            # seem to start at "H"), which would move the first character of a token.
+            # ByteLevel / RoBERTa ones trim whitespace off the offsets (a token "\n " would
+            # hold only the newline, and a span starting at the space no token at all).
             from tokenizers import Tokenizer
 
             tok = Tokenizer.from_str(tok.to_str())
@@ -183,48 +187,50 @@ class ChatKind:
         return {"input_ids": ids, "loss_mask": mask}, offsets, lens
 
 
-def _first_from(enc: Any, c: int, size: int, chars: int) -> int | None:
-    """Index of the first token whose first character is at or after ``c``; None when the
-    tokenizer left character ``c`` out of every token (a normalizer removed it)."""
-    if c >= chars:
-        return size
-    t = enc.char_to_token(c)
-    if t is None:
-        return None
-    # the first token holding c may start before it (a token across the boundary)
-    while t < size and enc.token_to_chars(t)[0] < c:
-        t += 1
-    return int(t)
-
-
 def _trained(enc: Any, spans: tuple[tuple[int, int], ...], chars: int) -> np.ndarray:
-    """The mask of one document: 1 on tokens whose first character lies in a span."""
+    """The mask of one document: for each span, 1 from the token holding its first character
+    through the token holding its last (``char_to_token``: the first token holding a
+    character), as ``transformers``' ``return_assistant_tokens_mask`` marks them. A token
+    that straddles a span's start (``"\\n "`` across a header's newline and the content's
+    first space) is trained; one that straddles its end is trained too."""
     size = len(enc)
     mask = np.zeros(size, dtype=np.uint8)
     for start, stop in spans:
-        a = _first_from(enc, start, size, chars)
-        b = _first_from(enc, stop, size, chars)
-        if a is None or b is None:  # the general way: every token's first character
-            starts = np.fromiter((o[0] for o in enc.offsets), dtype=np.int64, count=size)
-            return _in_spans(starts, spans)
-        mask[a:b] = 1
+        first = enc.char_to_token(start) if start < chars else None
+        last = enc.char_to_token(stop - 1) if stop - 1 < chars else None
+        if first is None or last is None:  # a normalizer removed a boundary character
+            return _overlapping(enc, spans)
+        mask[first:last + 1] = 1
+    return mask
+
+
+def _overlapping(enc: Any, spans: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """The mask when a span's first or last character is in no token: for each span, 1 from
+    the first to the last token that holds one of its characters (the rule of
+    :func:`_trained` for the characters that are in tokens)."""
+    size = len(enc)
+    mask = np.zeros(size, dtype=np.uint8)
+    if not size:
+        return mask
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(size, 2)
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    for start, stop in spans:
+        held = np.flatnonzero((starts < stop) & (ends > start))
+        if held.size:
+            mask[held[0]:held[-1] + 1] = 1
     return mask
 
 
 def _merged(spans: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """Spans sorted and overlapping ones joined (successive turns of an odd template may
-    touch or overlap; the mask is their union)."""
+    overlap; the mask is their union). Spans that only touch stay two, as two
+    ``{% generation %}`` blocks do in transformers: the end of the first is mapped to
+    tokens on its own (it may end inside a character split into byte tokens)."""
     out: list[tuple[int, int]] = []
     for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
+        if out and s < out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], e))
         else:
             out.append((s, e))
     return tuple(out)
 
-
-def _in_spans(starts: np.ndarray, spans: tuple[tuple[int, int], ...]) -> np.ndarray:
-    """1 where ``starts[t]`` lies in one of the half-open ``spans`` (sorted, disjoint)."""
-    bounds = np.fromiter(chain.from_iterable(spans), dtype=np.int64, count=2 * len(spans))
-    # an odd count of bounds at or before a start: inside [s, e) of some span
-    return (np.searchsorted(bounds, starts, side="right") & 1).astype(np.uint8)

@@ -12,9 +12,13 @@ block tag (rendered as its body). The context is the same too: ``messages``, ``t
 config (``bos_token``, ``eos_token``, ...); messages are copied as plain data with null-valued
 keys dropped and the reasoning fields aliased, as ``apply_chat_template`` does.
 
-Two deliberate differences keep a stream reproducible: ``strftime_now`` formats a fixed date
-(``chat.template_date``) instead of today's, and templates that use Jinja's ``random`` filter
-or ``lipsum`` are refused. A template is compiled once; rendering is thread-safe.
+Deliberate differences keep a stream reproducible and a lane alive: ``strftime_now`` formats
+a fixed date (``chat.template_date``) instead of today's, and the sandbox is
+:class:`~datalane.engine.documents.template_sandbox.BoundedSandbox`: templates that use
+Jinja's ``random`` filter or ``lipsum`` are refused, only values with a fixed text are
+printed, and each render is bounded in steps, time, size and depth (a render past a bound
+raises, and the conversation is a bad record). A template is compiled once; rendering is
+thread-safe.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ import jinja2.sandbox
 import jinja2.utils
 import numpy as np
 
+from datalane.engine.documents.template_sandbox import (
+    BoundedSandbox,
+    compile_template,
+    render,
+)
 from datalane.engine.files import read_bytes
 from datalane.spec.chat import ChatSpec
 from datalane.spec.errors import ConfigError
@@ -179,7 +188,7 @@ def find_template(spec: ChatSpec, tokenizer: TokenizerSpec, where: str) -> Templ
                           tokens)
 
 
-# -- the Jinja environment transformers uses -----------------------------------------------
+# -- the Jinja environment transformers uses, bounded ------------------------------------------
 
 class _Generation(jinja2.ext.Extension):
     """``{% generation %}...{% endgeneration %}``: transformers marks assistant text with it
@@ -240,10 +249,9 @@ class _TemplateNamespace(jinja2.utils.Namespace):
                 f"but got {name!r}. Please rename the attribute.")
 
 
-def _environment(today: datetime) -> jinja2.sandbox.ImmutableSandboxedEnvironment:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True,
-        extensions=[_Generation, jinja2.ext.loopcontrols])
+def _environment(today: datetime) -> BoundedSandbox:
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
+                         extensions=[_Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
 
@@ -253,19 +261,8 @@ def _environment(today: datetime) -> jinja2.sandbox.ImmutableSandboxedEnvironmen
     env.globals["strftime_now"] = strftime_now
     env.globals["dict"] = _TemplateDict()
     env.globals["namespace"] = _TemplateNamespace
+    env.bound_functions()
     return env
-
-
-def _refuse_randomness(env: jinja2.Environment, text: str, origin: str) -> None:
-    ast = env.parse(text)
-    for node in ast.find_all(jinja2.nodes.Filter):
-        if node.name == "random":
-            raise ConfigError(f"{origin} uses the 'random' filter (line {node.lineno}); a "
-                              f"datalane stream must be the same on every run")
-    for name in ast.find_all(jinja2.nodes.Name):
-        if name.name == "lipsum":
-            raise ConfigError(f"{origin} uses lipsum() (line {name.lineno}), which is random; "
-                              f"a datalane stream must be the same on every run")
 
 
 # -- messages as transformers hands them to the template -------------------------------------
@@ -308,13 +305,7 @@ class ChatTemplate:
     """A compiled chat template with its context; ``render`` is thread-safe."""
 
     def __init__(self, source: TemplateSource, today: datetime) -> None:
-        env = _environment(today)
-        try:
-            _refuse_randomness(env, source.text, source.origin)
-            self._template = env.from_string(source.text)
-        except jinja2.TemplateSyntaxError as e:
-            raise ConfigError(f"{source.origin} is not a valid Jinja template: {e.message} "
-                              f"(line {e.lineno})") from e
+        self._template = compile_template(_environment(today), source.text, source.origin)
         self.source = source
         self.sha256 = hashlib.sha256(source.text.encode("utf-8")).hexdigest()
         # Template.render copies the globals (a ChainMap) into every new context; building the
@@ -326,9 +317,11 @@ class ChatTemplate:
         """The template's text for ``messages`` (already :func:`plain_message` copies).
 
         Raises what the template raises: ``jinja2.TemplateError`` for ``raise_exception``,
-        undefined values and sandbox violations, or any error of the template's own code.
+        undefined values, sandbox violations and the bounds of
+        :mod:`~datalane.engine.documents.template_sandbox`, or any error of the template's
+        own code.
         """
         t = self._template
         ctx = t.new_context({**self._base, "messages": messages,
                              "add_generation_prompt": add_generation_prompt}, shared=True)
-        return "".join(t.root_render_func(ctx))
+        return render(t, ctx)
