@@ -30,8 +30,8 @@ lint: $(STAMP)
 # The fast tier for the edit loop: lint, types, import contracts, then the unit, wire and golden
 # tests (no sidecar processes, no control plane).
 check: lint
-	$(BIN)/python -m pytest -q tests/unit tests/stages tests/wire tests/test_golden.py \
-	    tests/test_bad_inputs.py tests/test_bad_records.py \
+	$(BIN)/python -m pytest -q tests/unit tests/stages tests/wire tests/hostile tests/formats \
+	    tests/test_golden.py tests/test_bad_inputs.py tests/test_bad_records.py \
 	    tests/test_engine_edges.py tests/operator/test_admission.py tests/operator/test_workload.py \
 	    tests/operator/test_inject.py tests/operator/test_reconcile.py tests/operator/test_policy.py
 
