@@ -128,9 +128,12 @@ class Loader:
         return Checkpoint(self._step, self.plan.fingerprint, self.plan.fingerprint_doc, lanes,
                           self.recipe.lanes).to_json()
 
-    def load_state_dict(self, state: dict[str, Any] | Checkpoint) -> None:
-        """Resume from a checkpoint holding (at least) this rank's lanes."""
-        ckpt = state if isinstance(state, Checkpoint) else Checkpoint.from_json(state)
+    def load_state_dict(self, state: dict[str, Any] | Checkpoint, *,
+                        allow_unsealed: bool = False) -> None:
+        """Resume from a checkpoint holding (at least) this rank's lanes; a JSON state without
+        its ``sha256`` (datalane 0.1's) only with ``allow_unsealed``."""
+        ckpt = state if isinstance(state, Checkpoint) else Checkpoint.from_json(
+            state, allow_unsealed=allow_unsealed)
         check_fingerprint(ckpt.fingerprint, ckpt.fingerprint_doc, self.plan.fingerprint,
                           self.plan.fingerprint_doc, "the checkpoint", step=ckpt.step)
         if ckpt.lanes_total != self.recipe.lanes:
