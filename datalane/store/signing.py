@@ -39,6 +39,7 @@ __all__ = [
     "MIN_KEY_BYTES",
     "SIGNATURE_FORMAT",
     "check_key",
+    "check_key_file_mode",
     "key_id",
     "ledger_key_from_env",
     "read_ledger_key",
@@ -62,10 +63,33 @@ def check_key(key: bytes, where: str) -> bytes:
     return key
 
 
+def check_key_file_mode(path: str, mode: int, owner: int, me: int) -> None:
+    """Refuse a key file others may read, as ssh refuses a private key: any permission for
+    others, group write or execute, and group read of a file the process itself owns.
+
+    Group read is allowed on a file another user owns: that is how Kubernetes mounts a Secret
+    for a non-root container (owned by root, group the pod's ``fsGroup``, mode 0440 - the
+    kubelet adds group read to any ``defaultMode`` when ``fsGroup`` is set)."""
+    loose = mode & 0o037 or (mode & 0o040 and owner == me)
+    if not loose:
+        return
+    who = "others" if mode & 0o007 else "its group"
+    raise ConfigError(
+        f"the ledger key file {path} has mode {mode & 0o777:04o}: {who} may read or change "
+        f"it, and whoever reads the key can sign anything; make it readable by its owner "
+        f"only: chmod 600 {path} (a Kubernetes Secret: defaultMode 0400, or 0440 with the "
+        f"pod's fsGroup)")
+
+
 def read_ledger_key(path: str) -> bytes:
-    """The ledger key in the file ``path`` (trailing newlines stripped)."""
+    """The ledger key in the file ``path`` (trailing newlines stripped); ConfigError naming
+    the path when it cannot be read or its mode lets others read it
+    (:func:`check_key_file_mode`)."""
     try:
         with open(path, "rb") as f:
+            info = os.fstat(f.fileno())
+            if os.name == "posix":
+                check_key_file_mode(path, info.st_mode, info.st_uid, os.geteuid())
             key = f.read().rstrip(b"\r\n")
     except OSError as e:
         raise ConfigError(f"cannot read the ledger key file {path}: {e.strerror or e}") from e

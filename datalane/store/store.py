@@ -243,12 +243,16 @@ class CheckpointStore:
         """The lane states of committed ``step``, every object verified by its SHA-256.
 
         ``lanes`` restricts the restore to some lanes (a pod's share after a re-deal): only
-        the objects holding them are read. With ``fingerprint``, a checkpoint of another
-        recipe is refused with a MismatchError naming the fields that differ; a recipe that
-        only appended (or changed) phases starting at or after ``step`` is the same run.
+        the objects holding them are read. A store with a ledger key restores only a manifest
+        its signature vouches for (StorageError naming ``MANIFEST.sig`` otherwise). With
+        ``fingerprint``, a checkpoint of another recipe is refused with a MismatchError naming
+        the fields that differ; a recipe that only appended (or changed) phases starting at or
+        after ``step`` is the same run.
         """
         check_step(step)
         data = self._read_manifest(step)
+        if self._key is not None:  # a store that signs restores only what it signed
+            self._check_signature(step, data)
         wanted = None if lanes is None else sorted(set(lanes))
         manifest, reads = self._verify(step, data, wanted)
         if fingerprint is not None:
@@ -266,6 +270,18 @@ class CheckpointStore:
             return Checkpoint(step, manifest.fingerprint, manifest.fingerprint_doc, {},
                               manifest.lanes_total)
         return merge_checkpoints(parts)
+
+    def _check_signature(self, step: int, data: bytes) -> None:
+        """StorageError naming the signature object when it does not vouch for the manifest
+        bytes ``data`` of ``step`` under this store's ledger key."""
+        assert self._key is not None
+        spath = signature_path(self._base, step)
+        problem = signature_problem(self._key, step, data, self._io.read_optional(spath),
+                                    self._io.uri(spath))
+        if problem is not None:
+            raise StorageError(f"checkpoint step {step} in {self.uri} will not be restored "
+                               f"with ledger key {key_id(self._key)}: {problem}",
+                               transient=False)
 
     def _read_manifest(self, step: int) -> bytes:
         data = self._io.read_optional(manifest_path(self._base, step))

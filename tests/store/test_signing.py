@@ -100,6 +100,7 @@ def test_the_key_comes_from_a_file_or_the_environment(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     secret = tmp_path / "ledger-key"
     secret.write_bytes(KEY + b"\n")  # as `echo` writes it; the newline is not part of the key
+    secret.chmod(0o600)  # readable by its owner only (a looser key file is refused)
     assert read_ledger_key(str(secret)) == KEY
     monkeypatch.setenv("DATALANE_LEDGER_KEY_FILE", str(secret))
     store = CheckpointStore(str(tmp_path / "s"))  # a sidecar picks the mounted Secret up
@@ -127,6 +128,7 @@ def _audit_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_audit_with_a_key_file(local: Backend, tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_bytes(KEY)
+    key_file.chmod(0o600)
     store = local.store(ledger_key=KEY)
     commit_steps(store, [10, 20])
     proc = _audit_cli(store.uri, "--key", str(key_file))
