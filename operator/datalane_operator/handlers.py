@@ -391,7 +391,8 @@ async def inject_sidecar(body: kopf.Body, patch: kopf.Patch, warnings: list[str]
         return
     try:  # a predicate stored while the webhook was off never reaches a sidecar
         RUNTIME.config.policy.check_predicates(pipeline.recipe)
-        wanted = mutate_pod(dict(body), pipeline, RUNTIME.config.sidecar_image)
+        wanted = mutate_pod(dict(body), pipeline, RUNTIME.config.sidecar_image,
+                            RUNTIME.config.policy.predicate_modules)
     except ConfigError as e:
         raise kopf.AdmissionError(str(e), code=422) from None
     patch.fns.append(_become(wanted))
