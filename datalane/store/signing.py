@@ -29,6 +29,7 @@ import hmac
 import json
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from datalane.spec.errors import ConfigError
 from datalane.store.podstate import canonical_json
@@ -40,9 +41,11 @@ __all__ = [
     "SIGNATURE_FORMAT",
     "check_key",
     "check_key_file_mode",
+    "document_signature_problem",
     "key_id",
     "ledger_key_from_env",
     "read_ledger_key",
+    "sign_document",
     "sign_manifest",
     "signature_problem",
 ]
@@ -146,4 +149,36 @@ def signature_problem(key: bytes, step: int, manifest: bytes, signature: bytes |
                     f"{doc.get('key_id')!r}, the audit's key is {key_id(key)}), or forged")
         return (f"the signature {uri} does not match the manifest's bytes: the manifest was "
                 f"forged or altered after it was signed")
+    return None
+
+
+def _document_mac(key: bytes, domain: str, doc: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in doc.items() if k != "signature"}
+    return hmac.new(key, domain.encode() + b"\0" + canonical_json(body),
+                    hashlib.sha256).hexdigest()
+
+
+def sign_document(key: bytes | None, domain: str, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``doc`` with ``"signature": {"key_id", "hmac_sha256"}`` over its other keys' canonical
+    JSON (``domain``, the document's format, keeps a signature from serving another kind of
+    document); ``doc`` unchanged without a key. For the store's own records (HEAD.json, gc
+    records), which are small JSON documents rather than bytes signed beside them."""
+    out = {k: v for k, v in doc.items() if k != "signature"}
+    if key is not None:
+        out["signature"] = {"key_id": key_id(key), "hmac_sha256": _document_mac(key, domain, out)}
+    return out
+
+
+def document_signature_problem(key: bytes, domain: str, doc: Mapping[str, Any],
+                               uri: str) -> str | None:
+    """Why ``doc``'s signature does not vouch for it under ``key`` (None when it does)."""
+    sig = doc.get("signature")
+    if sig is None:
+        return f"{uri} is not signed (written without a ledger key)"
+    mac = sig.get("hmac_sha256") if isinstance(sig, dict) else None
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, _document_mac(key, domain, doc)):
+        if isinstance(sig, dict) and sig.get("key_id") != key_id(key):
+            return (f"{uri} was signed with another key (key id {sig.get('key_id')!r}, the "
+                    f"audit's key is {key_id(key)}), or forged")
+        return f"{uri} does not match its signature: it was forged or altered after it was signed"
     return None

@@ -66,6 +66,7 @@ from datalane_operator.storage import (
     DEFAULT_PROTOCOLS,
     Listing,
     StoreView,
+    ledger_key_of,
     operator_store_options,
 )
 from datalane_operator.workload import topology_of
@@ -505,7 +506,7 @@ async def look_at_store(rt: Runtime, pipeline: Pipeline) -> Listing:
         return Listing(ckpt.uri, error=str(e), denied=True)
 
     def look() -> Listing:
-        return StoreView(ckpt.uri, options).look(ckpt.keep)
+        return StoreView(ckpt.uri, options, ledger_key=ledger_key_of(secret)).look(ckpt.keep)
 
     try:
         return await asyncio.wait_for(asyncio.to_thread(look), rt.config.storage_timeout)

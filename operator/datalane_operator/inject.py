@@ -49,6 +49,7 @@ from typing import Any
 
 from datalane.spec.codepolicy import PREDICATE_MODULES_ENV
 from datalane.spec.errors import ConfigError
+from datalane.store.signing import LEDGER_KEY_ENV
 from datalane_operator.names import (
     ANN_INJECTED,
     DATA_CREDENTIALS_MOUNT,
@@ -190,6 +191,9 @@ def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None,
             env.append({"name": var, "valueFrom": {"secretKeyRef": {
                 "name": ckpt.secretRef.name, "key": key}}})
             options[option] = f"$({var})"  # expanded by the kubelet, never in the spec
+        # the run's ledger key, when the checkpoint Secret holds one (envFrom is the data's)
+        env.append({"name": LEDGER_KEY_ENV, "valueFrom": {"secretKeyRef": {
+            "name": ckpt.secretRef.name, "key": LEDGER_KEY_ENV, "optional": True}}})
     if data.endpoint is not None and scheme_of(ckpt.uri) == "s3" and ckpt.endpoint is None:
         # AWS_ENDPOINT_URL_S3 is the data's store: the checkpoints' (AWS S3) must ignore it
         options["config_kwargs"] = {"ignore_configured_endpoint_urls": True}
