@@ -130,6 +130,17 @@ class StoreView:
         self._store = CheckpointStore(uri, dict(options or {}) or None, retries=retries,
                                       backoff=0.2, ledger_key=ledger_key)
 
+    def newest(self) -> tuple[int | None, str]:
+        """(the newest committed step or None, "") or (None, why the store cannot be read):
+        a read-only look, for the admission of a recipe edit."""
+        from datalane.spec.errors import DatalaneError
+
+        try:
+            committed = self._store.committed_steps()
+        except (DatalaneError, OSError) as e:
+            return None, f"{type(e).__name__}: {e}"
+        return (committed[-1] if committed else None), ""
+
     def look(self, keep: int, collect: bool = True) -> Listing:
         """List committed steps; with ``collect``, delete those beyond the newest ``keep``.
 
