@@ -116,7 +116,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.state_out is not None:
         _check_state_out(args.state_out)
     recipe = load_recipe(args.recipe)
-    start = Checkpoint.load(args.resume) if args.resume else None
+    start = (Checkpoint.load(args.resume, allow_unsealed=args.allow_unsealed_state)
+             if args.resume else None)
     save_at = frozenset([args.save_state_at]) if args.save_state_at is not None else frozenset()
     first = start.step if start else 0
     if args.save_state_at is not None and not (
@@ -193,7 +194,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from datalane.inspect_state import describe
 
-    print(describe(Checkpoint.load(args.state), raw=args.json))
+    print(describe(Checkpoint.load(args.state, allow_unsealed=args.allow_unsealed_state),
+                   raw=args.json))
     return 0
 
 
@@ -220,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="save the resume point at the boundary before step S")
     run.add_argument("--state-out", default=None, metavar="FILE")
     run.add_argument("--resume", default=None, metavar="FILE", help="resume from a state file")
+    unsealed = ("accept a state file without its sha256 (written by datalane 0.1), checked "
+                "field by field only: damage to it may go unnoticed")
+    run.add_argument("--allow-unsealed-state", action="store_true", help=unsealed)
     knobs(run)
     run.set_defaults(fn=_cmd_run)
 
@@ -266,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="print a state file in human form")
     ins.add_argument("state")
     ins.add_argument("--json", action="store_true", help="also print each lane state's JSON")
+    ins.add_argument("--allow-unsealed-state", action="store_true", help=unsealed)
     ins.set_defaults(fn=_cmd_inspect)
 
     rank = sub.add_parser("_rank", help=argparse.SUPPRESS)  # one rank process of the demo

@@ -398,10 +398,11 @@ def _state_after(r: Recipe, steps: int, rank: int = 0, world: int = 1) -> dict[s
     return plain
 
 
-def _restore_error(r: Recipe, state: dict[str, Any], rank: int = 0, world: int = 1) -> str:
+def _restore_error(r: Recipe, state: dict[str, Any], rank: int = 0, world: int = 1, *,
+                   unsealed: bool = False) -> str:
     with Loader(r, rank, world, Knobs(workers=1)) as loader, \
             pytest.raises(MismatchError) as info:
-        loader.load_state_dict(state)
+        loader.load_state_dict(state, allow_unsealed=unsealed)
         loader.next_step()  # the lanes open, and check their states, at the first step
     return str(info.value)
 
@@ -495,14 +496,14 @@ def test_restore_rejects_a_tampered_or_foreign_state(make_recipe: Callable[..., 
     assert _restore_error(r, state).startswith(
         "checkpoint fails its integrity check: it carries sha256 ")
     del state["sha256"]  # a state without a seal (an older datalane's) is checked field by field
-    assert _restore_error(r, state) == (
+    assert _restore_error(r, state, unsealed=True) == (
         "lane 3 of the checkpoint is 5 sequences in, but step 1 is 2")
     assert _restore_error(r, {"format": "zephon/v2", "step": 1}) == (
         "checkpoint is not a datalane checkpoint (format 'zephon/v2', expected "
         "'datalane.checkpoint/v1')")
     broken = _unsealed(_state_after(r, 1))
     del broken["lanes"]["0"]["src"]
-    assert _restore_error(r, broken) == "checkpoint lane 0 lacks the key 'src'"
+    assert _restore_error(r, broken, unsealed=True) == "checkpoint lane 0 lacks the key 'src'"
 
 
 # -- the CLI --------------------------------------------------------------------------------------
@@ -612,7 +613,7 @@ def test_a_key_given_twice_in_a_recipe_file_is_an_error(tmp_path) -> None:
 # -- persisted states: sealed, range-checked, bounded (issue 9, defects 6 and 9) ------------------
 
 
-def test_a_state_carries_a_sha256_of_its_content_and_unsealed_ones_still_load(
+def test_a_state_carries_a_sha256_of_its_content_and_unsealed_ones_load_only_when_allowed(
         make_recipe: Callable[..., Recipe]) -> None:
     r = make_recipe()
     state = _state_after(r, 3)
@@ -621,7 +622,9 @@ def test_a_state_carries_a_sha256_of_its_content_and_unsealed_ones_still_load(
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     assert state["sha256"] == hashlib.sha256(canonical.encode()).hexdigest()
     unsealed = {k: v for k, v in state.items() if k != "sha256"}  # as datalane 0.1 wrote it
-    assert Checkpoint.from_json(unsealed).to_json() == state
+    with pytest.raises(MismatchError, match=r"^checkpoint carries no sha256 of its content"):
+        Checkpoint.from_json(unsealed)  # issue 23: refused unless allowed explicitly
+    assert Checkpoint.from_json(unsealed, allow_unsealed=True).to_json() == state
 
 
 def test_every_single_bit_flip_of_a_state_file_is_refused(
@@ -698,7 +701,7 @@ def test_a_damaged_unsealed_state_is_refused_naming_the_value(saved_state: dict[
     bad = _unsealed(saved_state)
     change(bad)
     with pytest.raises(MismatchError) as info:
-        Checkpoint.from_json(bad)
+        Checkpoint.from_json(bad, allow_unsealed=True)
     assert str(info.value).startswith(message)
 
 
@@ -707,14 +710,14 @@ def test_a_carry_over_no_lane_could_hold_is_refused(make_recipe: Callable[..., R
     """Issue 9, defect 9: 20,000 carried pieces were each re-read, for over a minute."""
     bad = _unsealed(saved_state)
     bad["lanes"]["1"]["pack"] = {"wrap": {"held": [[0, [0, 0], 0, 1]] * 20_000}}
-    assert _restore_error(make_recipe(), bad) == (
+    assert _restore_error(make_recipe(), bad, unsealed=True) == (
         "lane 1 state: open sequence 0 of the packer's carry-over holds 20000 pieces of 20000 "
         "tokens, more than a sequence of 129 tokens can hold; the state is damaged")
     r = make_recipe(packing={"algorithm": "bestfit", "bestfit_bins": 2})
     state = _unsealed(_state_after(r, 3))
     state["lanes"]["1"]["pack"] = {"bestfit": {"bins": [[[0, [0, 0], 0, 1]]] * 3,
                                                "pending": None}}
-    assert _restore_error(r, state) == (
+    assert _restore_error(r, state, unsealed=True) == (
         "lane 1 state: the packer's carry-over has 3 open sequences; the recipe's packing "
         "keeps at most 2")
 

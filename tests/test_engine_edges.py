@@ -402,7 +402,7 @@ def test_tampered_lane_state_is_refused_naming_the_value(saved, case) -> None:
     change(bad)
     with Loader(recipe, 0, 1, Knobs(workers=1), plan=plan) as ld, \
             pytest.raises(MismatchError) as info:
-        ld.load_state_dict(bad)
+        ld.load_state_dict(bad, allow_unsealed=True)
         ld.next_step()  # the lanes open (and check their states) on the first step
     assert message in str(info.value)
 

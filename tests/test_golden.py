@@ -61,7 +61,7 @@ def test_golden_checkpoint_still_restores(corpus, name, packing) -> None:
     with open(os.path.join(HERE, "hashes.json")) as f:
         golden = json.load(f)[packing]
     recipe = _recipe(corpus, packing)
-    ckpt = Checkpoint.from_json(saved)
+    ckpt = Checkpoint.from_json(saved, allow_unsealed=True)  # 0.1 wrote no sha256
     # the file identities differ on this machine; the lane states are what is checked here
     from datalane.engine.plan import Plan
 

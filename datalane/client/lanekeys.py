@@ -26,7 +26,7 @@ from typing import Any
 from datalane.client.position import CLIENT_STATE_FORMAT
 from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.integrity import SEAL_KEY, check_seal, parse_json, seal
-from datalane.spec.state import CHECKPOINT_FORMAT
+from datalane.spec.state import CHECKPOINT_FORMAT, checkpoint_sha256
 
 __all__ = ["LANE_ENTRY_FORMAT", "RECIPE_ENTRY_FORMAT", "RECIPE_KEY", "join", "lane_key", "split"]
 
@@ -124,6 +124,7 @@ def join(entries: Mapping[str, Any], lanes: range, lanes_total: int) -> dict[str
         state = {"format": CHECKPOINT_FORMAT, "step": step,
                  "fingerprint": recipe["fingerprint"], "lanes_total": lanes_total,
                  "lanes": lane_states, "fingerprint_doc": recipe["fingerprint_doc"]}
+        state["sha256"] = checkpoint_sha256(state)  # its parts were each verified above
     return {"format": CLIENT_STATE_FORMAT, "step": step, "consumed": consumed,
             "fingerprint": recipe["fingerprint"], "state": state, "world_size": world_size,
             "microbatch_size": microbatch_size}

@@ -14,6 +14,7 @@ import numpy as np
 
 from datalane.engine.docstream import DocStream
 from datalane.engine.documents.base import Doc
+from datalane.engine.lanecheck import FRESH, check_lane_state
 from datalane.engine.mapstage import MapStage
 from datalane.engine.mixture import Mixture
 from datalane.engine.packers import PACKERS, PackContext, Packer
@@ -24,7 +25,7 @@ from datalane.spec.hashing import window_digest
 from datalane.spec.knobs import Knobs
 from datalane.spec.phases import Schedule
 from datalane.spec.schema import SampleSchema, TextColumns
-from datalane.spec.state import Counters, LaneState, PackerState, SourceCursor
+from datalane.spec.state import Counters, LaneState, PackerState
 
 __all__ = ["LaneStream", "Window"]
 
@@ -60,7 +61,7 @@ class LaneStream:
         self.lane = lane
         schedule = Schedule.of(recipe)
         if state is not None:
-            self._check(state, schedule)
+            check_lane_state(plan, lane, state, schedule)
             state = _with_added_sources(state, len(recipe.sources))
         self.counters = Counters()
         if state is not None:
@@ -90,38 +91,6 @@ class LaneStream:
         self._fill = fill if all(c.per_token for c in plan.schema) else None
         self.sequences = state.sequences if state is not None else 0
         self.ended = state.ended if state is not None else False
-
-    def _check(self, state: LaneState, schedule: Schedule) -> None:
-        recipe = self.plan.recipe
-        if state.lane != self.lane:
-            raise MismatchError(f"the state of lane {state.lane} cannot restore lane {self.lane}")
-        step = state.sequences // recipe.lane_batch
-        used = schedule.used_before(step)
-        for what, n in (("source cursors", len(state.sources)),
-                        ("mixture counters", len(state.mixture))):
-            # sources added after the others, unused so far, start fresh (an appended phase)
-            if n != len(recipe.sources) and not (n < len(recipe.sources) and
-                                                 not any(used[n:])):
-                raise MismatchError(f"lane {self.lane} state has {n} {what}; the recipe has "
-                                    f"{len(recipe.sources)} sources")
-        if len(state.sources) != len(state.mixture):
-            raise MismatchError(f"lane {self.lane} state has {len(state.sources)} source "
-                                f"cursors but {len(state.mixture)} mixture counters")
-        for i, (c, consumed) in enumerate(zip(state.sources, state.mixture, strict=True)):
-            if not used[i] and (c != _FRESH or consumed):
-                raise MismatchError(
-                    f"lane {self.lane} state: source {i} {recipe.sources[i].name!r} has weight "
-                    f"0 before step {step}, but the state has read from it (cursor "
-                    f"{c.encode()}, {consumed} tokens)")
-        for i, c in enumerate(state.sources):
-            chunks = self.plan.sources[i].lane_chunks(self.lane, c.epoch) if c.epoch >= 0 else []
-            if min(c.epoch, c.block, c.chunk, c.offset, c.pos + 1) < 0 or (
-                    c.chunk and c.chunk >= len(chunks)) or c.offset >= recipe.shuffle.block_size:
-                raise MismatchError(f"lane {self.lane} state: cursor {c.encode()} of source "
-                                    f"{i} points outside the source")
-        if state.sequences % recipe.lane_batch:
-            raise MismatchError(f"lane {self.lane} state is {state.sequences} sequences in, not "
-                                f"on a step boundary of {recipe.lane_batch} sequences")
 
     def _ran_out(self, source: int) -> bool:
         """Whether the source's resume point is past its last epoch (the same in a run and in
@@ -195,15 +164,12 @@ class LaneStream:
             s.close()
 
 
-_FRESH = SourceCursor(0, 0, 0, -1, 0)
-
-
 def _with_added_sources(state: LaneState, sources: int) -> LaneState:
     """``state`` with fresh cursors (0 consumed) for the sources the recipe added after the
-    others (``_check`` made sure they are unused so far)."""
+    others (:func:`check_lane_state` made sure they are unused so far)."""
     more = sources - len(state.sources)
     if not more:
         return state
     base = state.mixture_base.extended(sources) if state.mixture_base is not None else None
-    return dataclasses.replace(state, sources=(*state.sources, *(_FRESH,) * more),
+    return dataclasses.replace(state, sources=(*state.sources, *(FRESH,) * more),
                                mixture=(*state.mixture, *(0,) * more), mixture_base=base)

@@ -11,7 +11,7 @@ checkpoints of a step restores any world size (:func:`datalane.spec.state.merge_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +21,7 @@ import numpy as np
 from datalane.engine.lane import LaneStream
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
+from datalane.spec.codepolicy import CodePolicy
 from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.hashing import global_hash, window_digest
@@ -90,7 +91,11 @@ class Loader:
 
     def __init__(self, recipe: Recipe, rank: int = 0, world_size: int = 1,
                  knobs: Knobs | None = None, *, plan: Plan | None = None,
-                 pool: TaskPool | None = None) -> None:
+                 pool: TaskPool | None = None,
+                 predicate_modules: Sequence[str] | None = None) -> None:
+        """``predicate_modules``: the modules the recipe's filter predicates may come from
+        (module prefixes; None: ``$DATALANE_PREDICATE_MODULES`` if set, else any module but
+        Python's standard library; :mod:`datalane.spec.codepolicy`)."""
         self.recipe = recipe
         self.rank = rank
         self.world_size = world_size
@@ -99,7 +104,7 @@ class Loader:
         self.plan = plan if plan is not None else Plan.build(recipe)
         self._own_pool = pool is None
         self._pool = pool or TaskPool(self.knobs.workers)
-        self._stages = self.plan.map_stages()
+        self._stages = self.plan.map_stages(CodePolicy.of(predicate_modules))
         self._streams: list[LaneStream] | None = None
         self._restore: Checkpoint | None = None
         self._step = 0
@@ -128,9 +133,12 @@ class Loader:
         return Checkpoint(self._step, self.plan.fingerprint, self.plan.fingerprint_doc, lanes,
                           self.recipe.lanes).to_json()
 
-    def load_state_dict(self, state: dict[str, Any] | Checkpoint) -> None:
-        """Resume from a checkpoint holding (at least) this rank's lanes."""
-        ckpt = state if isinstance(state, Checkpoint) else Checkpoint.from_json(state)
+    def load_state_dict(self, state: dict[str, Any] | Checkpoint, *,
+                        allow_unsealed: bool = False) -> None:
+        """Resume from a checkpoint holding (at least) this rank's lanes; a JSON state without
+        its ``sha256`` (datalane 0.1's) only with ``allow_unsealed``."""
+        ckpt = state if isinstance(state, Checkpoint) else Checkpoint.from_json(
+            state, allow_unsealed=allow_unsealed)
         check_fingerprint(ckpt.fingerprint, ckpt.fingerprint_doc, self.plan.fingerprint,
                           self.plan.fingerprint_doc, "the checkpoint", step=ckpt.step)
         if ckpt.lanes_total != self.recipe.lanes:

@@ -9,7 +9,8 @@ field's value (:mod:`datalane.engine.formats`), the source's *document kind* ren
 rendered text, and the kind tokenizes the kept documents in one batch. Tasks run on any
 worker thread in any order; the results are consumed in order by
 :mod:`datalane.engine.docstream`, which is where counters are kept and where the ``fail``
-policy raises, so both are deterministic.
+policy raises, so both are deterministic. A predicate is imported only once the code policy
+(:mod:`datalane.spec.codepolicy`) allows its module.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from datalane.engine.documents.base import DocumentKind, Rendered, Tokenized
 from datalane.engine.documents.text import TextKind
 from datalane.engine.formats import FORMATS, Format
 from datalane.engine.formats.base import Decoded, TooLarge
+from datalane.spec.codepolicy import CodePolicy
 from datalane.spec.errors import ConfigError
 from datalane.spec.limits import TOO_LARGE
 from datalane.spec.recipe import Filters
@@ -74,7 +76,8 @@ class MapResult:
         return self.columns["input_ids"]
 
 
-def _load_predicate(path: str) -> Callable[[str], bool]:
+def _load_predicate(path: str, policy: CodePolicy) -> Callable[[str], bool]:
+    policy.check("filters.predicate", path)  # before anything is imported
     module, _, name = path.partition(":")
     try:
         fn = getattr(importlib.import_module(module), name)
@@ -91,12 +94,14 @@ class MapStage:
     """Decode + render + filter + tokenize for one source; thread-safe and stateless."""
 
     def __init__(self, field: str, filters: Filters, kind: DocumentKind,
-                 columns: Sequence[Column] = _TEXT_COLUMNS) -> None:
+                 columns: Sequence[Column] = _TEXT_COLUMNS,
+                 policy: CodePolicy | None = None) -> None:
         self.field = field
         self.filters = filters
         self.kind = kind
         self.columns = tuple(columns)  # the schema's document columns, input_ids first
-        self.predicate = _load_predicate(filters.predicate) if filters.predicate else None
+        self.predicate = (_load_predicate(filters.predicate, policy or CodePolicy())
+                          if filters.predicate else None)
         self.bad_reasons = kind.bad_reasons | BAD_RECORD_REASONS
         self.has_text = getattr(kind, "has_text", True)
         # a kind that can check and tokenize a whole task's values at once, falling back to

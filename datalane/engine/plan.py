@@ -20,6 +20,7 @@ from datalane.engine.formats.directories import directory_lister, listed_format
 from datalane.engine.mapstage import MapStage
 from datalane.engine.rng import permutation
 from datalane.engine.tokenize import TokenizerHandle
+from datalane.spec.codepolicy import CodePolicy
 from datalane.spec.errors import ConfigError
 from datalane.spec.evals import training_view
 from datalane.spec.fingerprint import fingerprint_of
@@ -102,10 +103,14 @@ class Plan:
         schema = text_schema(tokenizer.pad_id, tuple(extra.values()))
         return cls(recipe, sources, tokenizer, schema, doc, fingerprint_of(doc))
 
-    def map_stages(self) -> list[MapStage]:
-        """One map stage per source (stateless: a loader's lanes share them)."""
+    def map_stages(self, policy: CodePolicy | None = None) -> list[MapStage]:
+        """One map stage per source (stateless: a loader's lanes share them); every filter
+        predicate is checked against ``policy`` (default: ``$DATALANE_PREDICATE_MODULES``)
+        before any is imported."""
+        policy = policy if policy is not None else CodePolicy.from_env()
+        policy.check_recipe(self.recipe)
         columns = self.schema.document_columns()
-        return [MapStage(sp.spec.field, sp.filters, sp.kind, columns)
+        return [MapStage(sp.spec.field, sp.filters, sp.kind, columns, policy)
                 for sp in self.sources]
 
 

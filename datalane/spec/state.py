@@ -26,7 +26,7 @@ from typing import Any
 
 from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.fingerprint import fingerprint_of
-from datalane.spec.integrity import check_seal, content_sha256, parse_json, read_bytes
+from datalane.spec.integrity import SEAL_KEY, check_seal, content_sha256, parse_json, read_bytes
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -365,12 +365,14 @@ class Checkpoint:
         return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
 
     @classmethod
-    def from_json(cls, data: Any, where: str = "checkpoint") -> Checkpoint:
+    def from_json(cls, data: Any, where: str = "checkpoint", *,
+                  allow_unsealed: bool = False) -> Checkpoint:
         """Parse and verify a checkpoint's JSON; MismatchError naming ``where`` and the value.
 
-        A ``sha256`` that does not match the content is refused; a checkpoint without one (as
-        datalane before 0.2 wrote them) is accepted. The fingerprint document must hash to
-        the fingerprint, and every number must lie in its range.
+        A ``sha256`` that does not match the content is refused, and so is a checkpoint
+        without one unless ``allow_unsealed`` (datalane 0.1 wrote none: such a state is then
+        checked field by field only, so a flipped digit goes unnoticed). The fingerprint
+        document must hash to the fingerprint, and every number must lie in its range.
         """
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
             got = data.get("format") if isinstance(data, dict) else type(data).__name__
@@ -382,6 +384,12 @@ class Checkpoint:
         missing = sorted({"step", "fingerprint", "lanes_total", "lanes"} - set(data))
         if missing:
             raise MismatchError(f"{where} lacks the key {missing[0]!r}")
+        if SEAL_KEY not in data and not allow_unsealed:
+            raise MismatchError(
+                f"{where} carries no sha256 of its content, so damage to it cannot be "
+                f"detected; datalane has sealed every state it wrote since 0.2. A state of "
+                f"datalane 0.1 loads only when allowed explicitly (allow_unsealed=True, "
+                f"`datalane run --allow-unsealed-state`)")
         check_seal(data, where, _UNSEALED)
         step = _int(data["step"], f"{where}: step", lo=0, hi=MAX_STEP - 1)
         lanes_total = _int(data["lanes_total"], f"{where}: lanes_total", lo=1)
@@ -420,10 +428,11 @@ class Checkpoint:
         return cls(step, fingerprint, doc, lanes, lanes_total)
 
     @classmethod
-    def load(cls, path: str) -> Checkpoint:
-        """Read and verify a state file (``datalane run --state-out``)."""
+    def load(cls, path: str, *, allow_unsealed: bool = False) -> Checkpoint:
+        """Read and verify a state file (``datalane run --state-out``); ``allow_unsealed`` as
+        in :meth:`from_json`."""
         data = parse_json(read_bytes(path, "state file"), f"state file {path}", MismatchError)
-        return cls.from_json(data, f"state file {path}")
+        return cls.from_json(data, f"state file {path}", allow_unsealed=allow_unsealed)
 
 
 def checkpoint_sha256(data: dict[str, Any]) -> str:

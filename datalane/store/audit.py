@@ -12,6 +12,10 @@ manifests of a store in step order (as read and verified by
 * **ledger**: entries of one manifest lie in ``[previous.step, step)``; two manifests that
   list the same step agree on its hash; the union of the ledgers covers every step from the
   first entry up to the newest checkpoint, with no gap.
+* **head and tail** (:mod:`datalane.store.history`): the newest step HEAD.json names is
+  present, and the chain from the oldest step present leads back through the gc records to
+  the first checkpoint, so removed newest or oldest steps show, told apart from garbage
+  collection.
 
 * **signatures** (with a ledger key): every manifest carries a valid HMAC signature
   (:mod:`datalane.store.signing`); the store reports the ones that do not.
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from datalane.store.amendments import Amendment, PhaseStart, amendment_between
+from datalane.store.history import History, audit_history
 from datalane.store.manifest import Manifest
 
 __all__ = ["AuditEntry", "AuditReport", "ManifestRecord", "PhaseRecord", "audit_records"]
@@ -118,6 +123,8 @@ class AuditReport:
     """Every phase any checkpoint's recipe has, by start step."""
     intact_before: tuple[bool, ...] = ()
     """Per amendment: the ledger is continuous and the hash chain intact before it."""
+    history: tuple[str, ...] = ()
+    """What HEAD.json and the gc records say of the newest and the oldest steps."""
 
     @property
     def ok(self) -> bool:
@@ -134,7 +141,7 @@ class AuditReport:
                 "amendments": [{**a.to_json(), "ledger_intact_before": intact}
                                for a, intact in zip(self.amendments, self.intact_before,
                                                     strict=True)],
-                "phases": [p.to_json() for p in self.phases]}
+                "phases": [p.to_json() for p in self.phases], "history": list(self.history)}
 
     def text(self, ledger: bool = True) -> str:
         """Human report: one line per checkpoint, the ledger, and a verdict."""
@@ -152,6 +159,7 @@ class AuditReport:
             lines.append(f"  uncommitted steps (pod objects, no manifest): "
                          f"{', '.join(map(str, self.uncommitted))}")
         lines.extend(self._phase_lines())
+        lines.extend(self.history)
         if ledger:
             lines.append("ledger (global batch hash per step):")
             lines.extend(f"  {s:>8}  {h}" for s, h in self.ledger)
@@ -221,7 +229,8 @@ def _runs(steps: Sequence[int]) -> str:
 
 
 def _chain(rec: ManifestRecord, m: Manifest, by_step: dict[int, ManifestRecord],
-           earlier: list[int], oldest: int, problems: list[str], notes: list[str]) -> None:
+           earlier: list[int], oldest: int, problems: list[str], notes: list[str],
+           history: History | None) -> None:
     prev = m.previous_step
     if prev is None:
         if earlier:
@@ -230,11 +239,15 @@ def _chain(rec: ManifestRecord, m: Manifest, by_step: dict[int, ManifestRecord],
         return
     target = by_step.get(prev)
     if target is None:
-        if prev < oldest:
+        gone = history.removed.get(prev) if history is not None else None
+        if gone is not None and gone.sha256 == m.previous_sha256:
+            notes.append(f"links to step {prev}, garbage-collected ({gone.record})")
+        elif prev < oldest and history is None:
             notes.append(f"links to step {prev}, garbage-collected")
-        else:
+        elif prev >= oldest:
             problems.append(f"broken hash chain: links to step {prev}, whose manifest is "
                             f"missing from the store")
+        # else: the tail of the history, which audit_history follows through the gc records
         return
     if target.sha256 != m.previous_sha256:
         problems.append(
@@ -247,11 +260,13 @@ def _chain(rec: ManifestRecord, m: Manifest, by_step: dict[int, ManifestRecord],
 
 def audit_records(uri: str, records: Sequence[ManifestRecord],
                   uncommitted: Sequence[int] = (), *, key_id: str | None = None,
-                  missing: str | None = None) -> AuditReport:
+                  missing: str | None = None, history: History | None = None) -> AuditReport:
     """Audit manifests given in ascending step order.
 
     ``key_id`` names the ledger key the records' signatures were checked with; ``missing``
-    says why there is no store to audit at all (a store-wide problem)."""
+    says why there is no store to audit at all (a store-wide problem); ``history`` is the
+    store's HEAD.json and gc records (:mod:`datalane.store.history`), whose verdict on the
+    newest and the oldest steps joins the report (None: not checked)."""
     by_step = {r.step: r for r in records}
     oldest = records[0].step if records else 0
     union: dict[int, tuple[str, int]] = {}
@@ -270,7 +285,7 @@ def audit_records(uri: str, records: Sequence[ManifestRecord],
                                       ()))
             earlier.append(rec.step)
             continue
-        _chain(rec, m, by_step, earlier, oldest, problems, notes)
+        _chain(rec, m, by_step, earlier, oldest, problems, notes, history)
         if last is not None:
             amendment = amendment_between(last[0], last[1].fingerprint, last[1].fingerprint_doc,
                                           rec.step, m.fingerprint, m.fingerprint_doc)
@@ -305,11 +320,16 @@ def audit_records(uri: str, records: Sequence[ManifestRecord],
         if gaps:
             store_problems.append(f"ledger gap: no global batch hash for steps {_runs(gaps)}")
     ledger = tuple((s, union[s][0]) for s in sorted(union))
+    lines: tuple[str, ...] = ()
+    if history is not None:
+        verdict = audit_history({r.step: (r.sha256, r.manifest) for r in records}, history)
+        store_problems.extend(verdict.problems)
+        lines = verdict.lines
     intact = tuple(
         all(e.ok for e in entries if e.step <= a.before)
         and not any(s < a.before for s in (*gaps, *conflicts)) for a in amendments)
     return AuditReport(uri, tuple(entries), ledger, tuple(store_problems), tuple(uncommitted),
-                       key_id, tuple(amendments), _phase_records(entries), intact)
+                       key_id, tuple(amendments), _phase_records(entries), intact, lines)
 
 
 def _phase_records(entries: Sequence[AuditEntry]) -> tuple[PhaseRecord, ...]:

@@ -5,6 +5,8 @@ One base URI (any fsspec URI) holds one training run's checkpoints::
     <base>/steps/<step:012d>/pod-<pod_id>.json   lane states of one pod at one step
     <base>/steps/<step:012d>/MANIFEST.json       the commit marker of the step
     <base>/steps/<step:012d>/MANIFEST.sig        its HMAC signature (with a ledger key only)
+    <base>/HEAD.json                             the newest committed step (history.py)
+    <base>/gc/<step:012d>.json                   what a garbage collection removed
 
 Steps are zero-padded to 12 digits so that a lexicographic listing is also numeric order.
 A step is *committed* iff its ``MANIFEST.json`` exists and verifies; pod objects without a
@@ -27,6 +29,9 @@ from datalane.spec.state import check_step as spec_check_step
 __all__ = [
     "MANIFEST_NAME",
     "STEPS_DIR",
+    "gc_path",
+    "gc_root",
+    "head_path",
     "manifest_path",
     "pod_object_name",
     "pod_path",
@@ -39,6 +44,8 @@ __all__ = [
 STEPS_DIR = "steps"
 MANIFEST_NAME = "MANIFEST.json"
 SIGNATURE_NAME = "MANIFEST.sig"
+HEAD_NAME = "HEAD.json"
+GC_DIR = "gc"
 STEP_DIGITS = 12
 
 _POD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -96,6 +103,21 @@ def manifest_path(base: str, step: int) -> str:
 def signature_path(base: str, step: int) -> str:
     """Path of the HMAC signature of ``step``'s manifest (see :mod:`datalane.store.signing`)."""
     return f"{step_dir(base, step)}/{SIGNATURE_NAME}"
+
+
+def head_path(base: str) -> str:
+    """Path of ``HEAD.json``, the record of the newest committed step."""
+    return f"{base}/{HEAD_NAME}"
+
+
+def gc_root(base: str) -> str:
+    """The directory of the gc records."""
+    return f"{base}/{GC_DIR}"
+
+
+def gc_path(base: str, step: int) -> str:
+    """Path of the gc record whose newest removed step is ``step``."""
+    return f"{gc_root(base)}/{check_step(step):0{STEP_DIGITS}d}.json"
 
 
 def basename(path: str) -> str:

@@ -34,6 +34,12 @@ every lane, ``global_hash`` of those digests in lane order. A checkpoint of step
 state *before* step ``s`` is served, so consecutive manifests' ledgers tile the steps with
 no gap and no overlap; :mod:`datalane.store.audit` checks that they do.
 
+Every manifest this datalane commits also counts its place in the chain, ``"seq": 7`` (0 for
+the first; absent in manifests of older datalanes, which keep their bytes): the audit then
+knows how many checkpoints came before the oldest one kept, and the store keeps ``HEAD.json``
+and gc records, which tell a cut head or tail from a garbage collection
+(:mod:`datalane.store.history`).
+
 Pure functions, no I/O. Callers: :mod:`datalane.store.store`, :mod:`datalane.store.audit`.
 """
 
@@ -63,7 +69,8 @@ MANIFEST_FORMAT = "datalane.manifest/v1"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _KEYS = {"format", "step", "fingerprint", "fingerprint_doc", "lanes_total", "lanes", "objects",
          "ledger", "previous"}
-_OPTIONAL = {"phases"}  # only when the recipe has phases: older manifests keep their bytes
+_OPTIONAL = {"phases",  # only when the recipe has phases: older manifests keep their bytes
+             "seq"}  # in every manifest since issue 23; absent in those of older datalanes
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,11 @@ class Manifest:
     phases: tuple[PhaseStart, ...] = ()
     """Where each phase of the recipe the checkpoint was written under begins (recipe order);
     empty for a recipe without phases."""
+    seq: int | None = None
+    """Its place in the hash chain: 0 for the first manifest (or the first one written by a
+    datalane that counts), the previous one's + 1 otherwise; None in manifests of older
+    datalanes. A store whose manifests count also keeps ``HEAD.json`` and gc records
+    (:mod:`datalane.store.history`)."""
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -118,6 +130,8 @@ class Manifest:
         }
         if self.phases:
             doc["phases"] = [{"name": p.name, "start_step": p.start_step} for p in self.phases]
+        if self.seq is not None:
+            doc["seq"] = self.seq
         return doc
 
     def encode(self) -> bytes:
@@ -147,6 +161,7 @@ class Manifest:
             fingerprint = _str(doc["fingerprint"])
             phases = tuple(PhaseStart(_str(p["name"]), _int(p["start_step"]))
                            for p in doc.get("phases", ()))
+            seq = _int(doc["seq"]) if "seq" in doc else None
         except (TypeError, ValueError, KeyError) as e:
             raise corrupt(f"malformed field: {e!r}") from e
         fp_doc = doc["fingerprint_doc"]
@@ -164,8 +179,10 @@ class Manifest:
             raise corrupt("previous.step and previous.sha256 must both be set or both be null")
         if "phases" in doc and not phases:
             raise corrupt("phases must list at least one phase when present")
+        if seq is not None and seq < 0:
+            raise corrupt(f"seq must be at least 0, got {seq}")
         return cls(step, fingerprint, fp_doc, lanes_total, lanes, objects, ledger, prev_step,
-                   prev_sha, phases)
+                   prev_sha, phases, seq)
 
 
 def _int(v: Any) -> int:
@@ -255,14 +272,15 @@ def _ledger(step: int, pods: Sequence[PodRead], lanes_total: int,
     return tuple(ledger)
 
 
-def build_manifest(step: int, pods: Sequence[PodRead],
-                   previous: tuple[int, str] | None) -> Manifest | None:
+def build_manifest(step: int, pods: Sequence[PodRead], previous: tuple[int, str] | None,
+                   seq: int | None = None) -> Manifest | None:
     """The manifest of ``step`` from its pod objects, or None while a lane is missing.
 
     ``pods`` are the objects as read back from storage (their bytes are hashed as read);
     ``previous`` is ``(step, sha256 of its MANIFEST bytes)`` of the newest committed step
-    below ``step``. Raises MismatchError if the objects disagree on the recipe or lane count,
-    or hold different states of a lane.
+    below ``step``, ``seq`` the manifest's place in the chain (None: a manifest of a datalane
+    before it counted). Raises MismatchError if the objects disagree on the recipe or lane
+    count, or hold different states of a lane.
     """
     if not pods:
         return None
@@ -285,6 +303,7 @@ def build_manifest(step: int, pods: Sequence[PodRead],
         previous_step=since,
         previous_sha256=previous[1] if previous is not None else None,
         phases=recorded_phases(head.fingerprint_doc),
+        seq=seq,
     )
 
 

@@ -29,6 +29,7 @@ import hmac
 import json
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from datalane.spec.errors import ConfigError
 from datalane.store.podstate import canonical_json
@@ -39,9 +40,12 @@ __all__ = [
     "MIN_KEY_BYTES",
     "SIGNATURE_FORMAT",
     "check_key",
+    "check_key_file_mode",
+    "document_signature_problem",
     "key_id",
     "ledger_key_from_env",
     "read_ledger_key",
+    "sign_document",
     "sign_manifest",
     "signature_problem",
 ]
@@ -62,10 +66,33 @@ def check_key(key: bytes, where: str) -> bytes:
     return key
 
 
+def check_key_file_mode(path: str, mode: int, owner: int, me: int) -> None:
+    """Refuse a key file others may read, as ssh refuses a private key: any permission for
+    others, group write or execute, and group read of a file the process itself owns.
+
+    Group read is allowed on a file another user owns: that is how Kubernetes mounts a Secret
+    for a non-root container (owned by root, group the pod's ``fsGroup``, mode 0440 - the
+    kubelet adds group read to any ``defaultMode`` when ``fsGroup`` is set)."""
+    loose = mode & 0o037 or (mode & 0o040 and owner == me)
+    if not loose:
+        return
+    who = "others" if mode & 0o007 else "its group"
+    raise ConfigError(
+        f"the ledger key file {path} has mode {mode & 0o777:04o}: {who} may read or change "
+        f"it, and whoever reads the key can sign anything; make it readable by its owner "
+        f"only: chmod 600 {path} (a Kubernetes Secret: defaultMode 0400, or 0440 with the "
+        f"pod's fsGroup)")
+
+
 def read_ledger_key(path: str) -> bytes:
-    """The ledger key in the file ``path`` (trailing newlines stripped)."""
+    """The ledger key in the file ``path`` (trailing newlines stripped); ConfigError naming
+    the path when it cannot be read or its mode lets others read it
+    (:func:`check_key_file_mode`)."""
     try:
         with open(path, "rb") as f:
+            info = os.fstat(f.fileno())
+            if os.name == "posix":
+                check_key_file_mode(path, info.st_mode, info.st_uid, os.geteuid())
             key = f.read().rstrip(b"\r\n")
     except OSError as e:
         raise ConfigError(f"cannot read the ledger key file {path}: {e.strerror or e}") from e
@@ -122,4 +149,36 @@ def signature_problem(key: bytes, step: int, manifest: bytes, signature: bytes |
                     f"{doc.get('key_id')!r}, the audit's key is {key_id(key)}), or forged")
         return (f"the signature {uri} does not match the manifest's bytes: the manifest was "
                 f"forged or altered after it was signed")
+    return None
+
+
+def _document_mac(key: bytes, domain: str, doc: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in doc.items() if k != "signature"}
+    return hmac.new(key, domain.encode() + b"\0" + canonical_json(body),
+                    hashlib.sha256).hexdigest()
+
+
+def sign_document(key: bytes | None, domain: str, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``doc`` with ``"signature": {"key_id", "hmac_sha256"}`` over its other keys' canonical
+    JSON (``domain``, the document's format, keeps a signature from serving another kind of
+    document); ``doc`` unchanged without a key. For the store's own records (HEAD.json, gc
+    records), which are small JSON documents rather than bytes signed beside them."""
+    out = {k: v for k, v in doc.items() if k != "signature"}
+    if key is not None:
+        out["signature"] = {"key_id": key_id(key), "hmac_sha256": _document_mac(key, domain, out)}
+    return out
+
+
+def document_signature_problem(key: bytes, domain: str, doc: Mapping[str, Any],
+                               uri: str) -> str | None:
+    """Why ``doc``'s signature does not vouch for it under ``key`` (None when it does)."""
+    sig = doc.get("signature")
+    if sig is None:
+        return f"{uri} is not signed (written without a ledger key)"
+    mac = sig.get("hmac_sha256") if isinstance(sig, dict) else None
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, _document_mac(key, domain, doc)):
+        if isinstance(sig, dict) and sig.get("key_id") != key_id(key):
+            return (f"{uri} was signed with another key (key id {sig.get('key_id')!r}, the "
+                    f"audit's key is {key_id(key)}), or forged")
+        return f"{uri} does not match its signature: it was forged or altered after it was signed"
     return None

@@ -37,10 +37,14 @@ from datalane.spec.errors import ConfigError, MismatchError, StorageError
 from datalane.spec.state import Checkpoint, LaneState, merge_checkpoints
 from datalane.store.amendments import check_consumed_prefix, same_consumed_prefix
 from datalane.store.audit import AuditReport, ManifestRecord, audit_records
+from datalane.store.history import History, gc_record, head_record, read_gc_record, read_head
 from datalane.store.layout import (
     basename,
     check_step,
     format_steps,
+    gc_path,
+    gc_root,
+    head_path,
     is_pod_object_name,
     manifest_path,
     pod_object_name,
@@ -175,10 +179,16 @@ class CheckpointStore:
         mpath = manifest_path(self._base, step)
         existing = self._io.read_optional(mpath)
         if existing is not None and self._parsed_manifest(step, existing) is not None:
-            return self._verify(step, existing)[0]
+            verified = self._verify(step, existing)[0]
+            self._advance_head(step, existing, verified.seq)  # a commit cut before HEAD.json
+            return verified
         names = self._scan(step_dir(self._base, step)).get(step, _StepFiles()).pods
         reads = [self._read_pod(step, name) for name in names]
-        manifest = build_manifest(step, reads, self._previous(step))
+        previous = self._previous(step)
+        # the chain counts from the first manifest, or from the first one of a datalane that
+        # counts (an older datalane's manifest carries no seq)
+        seq = 0 if previous is None or previous[2] is None else previous[2] + 1
+        manifest = build_manifest(step, reads, previous[:2] if previous else None, seq)
         if manifest is None:
             missing = missing_lanes(reads)
             log.info("step %d not committed yet: %d pod objects, lanes %s missing", step,
@@ -188,9 +198,23 @@ class CheckpointStore:
         if self._key is not None:  # first: a manifest is never visible unsigned
             self._io.write(signature_path(self._base, step), sign_manifest(self._key, step, data))
         self._io.write(mpath, data)
+        self._advance_head(step, data, manifest.seq)
         log.info("committed step %d in %s (%d lanes in %d objects, %d ledger entries)", step,
                  self.uri, manifest.lanes_total, len(manifest.objects), len(manifest.ledger))
         return manifest
+
+    def _advance_head(self, step: int, data: bytes, seq: int | None) -> None:
+        """Point ``HEAD.json`` at committed ``step`` (manifest bytes ``data``) unless it names
+        a newer step already; racing committers write the same bytes."""
+        path = head_path(self._base)
+        current = self._io.read_optional(path)
+        if current is not None:
+            head, _ = read_head(current, self._io.uri(path), None)
+            if head is not None and head.step > step:
+                return
+        new = head_record(self._key, step, sha256_hex(data), seq)
+        if current != new:
+            self._io.write(path, new)
 
     def _parsed_manifest(self, step: int, data: bytes | None = None) -> Manifest | None:
         """The manifest of ``step`` if one exists and parses; None if absent or unparseable.
@@ -243,12 +267,16 @@ class CheckpointStore:
         """The lane states of committed ``step``, every object verified by its SHA-256.
 
         ``lanes`` restricts the restore to some lanes (a pod's share after a re-deal): only
-        the objects holding them are read. With ``fingerprint``, a checkpoint of another
-        recipe is refused with a MismatchError naming the fields that differ; a recipe that
-        only appended (or changed) phases starting at or after ``step`` is the same run.
+        the objects holding them are read. A store with a ledger key restores only a manifest
+        its signature vouches for (StorageError naming ``MANIFEST.sig`` otherwise). With
+        ``fingerprint``, a checkpoint of another recipe is refused with a MismatchError naming
+        the fields that differ; a recipe that only appended (or changed) phases starting at or
+        after ``step`` is the same run.
         """
         check_step(step)
         data = self._read_manifest(step)
+        if self._key is not None:  # a store that signs restores only what it signed
+            self._check_signature(step, data)
         wanted = None if lanes is None else sorted(set(lanes))
         manifest, reads = self._verify(step, data, wanted)
         if fingerprint is not None:
@@ -266,6 +294,18 @@ class CheckpointStore:
             return Checkpoint(step, manifest.fingerprint, manifest.fingerprint_doc, {},
                               manifest.lanes_total)
         return merge_checkpoints(parts)
+
+    def _check_signature(self, step: int, data: bytes) -> None:
+        """StorageError naming the signature object when it does not vouch for the manifest
+        bytes ``data`` of ``step`` under this store's ledger key."""
+        assert self._key is not None
+        spath = signature_path(self._base, step)
+        problem = signature_problem(self._key, step, data, self._io.read_optional(spath),
+                                    self._io.uri(spath))
+        if problem is not None:
+            raise StorageError(f"checkpoint step {step} in {self.uri} will not be restored "
+                               f"with ledger key {key_id(self._key)}: {problem}",
+                               transient=False)
 
     def _read_manifest(self, step: int) -> bytes:
         data = self._io.read_optional(manifest_path(self._base, step))
@@ -326,7 +366,7 @@ class CheckpointStore:
         if lanes is None:
             prev = (None if manifest.previous_step is None or manifest.previous_sha256 is None
                     else (manifest.previous_step, manifest.previous_sha256))
-            rebuilt = build_manifest(step, list(reads.values()), prev)
+            rebuilt = build_manifest(step, list(reads.values()), prev, manifest.seq)
             if rebuilt is None or rebuilt.encode() != data:
                 fields = _differing_fields(manifest, rebuilt)
                 raise StorageError(f"manifest {muri} does not match the pod objects it lists "
@@ -359,16 +399,17 @@ class CheckpointStore:
             return False
         return True
 
-    def _previous(self, step: int) -> tuple[int, str] | None:
-        """(step, sha256 of its manifest bytes) of the newest manifest below ``step``.
+    def _previous(self, step: int) -> tuple[int, str, int | None] | None:
+        """(step, sha256 of its manifest bytes, its seq) of the newest manifest below ``step``.
 
         Manifests that cannot be parsed are skipped: they are rebuilt when their step is
         committed again, and a link to their broken bytes would then dangle.
         """
         for prev in reversed([s for s in self.committed_steps() if s < step]):
             data = self._io.read_optional(manifest_path(self._base, prev))
-            if data is not None and self._parsed_manifest(prev, data) is not None:
-                return prev, sha256_hex(data)
+            parsed = self._parsed_manifest(prev, data) if data is not None else None
+            if data is not None and parsed is not None:
+                return prev, sha256_hex(data), parsed.seq
         return None
 
     def _scan(self, prefix: str | None = None) -> dict[int, _StepFiles]:
@@ -416,6 +457,9 @@ class CheckpointStore:
                     kept.add(step)
                     break
         doomed = sorted(s for s in scan if s not in kept and s < committed[-1])
+        removed = [s for s in doomed if scan[s].has_manifest]
+        if removed:  # first: the audit tells this collection from a deletion by hand
+            self._record_gc(removed, sorted(kept))
         for step in doomed:
             if scan[step].has_manifest:
                 self._io.delete(manifest_path(self._base, step))
@@ -424,6 +468,36 @@ class CheckpointStore:
             log.info("gc of %s: kept steps %s, deleted steps %s", self.uri,
                      format_steps(sorted(kept)), format_steps(doomed))
         return doomed
+
+    def _record_gc(self, steps: list[int], kept: list[int]) -> None:
+        """Write the gc record of the committed ``steps`` about to be removed."""
+        entries = []
+        for step in steps:
+            data = self._io.read_optional(manifest_path(self._base, step))
+            if data is not None:
+                entries.append((step, sha256_hex(data), self._parsed_manifest(step, data)))
+        if entries:
+            self._io.write(gc_path(self._base, steps[-1]), gc_record(self._key, entries, kept))
+
+    def _history(self, key: bytes | None) -> History:
+        """HEAD.json and the gc records, their signatures checked with ``key`` (if given)."""
+        hpath = head_path(self._base)
+        history = History(self._io.uri(hpath))
+        data = self._io.read_optional(hpath)
+        if data is not None:
+            history.head, history.head_problem = read_head(data, history.head_uri, key)
+        for path in self._io.list_files(gc_root(self._base)):
+            if not path.endswith(".json"):
+                continue
+            uri = self._io.uri(path)
+            record = self._io.read_optional(path)
+            removed, problem = read_gc_record(record or b"", uri, key)
+            if problem is not None:
+                history.problems.append(f"gc record {problem}; the steps it lists as removed "
+                                        f"are not accounted for")
+            for entry in removed:
+                history.removed.setdefault(entry.step, entry)
+        return history
 
     def audit(self, key: bytes | None = None) -> AuditReport:
         """Verify every committed checkpoint, the hash chain and the ledger's continuity.
@@ -466,7 +540,8 @@ class CheckpointStore:
                                           signature))
         uncommitted = sorted(s for s, f in scan.items() if not f.has_manifest)
         return audit_records(self.uri, records, uncommitted,
-                             key_id=key_id(key) if key is not None else None)
+                             key_id=key_id(key) if key is not None else None,
+                             history=self._history(key))
 
 
 def _ranges(lanes: list[int]) -> str:

@@ -3,7 +3,8 @@
 * :func:`review_pipeline` - a DataPipeline at CREATE/UPDATE: everything the CRD schema cannot
   express (the composed recipe loads, relative paths, formats that cannot be inferred, the
   endpoint fits the URI, one pipeline per workload, fields fixed for the life of a run, edits
-  of ``spec.recipe`` only where the run has not been yet (:mod:`datalane_operator.amend`), an
+  of ``spec.recipe`` only where the run has not been yet by its checkpoint store's newest
+  committed step (:mod:`datalane_operator.amend`), an
   existing workload's data-parallel world size is at most the lanes and its ranks fit
   ``spec.parallelism``; and the cluster :class:`~datalane_operator.policy.Policy`: the
   operator may act on the checkpoint store, the filter predicates come from allowed modules);
@@ -27,7 +28,7 @@ from typing import Any
 
 from datalane.spec.errors import ConfigError
 from datalane.spec.formats import compression_of, infer_format
-from datalane_operator.amend import recorded_step, review_recipe_edit
+from datalane_operator.amend import Progress, review_recipe_edit
 from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline
 from datalane_operator.policy import Policy, predicates_of
 from datalane_operator.storage import DEFAULT_PROTOCOLS, scheme_of, sidecar_store_options
@@ -197,13 +198,17 @@ def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
                     others: Iterable[tuple[str, str]] = (),
                     workload: Mapping[str, Any] | None = None,
                     policy: Policy | None = None,
-                    protocols: Sequence[str] = DEFAULT_PROTOCOLS) -> Verdict:
+                    protocols: Sequence[str] = DEFAULT_PROTOCOLS,
+                    progress: Progress | None = None) -> Verdict:
     """Verdict on a DataPipeline at CREATE (``old`` None) or UPDATE.
 
     ``others`` are ``(pipeline name, workload name)`` of the other pipelines in the namespace;
     ``workload`` is the referenced job if it exists already; ``policy`` is the cluster's
     (default: the strictest, Helm's defaults); ``protocols`` the URI schemes the sidecar
-    image reads (the chart's ``sidecar.protocols``): any other gets a warning.
+    image reads (the chart's ``sidecar.protocols``): any other gets a warning. ``progress``
+    is the run's progress as its checkpoint store says (:class:`~datalane_operator.amend.
+    Progress`), which an UPDATE of ``spec.recipe`` is checked against; without it such an
+    update is refused. The stored object's ``status`` is never trusted for it.
     """
     warnings: list[str] = []
     try:
@@ -231,7 +236,7 @@ def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
                     raise ConfigError(f"{where} is fixed for the life of a run ({before} -> "
                                       f"{after}); create a new DataPipeline for a new run")
             if old_spec.get("recipe") != new_spec.get("recipe"):
-                warnings += _check_recipe_edit(old, p, workload)
+                warnings += _check_recipe_edit(old, p, workload, progress)
         if workload is not None:
             par = p.spec.parallelism
             topo = topology_of(workload, p.spec.workload.container, par)
@@ -252,16 +257,18 @@ def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
 
 
 def _check_recipe_edit(old: Mapping[str, Any], new: Pipeline,
-                       workload: Mapping[str, Any] | None) -> list[str]:
+                       workload: Mapping[str, Any] | None,
+                       progress: Progress | None) -> list[str]:
     """An UPDATE that changes ``spec.recipe``: refused (ConfigError) when it edits steps the
-    run has consumed by its recorded progress; returns warnings when admitted."""
+    run has consumed by its store's progress (or the progress is unknown); returns warnings
+    when admitted."""
     try:
         before = load_pipeline(old)
     except ConfigError as e:  # stored while the webhook was off: fixing it must stay possible
         return [f"the stored spec.recipe does not load ({e}), so this edit was not checked "
                 f"against the steps the run has consumed"]
     running = f"{new.spec.workload.kind} {new.spec.workload.name}" if workload else None
-    return review_recipe_edit(before.recipe, new.recipe, recorded_step(old), running=running)
+    return review_recipe_edit(before.recipe, new.recipe, progress, running=running)
 
 
 def _value_at(obj: Mapping[str, Any], path: str) -> Any:

@@ -3,42 +3,48 @@
 A run's recipe may change where the run has not been yet: phases that start after the
 job's progress may be appended, changed or removed, and eval streams edited
 (:func:`datalane.spec.phases.check_amend` decides, and names what an edit of the consumed
-part changes). The progress the webhook knows is ``status.lastCommittedStep``, the newest
-checkpoint the operator found in the store: a restarted job resumes there, so every step
-below it has been consumed for good. Without a recorded checkpoint yet, any valid edit is
-admitted (a restart serves the run from step 0 under the new recipe).
+part changes). The progress is the newest checkpoint committed in the run's checkpoint store
+(:class:`Progress`), read by the webhook from the store itself when the recipe changes: a
+restarted job resumes there, so every step below it has been consumed for good. It is never
+taken from the DataPipeline's status, which a user who may patch ``datapipelines/status``
+can set to anything (``lastCommittedStep: null`` made the webhook admit an edit of a phase
+that had started, and the resume under it was then refused: a wedged job). A store that
+cannot be read refuses the edit, saying why. Without a committed checkpoint yet, any valid
+edit is admitted (a restart serves the run from step 0 under the new recipe).
 
 The sidecars read their recipe when they start, so an admitted edit reaches a pod when it
-restarts; the warnings say so, with the step a restart must come before. The webhook's view
-of the progress can lag behind the store by one storage look; a resume that the edit does
+restarts; the warnings say so, with the step a restart must come before. The job may commit
+a newer checkpoint between the webhook's look and the restart; a resume that the edit does
 not fit after all is refused by the sidecar with the same reason (its own check of the
 consumed prefix), never served.
 
-Pure functions, no I/O. Caller: :func:`datalane_operator.admission.review_pipeline`.
+Pure functions, no I/O. Caller: :func:`datalane_operator.admission.review_pipeline`, given
+the progress by :mod:`datalane_operator.handlers`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.phases import check_amend, phase_starts
 from datalane.spec.recipe import Recipe
 
-__all__ = ["PROGRESS_FIELD", "recorded_step", "review_recipe_edit"]
-
-PROGRESS_FIELD = "status.lastCommittedStep"
+__all__ = ["Progress", "review_recipe_edit"]
 
 
-def recorded_step(obj: Mapping[str, Any] | None) -> int | None:
-    """The job's recorded progress: ``status.lastCommittedStep`` of the stored pipeline, or
-    None when it has none (no checkpoint committed yet, or never looked at)."""
-    status = (obj or {}).get("status") or {}
-    step = status.get("lastCommittedStep") if isinstance(status, Mapping) else None
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        return None
-    return step
+@dataclass(frozen=True)
+class Progress:
+    """A run's progress as its checkpoint store says: the newest committed step (None: none
+    yet) of the store at ``uri``, or ``error``, why the store could not be read."""
+
+    uri: str
+    step: int | None = None
+    error: str | None = None
+
+    def describe(self) -> str:
+        return f"the newest checkpoint committed in {self.uri}, step {self.step}"
 
 
 def _phases(recipe: Recipe) -> dict[str, tuple[int, Any]]:
@@ -57,24 +63,33 @@ def _edited_phases(old: Recipe, new: Recipe) -> list[tuple[str, str, int]]:
     return sorted(out, key=lambda x: (x[2], x[1]))
 
 
-def review_recipe_edit(old: Recipe, new: Recipe, step: int | None, *,
+def review_recipe_edit(old: Recipe, new: Recipe, progress: Progress | None, *,
                        running: str | None = None) -> list[str]:
-    """Check an UPDATE of ``spec.recipe`` against the job's progress ``step``; returns
-    warnings for the user, raises ConfigError naming what of the consumed part the edit
-    changes. ``running`` names the workload when it exists (its pods serve the old recipe
-    until they restart)."""
+    """Check an UPDATE of ``spec.recipe`` against the job's ``progress``; returns warnings
+    for the user, raises ConfigError naming what of the consumed part the edit changes, or
+    why the progress is unknown (None: the store was not read). ``running`` names the
+    workload when it exists (its pods serve the old recipe until they restart)."""
     if old == new:
         return []
+    if progress is None or progress.error is not None:
+        why = (progress.error if progress is not None and progress.error
+               else "the checkpoint store was not read")
+        where = f" {progress.uri}" if progress is not None else ""
+        raise ConfigError(
+            f"spec.recipe cannot be edited now: the run's progress, the newest checkpoint "
+            f"committed in its store{where}, is unknown ({why}); an edit is checked against "
+            f"the steps the run has consumed, so try again once the store can be read")
+    step = progress.step
     if step is not None:
         try:
             check_amend(old, new, step)
         except MismatchError as e:
             detail = [ln.strip() for ln in str(e).splitlines()[1:] if ln.strip()] or [str(e)]
             raise ConfigError(
-                f"spec.recipe edits steps the run has already consumed ({PROGRESS_FIELD} "
-                f"{step}): {'; '.join(detail)}. Only phases that start at step {step} or "
-                f"later, and eval streams, may change on a running DataPipeline; create a new "
-                f"DataPipeline for a new run") from None
+                f"spec.recipe edits steps the run has already consumed "
+                f"({progress.describe()}): {'; '.join(detail)}. Only phases that start at "
+                f"step {step} or later, and eval streams, may change on a running "
+                f"DataPipeline; create a new DataPipeline for a new run") from None
     if running is None:
         return []
     edited = _edited_phases(old, new)

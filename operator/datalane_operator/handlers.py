@@ -40,6 +40,7 @@ import kopf
 
 from datalane.spec.errors import ConfigError
 from datalane_operator.admission import Verdict, review_pipeline, review_scale, review_workload
+from datalane_operator.amend import Progress
 from datalane_operator.inject import mutate_pod
 from datalane_operator.kube import Kube, status_patch
 from datalane_operator.leader import LeaderElector, LeaseConfig
@@ -66,6 +67,7 @@ from datalane_operator.storage import (
     DEFAULT_PROTOCOLS,
     Listing,
     StoreView,
+    ledger_key_of,
     operator_store_options,
 )
 from datalane_operator.workload import topology_of
@@ -74,6 +76,7 @@ __all__ = ["RUNTIME", "OperatorConfig", "Runtime", "TimedWebhookServer", "timed"
 
 log = logging.getLogger("datalane.operator")
 Key = tuple[str, str]
+_ADMISSION_STORE_TIMEOUT = 8.0  # the webhook's own timeout is 10 s
 
 
 @dataclass
@@ -346,9 +349,13 @@ async def validate_pipeline(body: kopf.Body, warnings: list[str], **kw: Any) -> 
     others = [(str(v["metadata"].get("name")), workload)
               for v in pipelines.get((namespace, workload), [])]
     job = _first(jobs, (namespace, workload))
+    progress = None
+    if old and (old.get("spec") or {}).get("recipe") != (new.get("spec") or {}).get("recipe"):
+        progress = await store_progress(RUNTIME, dict(old))  # the store, never the status
     _deny(review_pipeline(new, dict(old) if old else None, others=others, workload=job,
                           policy=RUNTIME.config.policy,
-                          protocols=RUNTIME.config.sidecar_protocols), warnings)
+                          protocols=RUNTIME.config.sidecar_protocols, progress=progress),
+          warnings)
 
 
 @kopf.on.validate(GROUP, VERSION, PLURAL, id=WEBHOOK_REFUSE_NAMESPACE, operations=["CREATE"])
@@ -391,7 +398,8 @@ async def inject_sidecar(body: kopf.Body, patch: kopf.Patch, warnings: list[str]
         return
     try:  # a predicate stored while the webhook was off never reaches a sidecar
         RUNTIME.config.policy.check_predicates(pipeline.recipe)
-        wanted = mutate_pod(dict(body), pipeline, RUNTIME.config.sidecar_image)
+        wanted = mutate_pod(dict(body), pipeline, RUNTIME.config.sidecar_image,
+                            RUNTIME.config.policy.predicate_modules)
     except ConfigError as e:
         raise kopf.AdmissionError(str(e), code=422) from None
     patch.fns.append(_become(wanted))
@@ -482,34 +490,63 @@ async def pod_event(labels: Mapping[str, str], namespace: str | None, **kw: Any)
         RUNTIME.kick((ns, found["metadata"]["name"]))
 
 
-async def look_at_store(rt: Runtime, pipeline: Pipeline) -> Listing:
-    """List and garbage-collect the pipeline's store, with the credentials of its own
-    namespace's Secret, or the operator's identity only where the cluster policy allows it;
-    otherwise the store is not touched (``Listing.denied``)."""
+async def _store_view(rt: Runtime, pipeline: Pipeline) -> StoreView | str:
+    """The pipeline's store, with the credentials of its own namespace's Secret, or the
+    operator's identity only where the cluster policy allows it; otherwise why not."""
     ckpt = pipeline.spec.checkpoint
     try:
         access = rt.config.policy.store_access(pipeline.namespace, ckpt)
     except ConfigError as e:
-        return Listing(ckpt.uri, error=str(e), denied=True)
+        return str(e)
     secret = None
     if access.secret is not None:
         secret = await rt.k().read_secret(pipeline.namespace, access.secret)
         if secret is None:
-            return Listing(ckpt.uri, error=f"Secret {access.secret!r} (spec.checkpoint."
-                                           f"secretRef) does not exist in namespace "
-                                           f"{pipeline.namespace!r}", denied=True)
+            return (f"Secret {access.secret!r} (spec.checkpoint.secretRef) does not exist in "
+                    f"namespace {pipeline.namespace!r}")
     try:
         options = operator_store_options(ckpt, secret)
     except ConfigError as e:
-        return Listing(ckpt.uri, error=str(e), denied=True)
+        return str(e)
+    return StoreView(ckpt.uri, options, ledger_key=ledger_key_of(secret))
+
+
+async def look_at_store(rt: Runtime, pipeline: Pipeline) -> Listing:
+    """List and garbage-collect the pipeline's store (:func:`_store_view`); a store the
+    operator may not act on is not touched (``Listing.denied``)."""
+    ckpt = pipeline.spec.checkpoint
+    view = await _store_view(rt, pipeline)
+    if isinstance(view, str):
+        return Listing(ckpt.uri, error=view, denied=True)
 
     def look() -> Listing:
-        return StoreView(ckpt.uri, options).look(ckpt.keep)
+        return view.look(ckpt.keep)
 
     try:
         return await asyncio.wait_for(asyncio.to_thread(look), rt.config.storage_timeout)
     except TimeoutError:
         return Listing(ckpt.uri, error=f"no answer within {rt.config.storage_timeout:.0f} s")
+
+
+async def store_progress(rt: Runtime, body: Mapping[str, Any]) -> Progress:
+    """The run's progress for the admission of a recipe edit: the newest step committed in
+    the store of the stored pipeline ``body`` (the one the run writes), read now - never its
+    status, which a user may patch. An error says why the store cannot be read."""
+    spec = body.get("spec") or {}
+    uri = str((spec.get("checkpoint") or {}).get("uri", ""))
+    try:
+        pipeline = load_pipeline(body)
+    except ConfigError as e:
+        return Progress(uri, error=f"the stored DataPipeline does not load: {e}")
+    view = await _store_view(rt, pipeline)
+    if isinstance(view, str):
+        return Progress(uri, error=view)
+    timeout = min(rt.config.storage_timeout, _ADMISSION_STORE_TIMEOUT)
+    try:
+        step, error = await asyncio.wait_for(asyncio.to_thread(view.newest), timeout)
+    except TimeoutError:
+        return Progress(uri, error=f"no answer within {timeout:.0f} s")
+    return Progress(uri, step, error or None)
 
 
 async def reconcile(rt: Runtime, key: Key) -> None:

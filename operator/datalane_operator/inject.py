@@ -18,6 +18,9 @@ controller created:
   that the kubelet expands into ``DATALANE_STORE_OPTIONS`` (``$(VAR)``), so both
   credentials stay out of the pod spec; ``spec.data.endpoint``/``region`` become the SDK's
   ``AWS_ENDPOINT_URL_S3``/``AWS_REGION``, which the sources read with no options;
+* the cluster policy's allow-list of filter predicate modules as
+  ``DATALANE_PREDICATE_MODULES``, which the sidecar applies again before it imports any
+  (:mod:`datalane.spec.codepolicy`);
 * the sidecar's fatal error as its termination message (``/dev/termination-log``, falling
   back to its log tail), which the operator reads back from the pod status;
 * in the trainer container: ``DATALANE_SOCKET`` and ``DATALANE_PIPELINE``; for a pipeline
@@ -41,10 +44,12 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from datalane.spec.codepolicy import PREDICATE_MODULES_ENV
 from datalane.spec.errors import ConfigError
+from datalane.store.signing import LEDGER_KEY_ENV
 from datalane_operator.names import (
     ANN_INJECTED,
     DATA_CREDENTIALS_MOUNT,
@@ -169,9 +174,11 @@ def _probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any
     }
 
 
-def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None) -> dict[str, Any]:
+def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None,
+                      predicate_modules: Sequence[str] = ()) -> dict[str, Any]:
     """The native sidecar container for ``pipeline``; ``ranks`` is the pod's data-parallel
-    ranks (None: unknown, 1 is assumed)."""
+    ranks (None: unknown, 1 is assumed); ``predicate_modules`` the cluster policy's allow-list
+    of predicate modules, which the sidecar applies again (``DATALANE_PREDICATE_MODULES``)."""
     side = pipeline.spec.sidecar
     ckpt = pipeline.spec.checkpoint
     sock = socket_path(pipeline)
@@ -184,6 +191,9 @@ def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None) -> dict
             env.append({"name": var, "valueFrom": {"secretKeyRef": {
                 "name": ckpt.secretRef.name, "key": key}}})
             options[option] = f"$({var})"  # expanded by the kubelet, never in the spec
+        # the run's ledger key, when the checkpoint Secret holds one (envFrom is the data's)
+        env.append({"name": LEDGER_KEY_ENV, "valueFrom": {"secretKeyRef": {
+            "name": ckpt.secretRef.name, "key": LEDGER_KEY_ENV, "optional": True}}})
     if data.endpoint is not None and scheme_of(ckpt.uri) == "s3" and ckpt.endpoint is None:
         # AWS_ENDPOINT_URL_S3 is the data's store: the checkpoints' (AWS S3) must ignore it
         options["config_kwargs"] = {"ignore_configured_endpoint_urls": True}
@@ -201,6 +211,7 @@ def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None) -> dict
         {"name": "DATALANE_SOCKET_MODE", "value": side.socketMode},
         {"name": "DATALANE_METRICS_PORT", "value": str(side.metricsPort)},
         {"name": "DATALANE_PIPELINE", "value": pipeline.name},
+        {"name": PREDICATE_MODULES_ENV, "value": ",".join(predicate_modules)},
     ]
     if data.endpoint is not None:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": data.endpoint})
@@ -295,8 +306,10 @@ def _strip(pod: dict[str, Any], trainer_name: str) -> None:
                                  if m.get("name") != VOLUME_SOCKET]
 
 
-def mutate_pod(pod: Mapping[str, Any], pipeline: Pipeline, default_image: str) -> dict[str, Any]:
-    """The pod with the pipeline's sidecar injected (a new dict; ``pod`` is not changed).
+def mutate_pod(pod: Mapping[str, Any], pipeline: Pipeline, default_image: str,
+               predicate_modules: Sequence[str] = ()) -> dict[str, Any]:
+    """The pod with the pipeline's sidecar injected (a new dict; ``pod`` is not changed);
+    ``predicate_modules`` is the cluster policy's allow-list (default: no module).
 
     Raises :class:`ConfigError` when the pod has no trainer container of the expected name or
     no image is known for the sidecar.
@@ -331,7 +344,8 @@ def mutate_pod(pod: Mapping[str, Any], pipeline: Pipeline, default_image: str) -
     dp_ranks = None if nproc is None else nproc // par.readers
     spec.setdefault("initContainers", [])
     spec["initContainers"] = [*(spec["initContainers"] or []),
-                              sidecar_container(pipeline, image, dp_ranks)]
+                              sidecar_container(pipeline, image, dp_ranks,
+                                                predicate_modules)]
     spec["volumes"] = [*(spec.get("volumes") or []), *_volumes(pipeline)]
     env = trainer.setdefault("env", []) if trainer.get("env") is not None else []
     trainer["env"] = env

@@ -16,7 +16,10 @@ a user who may only create DataPipelines in a namespace cannot change it.
   store, for a single-tenant cluster).
 * **Which modules a recipe's filter predicates may come from.** A predicate is an import
   path the sidecar imports and calls: code, not data. Only modules under
-  ``recipes.predicateModules`` are admitted (default none: datalane ships no predicates).
+  ``recipes.predicateModules`` are admitted (default none: datalane ships no predicates),
+  for training and eval sources alike, and never one of Python's standard library. The rule
+  is :class:`datalane.spec.codepolicy.CodePolicy`, which the sidecar (given the allow-list as
+  ``$DATALANE_PREDICATE_MODULES`` by the pod webhook) and the engine apply again.
 
 Callers: :func:`datalane_operator.admission.review_pipeline` refuses what the policy does
 not allow; :mod:`datalane_operator.handlers` checks the store rule again before every look
@@ -30,6 +33,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from datalane.spec.codepolicy import CodePolicy, code_hooks, parse_modules
 from datalane.spec.errors import ConfigError
 from datalane.spec.recipe import Recipe
 from datalane_operator.pipeline import CheckpointSpec
@@ -72,17 +76,10 @@ def _under(uri: str, prefix: str) -> bool:
     return scheme == p_scheme and segments[:len(p_segments)] == p_segments
 
 
-def _module_allowed(module: str, prefixes: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in prefixes)
-
-
 def predicates_of(recipe: Recipe) -> Iterator[tuple[str, str]]:
-    """``(field, predicate)`` of every filter predicate of a DataPipeline's recipe."""
-    if recipe.filters is not None and recipe.filters.predicate:
-        yield "spec.recipe.filters.predicate", recipe.filters.predicate
-    for i, src in enumerate(recipe.sources):
-        if src.filters is not None and src.filters.predicate:
-            yield f"spec.recipe.sources[{i}].filters.predicate", src.filters.predicate
+    """``(field, predicate)`` of every filter predicate of a DataPipeline's recipe, the eval
+    streams' included."""
+    return code_hooks(recipe, "spec.recipe.")
 
 
 @dataclass(frozen=True)
@@ -118,7 +115,7 @@ class Policy:
             raise ConfigError(f"--operator-identity-prefixes {identity_prefixes!r} is set but "
                               f"--allow-operator-identity is not; set both ({IDENTITY_VALUE} "
                               f"true) or neither")
-        modules = tuple(m.strip() for m in predicate_modules.split(",") if m.strip())
+        modules = parse_modules(predicate_modules)
         return cls(allow_operator_identity, prefixes, modules)
 
     def prefixes_for(self, namespace: str) -> tuple[str, ...]:
@@ -157,15 +154,14 @@ class Policy:
         raise ConfigError(f"{what}, and the cluster policy allows that in namespace "
                           f"{namespace!r} only under: {listed} ({PREFIXES_VALUE}); {fix}")
 
+    def code_policy(self) -> CodePolicy:
+        """The allow-list as the rule every place applies (:mod:`datalane.spec.codepolicy`)."""
+        return CodePolicy(self.predicate_modules, "the cluster policy", PREDICATES_VALUE,
+                          "the sidecar", "ask an administrator to add its module, or drop the "
+                                         "predicate")
+
     def check_predicates(self, recipe: Recipe) -> None:
-        """Refuse a filter predicate whose module is not under ``predicate_modules``."""
-        for where, predicate in predicates_of(recipe):
-            module = predicate.partition(":")[0]
-            if _module_allowed(module, self.predicate_modules):
-                continue
-            allowed = (f"only from the modules {', '.join(self.predicate_modules)}"
-                       if self.predicate_modules else "from no module")
-            raise ConfigError(
-                f"{where} {predicate!r} is not allowed: the cluster policy admits predicates "
-                f"{allowed} ({PREDICATES_VALUE}). A predicate is code the sidecar imports and "
-                f"runs; ask an administrator to add its module, or drop the predicate")
+        """Refuse a filter predicate - of a training or an eval source - whose module the
+        allow-list ``predicate_modules`` does not cover, or that comes from Python's
+        standard library (never allowed)."""
+        self.code_policy().check_recipe(recipe, "spec.recipe.")

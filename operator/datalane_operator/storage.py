@@ -27,6 +27,7 @@ __all__ = [
     "SECRET_SCHEMES",
     "Listing",
     "StoreView",
+    "ledger_key_of",
     "operator_store_options",
     "scheme_of",
     "sidecar_store_options",
@@ -91,6 +92,13 @@ def operator_store_options(ckpt: CheckpointSpec, secret: Mapping[str, str] | Non
     return options
 
 
+def ledger_key_of(secret: Mapping[str, str] | None) -> bytes | None:
+    """The run's ledger key, when the checkpoint Secret holds one as ``DATALANE_LEDGER_KEY``
+    (the sidecars read it from there too): the operator signs its gc records with it."""
+    value = (secret or {}).get("DATALANE_LEDGER_KEY")
+    return value.encode().rstrip(b"\r\n") if value else None
+
+
 @dataclass(frozen=True)
 class Listing:
     """What one look at the store found: committed steps (ascending) after any gc.
@@ -113,12 +121,25 @@ class StoreView:
     """List and garbage-collect one pipeline's checkpoint store (blocking; run in a thread)."""
 
     def __init__(self, uri: str, options: Mapping[str, Any] | None = None,
-                 retries: int = 2) -> None:
+                 retries: int = 2, ledger_key: bytes | None = None) -> None:
         from datalane.store import CheckpointStore
 
         self.uri = uri
+        # the run's ledger key signs the gc records (an audit with the key refuses unsigned
+        # ones)
         self._store = CheckpointStore(uri, dict(options or {}) or None, retries=retries,
-                                      backoff=0.2)
+                                      backoff=0.2, ledger_key=ledger_key)
+
+    def newest(self) -> tuple[int | None, str]:
+        """(the newest committed step or None, "") or (None, why the store cannot be read):
+        a read-only look, for the admission of a recipe edit."""
+        from datalane.spec.errors import DatalaneError
+
+        try:
+            committed = self._store.committed_steps()
+        except (DatalaneError, OSError) as e:
+            return None, f"{type(e).__name__}: {e}"
+        return (committed[-1] if committed else None), ""
 
     def look(self, keep: int, collect: bool = True) -> Listing:
         """List committed steps; with ``collect``, delete those beyond the newest ``keep``.

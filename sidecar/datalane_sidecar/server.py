@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 
 from datalane.engine.plan import Plan
+from datalane.spec.codepolicy import CodePolicy
 from datalane.spec.errors import ConfigError
 from datalane.spec.integrity import seal
 from datalane.spec.knobs import Knobs
@@ -150,6 +151,9 @@ def _serve(cfg: SidecarConfig, ready: threading.Event | None,
         raise ConfigError(f"socket mode {cfg.socket_mode:o} is not 600 or 660")
     _check_socket_path(cfg.socket)
     recipe = load_recipe(cfg.recipe)
+    # every predicate, of the training and the eval sources, before anything is planned or
+    # imported: the allow-list the operator injected ($DATALANE_PREDICATE_MODULES)
+    CodePolicy.from_env().check_recipe(recipe)
     plan = Plan.build(recipe)
     store = None
     if cfg.store:

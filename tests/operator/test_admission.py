@@ -8,17 +8,19 @@ import json
 import pytest
 from datalane_operator.admission import (
     LAST_APPLIED,
+    Verdict,
     dropped_nulls,
     review_pipeline,
     review_scale,
     review_workload,
 )
-from datalane_operator.amend import recorded_step
+from datalane_operator.amend import Progress
 from datalane_operator.pipeline import Parallelism
 from datalane_operator.policy import Policy
 
 from .builders import dp, job, scale
 
+STORE = "s3://ckpt/run-1"  # the builders' spec.checkpoint.uri
 ISSUE_MESSAGE = "8 lanes cannot be split over 9 workers; use 1 to 8"
 
 
@@ -207,12 +209,19 @@ ANNEAL = {"name": "anneal", "start_step": 500, "weights": {"web": 0.2, "code": 0
 
 
 def running(phases: list[dict[str, object]], step: int | None = 350) -> dict[str, object]:
-    """A stored DataPipeline with ``phases`` whose job has committed checkpoint ``step``."""
+    """A stored DataPipeline with ``phases`` whose job has committed checkpoint ``step`` (the
+    status says so too, but the webhook reads the progress from the store: ``review_edit``)."""
     body = dp()
     body["spec"]["recipe"]["phases"] = copy.deepcopy(phases)
     if step is not None:
         body["status"] = {"lastCommittedStep": step, "checkpoints": [step - 50, step]}
     return body
+
+
+def review_edit(new: dict[str, object], old: dict[str, object], step: int | None = 350,
+                **kw: object) -> Verdict:
+    """``review_pipeline`` of an UPDATE whose run's store has committed up to ``step``."""
+    return review_pipeline(new, old, progress=Progress(STORE, step), **kw)  # type: ignore[arg-type]
 
 
 def edited(old: dict[str, object], phases: list[dict[str, object]],
@@ -225,14 +234,14 @@ def edited(old: dict[str, object], phases: list[dict[str, object]],
 
 def test_appending_a_phase_after_the_recorded_step_is_admitted() -> None:
     old = running([WARMUP])
-    v = review_pipeline(edited(old, [WARMUP, ANNEAL]), old)
+    v = review_edit(edited(old, [WARMUP, ANNEAL]), old)
     assert v.allowed, v.message
     assert v.warnings == []  # no job yet: nothing serves the old recipe
 
 
 def test_an_admitted_edit_says_when_the_running_pods_pick_it_up() -> None:
     old = running([WARMUP])
-    v = review_pipeline(edited(old, [WARMUP, ANNEAL]), old, workload=job(workers=4))
+    v = review_edit(edited(old, [WARMUP, ANNEAL]), old, workload=job(workers=4))
     assert v.allowed, v.message
     assert v.warnings == [
         "spec.recipe edited (phase 'anneal' (from step 500) appended): the sidecars of "
@@ -245,18 +254,19 @@ def test_an_admitted_edit_says_when_the_running_pods_pick_it_up() -> None:
 def test_phases_starting_at_or_after_the_recorded_step_may_change_or_go() -> None:
     old = running([WARMUP, ANNEAL])
     later = {**ANNEAL, "start_step": 900, "weights": {"code": 1.0}}
-    assert review_pipeline(edited(old, [WARMUP, later]), old).allowed  # changed
-    assert review_pipeline(edited(old, [WARMUP]), old).allowed  # removed
+    assert review_edit(edited(old, [WARMUP, later]), old).allowed  # changed
+    assert review_edit(edited(old, [WARMUP]), old).allowed  # removed
     at = {**ANNEAL, "start_step": 350}  # nothing of it consumed: checkpoint 350 is before it
-    assert review_pipeline(edited(old, [WARMUP, at]), old).allowed
+    assert review_edit(edited(old, [WARMUP, at]), old).allowed
 
 
 def test_editing_a_consumed_phase_is_refused_with_the_reason() -> None:
     old = running([WARMUP])
-    v = review_pipeline(edited(old, [{**WARMUP, "weights": {"web": 0.5}}, ANNEAL]), old)
+    v = review_edit(edited(old, [{**WARMUP, "weights": {"web": 0.5}}, ANNEAL]), old)
     assert not v.allowed
     assert v.message == (
-        "spec.recipe edits steps the run has already consumed (status.lastCommittedStep 350): "
+        "spec.recipe edits steps the run has already consumed (the newest checkpoint committed "
+        "in s3://ckpt/run-1, step 350): "
         "phases[0] 'warmup' (starts at step 100, before the resume step 350): weights.web "
         "saved 1.0, now 0.5. Only phases that start at step 350 or later, and eval streams, "
         "may change on a running DataPipeline; create a new DataPipeline for a new run")
@@ -264,7 +274,7 @@ def test_editing_a_consumed_phase_is_refused_with_the_reason() -> None:
 
 def test_a_phase_inserted_before_the_recorded_step_is_refused() -> None:
     old = running([WARMUP])
-    v = review_pipeline(edited(old, [WARMUP, {**ANNEAL, "start_step": 349}]), old)
+    v = review_edit(edited(old, [WARMUP, {**ANNEAL, "start_step": 349}]), old)
     assert not v.allowed
     assert ("phases[1] 'anneal' (starts at step 349, before the resume step 350): added"
             in v.message), v.message
@@ -272,15 +282,16 @@ def test_a_phase_inserted_before_the_recorded_step_is_refused() -> None:
 
 def test_other_recipe_fields_are_fixed_once_a_checkpoint_is_recorded() -> None:
     old = running([WARMUP])
-    v = review_pipeline(edited(old, [WARMUP], seed=6), old)
+    v = review_edit(edited(old, [WARMUP], seed=6), old)
     assert not v.allowed
     assert "recipe.seed: saved 5, now 6" in v.message, v.message
     # before any checkpoint, a restart serves the run from step 0: any valid edit is admitted
     fresh = running([WARMUP], step=None)
-    assert review_pipeline(edited(fresh, [{**WARMUP, "weights": {"web": 0.1}}], seed=6),
-                           fresh).allowed
+    assert review_edit(edited(fresh, [{**WARMUP, "weights": {"web": 0.1}}], seed=6),
+                       fresh, step=None).allowed
     # and an invalid one is still refused, for what it is
-    bad = review_pipeline(edited(fresh, [WARMUP, {**WARMUP, "start_step": 50}]), fresh)
+    bad = review_edit(edited(fresh, [WARMUP, {**WARMUP, "start_step": 50}]), fresh,
+                      step=None)
     assert not bad.allowed and "phase names must be unique" in bad.message, bad.message
 
 
@@ -289,32 +300,19 @@ def test_eval_streams_may_change_on_a_running_pipeline() -> None:
     stream = {"name": "heldout", "steps": 4,
               "sources": [{"name": "val", "uris": ["s3://data/val/part-0.jsonl"]}]}
     new = edited(old, [WARMUP], eval=[stream])
-    v = review_pipeline(new, old)
+    v = review_edit(new, old)
     assert v.allowed, v.message
     newer = copy.deepcopy(new)
     newer["spec"]["recipe"]["eval"][0]["steps"] = 8  # type: ignore[index]
-    assert review_pipeline(newer, new).allowed
+    assert review_edit(newer, new).allowed
 
 
 def test_a_stored_recipe_that_does_not_load_does_not_wedge_its_fix() -> None:
     old = running([WARMUP])
     old["spec"]["recipe"]["phases"][0]["weights"] = {"nope": 1.0}  # type: ignore[index]
-    v = review_pipeline(edited(old, [WARMUP]), old)
+    v = review_edit(edited(old, [WARMUP]), old)
     assert v.allowed, v.message
     assert v.warnings[0].startswith("the stored spec.recipe does not load (")
-
-
-@pytest.mark.parametrize(("status", "step"), [
-    (None, None), ({}, None), ({"lastCommittedStep": None}, None),
-    ({"lastCommittedStep": 0}, 0), ({"lastCommittedStep": 350}, 350),
-    ({"lastCommittedStep": True}, None), ({"lastCommittedStep": -1}, None),
-    ({"lastCommittedStep": "350"}, None),
-])
-def test_the_recorded_step_is_status_last_committed_step(status, step) -> None:  # type: ignore[no-untyped-def]
-    body = dp()
-    if status is not None:
-        body["status"] = status
-    assert recorded_step(body) == step
 
 
 def test_the_edits_quoted_in_the_operator_guide_are_the_real_answers() -> None:
@@ -328,20 +326,20 @@ def test_the_edits_quoted_in_the_operator_guide_are_the_real_answers() -> None:
     text = " ".join(doc.split())
     old = yaml.safe_load(re.findall(r'```yaml title="pretrain.yaml"\n(.*?)```', doc, re.S)[0])
     old["metadata"]["namespace"] = "ml"
-    old["status"] = {"lastCommittedStep": 42000}
+    at = Progress(old["spec"]["checkpoint"]["uri"], 42000)  # the store's newest checkpoint
     new = copy.deepcopy(old)
     new["spec"]["recipe"]["phases"] = [{"name": "anneal", "start_step": 90000, "ramp_steps": 2000,
                                         "weights": {"web": 0.3, "code": 0.7}}]
-    admitted = review_pipeline(new, old, workload=job(workers=8))
+    admitted = review_pipeline(new, old, workload=job(workers=8), progress=at)
     assert admitted.allowed and len(admitted.warnings) == 1
     assert f"Warning: {admitted.warnings[0]}" in text
     past = copy.deepcopy(new)
     past["spec"]["recipe"]["sources"][1]["weight"] = 0.3
-    refused = review_pipeline(past, new)
+    refused = review_pipeline(past, new, progress=at)
     assert not refused.allowed and f"denied the request: {refused.message}" in text
     early = copy.deepcopy(new)
     early["spec"]["recipe"]["phases"].insert(0, {"name": "warmup", "start_step": 1000,
                                                  "weights": {"web": 1.0}})
-    refused = review_pipeline(early, new)
+    refused = review_pipeline(early, new, progress=at)
     quoted = "phases[0] 'warmup' (starts at step 1000, before the resume step 42000): added"
     assert quoted in refused.message and quoted in text

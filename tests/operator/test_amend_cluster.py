@@ -2,10 +2,10 @@
 
 The Helm chart and the operator (tests/operator/stack.py) on the test control plane; a
 checkpoint store whose newest committed step is 350. Once the operator has recorded it
-(``status.lastCommittedStep``), ``kubectl apply`` of the pipeline with a phase appended after
-step 350 is admitted and reaches the recipe ConfigMap the sidecars mount; an edit of a phase
-that began at step 100 is refused by the webhook with the reason, and the stored object
-keeps its recipe.
+(``status.lastCommittedStep``; the webhook itself reads the store), ``kubectl apply`` of the
+pipeline with a phase appended after step 350 is admitted and reaches the recipe ConfigMap
+the sidecars mount; an edit of a phase that began at step 100 is refused by the webhook with
+the reason, and the stored object keeps its recipe.
 """
 
 from __future__ import annotations
@@ -85,10 +85,10 @@ def test_appending_a_phase_is_admitted_and_editing_the_past_refused(
         past = {**recipe, "phases": [{**WARMUP, "weights": {"web": 0.5}}, ANNEAL]}
         refused = apply(c, ns, pipeline(past, store))
         assert refused.returncode != 0
-        assert ("spec.recipe edits steps the run has already consumed "
-                "(status.lastCommittedStep 350): phases[0] 'warmup' (starts at step 100, "
-                "before the resume step 350): weights.web saved 1.0, now 0.5. Only phases "
-                "that start at step 350 or later") in " ".join(refused.stderr.split()), (
+        assert ("spec.recipe edits steps the run has already consumed (the newest "
+                f"checkpoint committed in {store}, step 350): phases[0] 'warmup' (starts at "
+                "step 100, before the resume step 350): weights.web saved 1.0, now 0.5. Only "
+                "phases that start at step 350 or later") in " ".join(refused.stderr.split()), (
             refused.stderr)
         after = custom.get_namespaced_custom_object(G, V, ns, P, "amend")
         assert after["spec"]["recipe"]["phases"] == [WARMUP, ANNEAL]

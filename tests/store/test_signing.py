@@ -75,6 +75,8 @@ def test_forged_history_passes_the_chain_but_not_the_key(backend: Backend) -> No
         f"manifest was forged or altered after it was signed",
         f"step 30: the signature {sig.format(30)} does not match the manifest's bytes: the "
         f"manifest was forged or altered after it was signed",
+        f"the newest checkpoints cannot be proven present: {store.uri}/HEAD.json is not "
+        f"signed (written without a ledger key)",  # the forger's commit rewrote it
     ]
 
 
@@ -92,14 +94,18 @@ def test_unsigned_and_foreign_signed_manifests_fail_naming_the_step(local: Backe
         f"without a ledger key, or the signature was deleted)",
         f"step 30: the signature {sig.format(30)} was made with another key (key id "
         f"'{key_id(OTHER)}', the audit's key is {key_id(KEY)}), or forged",
+        f"the newest checkpoints cannot be proven present: {local.store().uri}/HEAD.json was "
+        f"signed with another key (key id '{key_id(OTHER)}', the audit's key is "
+        f"{key_id(KEY)}), or forged",
     ]
-    assert report.text().splitlines()[-1] == "FAILED: 2 problems"
+    assert report.text().splitlines()[-1] == "FAILED: 3 problems"
 
 
 def test_the_key_comes_from_a_file_or_the_environment(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     secret = tmp_path / "ledger-key"
     secret.write_bytes(KEY + b"\n")  # as `echo` writes it; the newline is not part of the key
+    secret.chmod(0o600)  # readable by its owner only (a looser key file is refused)
     assert read_ledger_key(str(secret)) == KEY
     monkeypatch.setenv("DATALANE_LEDGER_KEY_FILE", str(secret))
     store = CheckpointStore(str(tmp_path / "s"))  # a sidecar picks the mounted Secret up
@@ -127,6 +133,7 @@ def _audit_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_audit_with_a_key_file(local: Backend, tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_bytes(KEY)
+    key_file.chmod(0o600)
     store = local.store(ledger_key=KEY)
     commit_steps(store, [10, 20])
     proc = _audit_cli(store.uri, "--key", str(key_file))
@@ -135,7 +142,7 @@ def test_cli_audit_with_a_key_file(local: Backend, tmp_path: Path) -> None:
     _forge(local, 20, 10)
     proc = _audit_cli(store.uri, "--key", str(key_file))
     assert proc.returncode == 1
-    assert proc.stdout.splitlines()[-1] == "FAILED: 1 problems"
+    assert proc.stdout.splitlines()[-1] == "FAILED: 2 problems"  # and the unsigned HEAD.json
     assert ("      problem: the signature " + f"{store.uri}/steps/000000000020/MANIFEST.sig "
             "does not match the manifest's bytes") in proc.stdout
     key_file.write_bytes(b"short")
