@@ -33,7 +33,9 @@ check: lint
 	$(BIN)/python -m pytest -q tests/unit tests/stages tests/wire tests/hostile tests/formats \
 	    tests/test_golden.py tests/test_bad_inputs.py tests/test_bad_records.py \
 	    tests/test_engine_edges.py tests/operator/test_admission.py tests/operator/test_workload.py \
-	    tests/operator/test_inject.py tests/operator/test_reconcile.py tests/operator/test_policy.py
+	    tests/operator/test_inject.py tests/operator/test_reconcile.py tests/operator/test_policy.py \
+	    tests/test_hostile_states.py tests/test_code_policy.py tests/operator/test_code_policy.py \
+	    tests/operator/test_admission_progress.py tests/operator/test_signed_gc.py
 
 # The test control plane (kube-apiserver, etcd, kwok, helm, ...) built from Go modules into
 # ~/.cache/datalane/cluster: ~25 min on a fresh 2-core machine, seconds once cached.
