@@ -119,3 +119,14 @@ def default_root(quick: bool) -> Path:
                                   ("node_paths.py", "make_corpus.py", "pretokenized.py")))
     return (Path.home() / ".cache" / "datalane"
             / f"node-bench{'-quick' if quick else ''}-{key.hexdigest()[:12]}")
+
+
+if __name__ == "__main__":  # bench/device/run.sh makes the corpora before it measures
+    import argparse
+
+    ap = argparse.ArgumentParser(description="write every path's corpus and recipe")
+    ap.add_argument("root", type=Path)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    for name, recipe in make(a.root, a.quick).items():
+        print(f"{name}: {recipe}")

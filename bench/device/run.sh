@@ -91,6 +91,7 @@ print("- py-spy:", scaling.pyspy_binary() or "not found: G is not measured")'
 if [[ $MODE == gpu ]]; then
     part titan 150 "$OUT/titan.md" "$PY" bench/device/titan.py --devices cuda,cpu --steps 8 \
         --interval 4 --work "$WORK/titan" --timeout 120
+    part corpus 60 "$WORK/corpus.txt" "$PY" bench/node_paths.py "$WORK/corpus"
     part scaling 200 "$OUT/scaling.md" "$PY" bench/scaling.py --cores 1,2,4,8,16 \
         --modes sidecar --seconds 1.5 --warmup 0.8 --corpus "$WORK/corpus" --out "$OUT"
     part feed 120 "$OUT/feed.md" "$PY" bench/feed.py --ranks 8 --search --seconds 2.5 \
@@ -98,6 +99,7 @@ if [[ $MODE == gpu ]]; then
 else
     part titan 400 "$OUT/titan.md" "$PY" bench/device/titan.py --devices cpu --steps 4 \
         --interval 2 --work "$WORK/titan" --timeout 300
+    part corpus 120 "$WORK/corpus.txt" "$PY" bench/node_paths.py "$WORK/corpus" --quick
     part scaling 300 "$OUT/scaling.md" "$PY" bench/scaling.py --quick --cores 1,2 \
         --paths text_parquet,megatron --corpus "$WORK/corpus" --out "$OUT"
     part feed 200 "$OUT/feed.md" "$PY" bench/feed.py --quick --ranks 8 \
@@ -107,4 +109,4 @@ fi
 echo "- total $(($(date +%s) - START))s" >>"$SUMMARY"
 cat "$SUMMARY"
 # exit 1 if a part failed
-! grep -qE '^- (titan|scaling|feed): (exit [1-9]|TIMED OUT|skipped)' "$SUMMARY"
+! grep -qE '^- (titan|corpus|scaling|feed): (exit [1-9]|TIMED OUT|skipped)' "$SUMMARY"
