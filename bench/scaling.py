@@ -454,7 +454,7 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(10.5, 5))
     colors = dict(zip(node_paths.PATHS, ("C0", "C1", "C2", "C3", "C4"), strict=True))
     for m in result.values():
         xs = list(PROJECT_CORES)
@@ -467,8 +467,8 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
                 ax.plot([row["cores"]], [row["measured"]], "o", color=colors.get(m["path"]),
                         markersize=4)
     ax.axhline(NODE_TARGET, color="gray", lw=0.8, ls="--")
-    ax.text(1.05, NODE_TARGET * 1.08, "8 H100s, 1B model (8 x 60k tokens/s)", fontsize=8,
-            color="gray")
+    ax.text(180, NODE_TARGET * 1.08, "8 H100s, 1B model (8 x 60k tokens/s)", fontsize=8,
+            color="gray", ha="right")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlim(1, 192)
@@ -478,7 +478,7 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     ax.set_ylabel("tokens/s (projected; dots: measured)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
