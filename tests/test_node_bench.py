@@ -3,9 +3,9 @@ figures and search, and the device script at its CPU size (slow tier).
 
 The model and the figures are checked against values computed by hand; the GIL measurement
 against real processes whose GIL use is known (a pure-Python spin holds it whenever it runs,
-a sleeping process never); ``bash bench/device/run.sh --cpu`` end to end (about 2-3 minutes
-on 2 quiet cores: the TorchTitan CPU trainer twice, 12 scaling children, 3 feed trials of 8
-ranks).
+a sleeping process never); ``bash bench/device/run.sh --cpu`` end to end (the TorchTitan CPU
+trainer twice, 14 scaling children, 3 feed trials of 8 ranks: 7.8 minutes at a load average of
+11-14 on 2 cores).
 """
 
 from __future__ import annotations
