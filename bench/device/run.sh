@@ -12,7 +12,7 @@
 #               --cpu: the CPU trainer only, 4 steps resumed at 2.
 #   2. scaling  bench/scaling.py on 1, 2, 4, 8 and 16 cores (the sidecar, every path; G by
 #               py-spy at 1 core): the cost model's prediction against what 16 cores measure.
-#               --cpu: --quick on 1 and 2 cores, two paths, both modes.
+#               --cpu: --quick on 1 and 2 cores, the Megatron path, both modes.
 #   3. feed     bench/feed.py: 8 ranks through one sidecar, the highest rate per rank each
 #               recipe sustains with under 1% of steps waiting. --cpu: --quick, one rate.
 #
@@ -101,7 +101,7 @@ else
         --interval 2 --work "$WORK/titan" --timeout 300
     part corpus 120 "$WORK/corpus.txt" "$PY" bench/node_paths.py "$WORK/corpus" --quick
     part scaling 300 "$OUT/scaling.md" "$PY" bench/scaling.py --quick --cores 1,2 \
-        --paths text_parquet,megatron --corpus "$WORK/corpus" --out "$OUT"
+        --paths megatron --corpus "$WORK/corpus" --out "$OUT"
     part feed 200 "$OUT/feed.md" "$PY" bench/feed.py --quick --ranks 8 \
         --corpus "$WORK/corpus" --out "$OUT/feed.json"
 fi
