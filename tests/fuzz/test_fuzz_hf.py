@@ -61,4 +61,6 @@ def dataset() -> Dataset:
 
 
 def test_fuzz_hf(tmp_path: Path) -> None:
-    fuzz(dataset(), tmp_path, CASES)
+    # A bad record is rare here (0 or 1 of 300: an Arrow column has no per-record framing to
+    # break), so only errors and exact reads must be reached.
+    fuzz(dataset(), tmp_path, CASES, reach=("error", "exact"))
