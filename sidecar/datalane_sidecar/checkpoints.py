@@ -87,8 +87,9 @@ class PodCheckpoints:
         # ranks_per_pod (a misconfigured pod) rewrites it with the union, never loses lanes
         if count >= self.ranks_per_pod:
             pending.asked.set()
+            # not a daemon: a sidecar that stops finishes the write in flight before it exits
             threading.Thread(target=self._write_union, args=(step, pending, count),
-                             daemon=True, name=f"checkpoint-{step}").start()
+                             name=f"checkpoint-{step}").start()
         elif self._committed_before(step, pending, first):
             return self._confirm(step, state)
         if not pending.asked.wait(timeout):
@@ -155,6 +156,7 @@ class PodCheckpoints:
                 pending.result = Saved(step, error=StorageError(
                     f"step {step}: {reason}; ask again", transient=True))
             pending.done.set()
+            pending.asked.set()  # after done: a rank waiting for the others takes the result
 
     def _write(self, step: int, pending: _Pending) -> None:
         store = self.store

@@ -235,7 +235,10 @@ class Session:
             if held is None or dict(held.lanes) != lanes:
                 return None
             at = (step - self.first_step) * self.per_step + skip - self.first_skip
-            return self._fanout.attach(reader, at) if at >= 0 else None
+            generation = self._fanout.attach(reader, at) if at >= 0 else None
+            if generation is not None:  # where its trainer stands (a drain's resume point)
+                self._fanout.slots[reader].position = (step, skip)
+            return generation
 
     def claim(self, reader: int) -> int:
         """Attach ``reader`` at the session's start (the reader that opened it)."""
