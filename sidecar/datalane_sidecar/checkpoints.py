@@ -86,6 +86,12 @@ class PodCheckpoints:
         # the pod object is written once every rank of the pod asked; a rank beyond
         # ranks_per_pod (a misconfigured pod) rewrites it with the union, never loses lanes
         if count >= self.ranks_per_pod:
+            with self._lock:
+                if pending.done.is_set() and count > pending.written:
+                    # asked again after a failed write (or by one more rank): this request
+                    # waits for the write it starts, not for the last one's result
+                    pending.done.clear()
+                    pending.result = pending.writing_since = None
             pending.asked.set()
             # not a daemon: a sidecar that stops finishes the write in flight before it exits
             threading.Thread(target=self._write_union, args=(step, pending, count),
