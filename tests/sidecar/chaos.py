@@ -40,6 +40,9 @@ def run_chaos(sidecar: Callable[..., Any], recipe_path: str, tmp_path: Path, *, 
     got: dict[int, list[Any]] = {0: [], 1: []}
     errors: list[str] = []
     in_checkpoint = threading.Event()  # rank 0 is inside checkpoint()
+    # the ranks hold before their last two steps until every fault landed: a trainer drains
+    # what a stopped sidecar sent while it restarts, and could otherwise finish first
+    faults_done = threading.Event()
 
     def rank(r: int) -> None:
         try:
@@ -48,6 +51,8 @@ def run_chaos(sidecar: Callable[..., Any], recipe_path: str, tmp_path: Path, *, 
                                    reconnect_timeout=300)
             it = iter(loader)
             for n in range(steps * PER_STEP):
+                if n == (steps - 2) * PER_STEP:
+                    faults_done.wait(900)
                 b = next(it)
                 time.sleep(PACE)  # a trainer's step takes time: the faults land mid-run
                 got[r].append(b.copy())
@@ -75,7 +80,7 @@ def run_chaos(sidecar: Callable[..., Any], recipe_path: str, tmp_path: Path, *, 
         while len(got[0]) < point and threads[0].is_alive():
             time.sleep(0.005)
         if fault.endswith("in-checkpoint"):
-            in_checkpoint.wait(60)  # the next checkpoint rank 0 asks for
+            in_checkpoint.wait(60)  # the next checkpoint rank 0 asks for (before the hold)
         time.sleep(rng.uniform(0, 0.2 if not fault.endswith("in-checkpoint") else 0.05))
         if fault.startswith("kill9"):
             sc.kill9()
@@ -83,6 +88,7 @@ def run_chaos(sidecar: Callable[..., Any], recipe_path: str, tmp_path: Path, *, 
             assert sc.terminate() == 0
         sc.start()
     remaining = threads[0].is_alive()
+    faults_done.set()
     for t in threads:
         t.join(900)
     assert not errors, "\n".join(errors)
