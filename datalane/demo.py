@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,11 +29,17 @@ from datalane.spec.state import Checkpoint, merge_checkpoints
 __all__ = ["Progress", "gather", "lane_digests", "print_comparison", "rank_main", "run_demo"]
 
 _PHASES = (4, 2, 8)
+_SIGNALS = {int(s) for s in signal.Signals}
 
 
 def rank_main(args: argparse.Namespace) -> int:
-    """One rank process: ``--steps`` steps, a digest line per step, then its state file."""
+    """One rank process: ``--steps`` steps, a digest line per step, then its state file.
+    A fatal signal (SIGABRT, SIGSEGV, ...) prints every thread's stack on stderr first."""
+    import faulthandler
+
     from datalane.engine.loader import Loader
+
+    faulthandler.enable()
     from datalane.spec.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)
@@ -110,7 +117,10 @@ def gather(procs: list[subprocess.Popen[str]], progress: Progress, label: str,
         t.join()
     codes = [p.wait() for p in procs]
     if any(codes):
-        raise SystemExit(f"a process of the {label} failed (exit codes {codes})")
+        named = [f"{c} ({signal.Signals(-c).name})" if c < 0 and -c in _SIGNALS else str(c)
+                 for c in codes]
+        raise SystemExit(f"a process of the {label} failed (exit codes {', '.join(named)}; "
+                         f"a process killed by a signal printed its threads' stacks above)")
     return outputs
 
 

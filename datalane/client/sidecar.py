@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import queue
 import re
@@ -42,13 +43,15 @@ from datalane.spec.integrity import parse_json
 from datalane.spec.lanes import lanes_of_rank
 from datalane.spec.schema import SampleSchema
 from datalane.spec.state import check_step
-from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION, protocol_mismatch
+from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION, STORE_ERROR_KEY, protocol_mismatch
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 from datalane.wire.layout import Layout
 from datalane.wire.shm import ShmReader
 
 __all__ = ["SidecarLoader"]
+
+log = logging.getLogger("datalane.client")
 
 # A call that failed for one of these codes may succeed after a reconnect: the sidecar is
 # restarting or draining (UNAVAILABLE), the connection broke mid-call (CANCELLED, or UNKNOWN
@@ -124,6 +127,7 @@ class SidecarLoader:
         self._generation = 0
         self.per_step = 0
         self.reconnects = 0
+        self.last_resume: dict[str, float] | None = None  # seconds of the last resume, by part
         self._active: tuple[Any, queue.Queue[pb.Ack | None]] | None = None
         self._parked = ""  # a session checkpoint() opened, that no stream reads from yet
         _LIVE.add(self)
@@ -283,6 +287,8 @@ class SidecarLoader:
         bound, name = self.open_timeout, "open_timeout"
         deadline = time.monotonic() + bound
         last: BaseException | None = None
+        broke: float | None = None  # when the stream last broke (monotonic), until resumed
+        attempts = 0
         while True:
             if time.monotonic() >= deadline:
                 raise StorageError(f"the sidecar at {self.socket} did not serve rank "
@@ -290,13 +296,22 @@ class SidecarLoader:
                                    f"; last error: {last}")
             progressed = False
             try:
+                t0 = time.monotonic()
                 self._connect(deadline)
+                t1 = time.monotonic()
                 reply = self._open()
+                t2 = time.monotonic()
                 self._parked = ""
                 # the stream is endless; if it finishes without an error anyway (a sidecar
                 # of an older version that stops serving), re-open at the position rather
                 # than end the trainer's data as if it had run out
                 for batch in self._stream(reply):
+                    if broke is not None:
+                        self._resumed(batch, {"waiting": t0 - broke, "connect": t1 - t0,
+                                              "open": t2 - t1,
+                                              "first_microbatch": time.monotonic() - t2,
+                                              "total": time.monotonic() - broke}, attempts)
+                        broke, attempts = None, 0
                     progressed = True
                     yield batch
                     if self._generation != generation:
@@ -320,8 +335,23 @@ class SidecarLoader:
             if progressed:
                 bound, name = self.reconnect_timeout, "reconnect_timeout"
                 deadline = time.monotonic() + bound
+            if broke is None:
+                broke = time.monotonic()
+            attempts += 1
             self.reconnects += 1
-            time.sleep(min(0.25, 0.02 * self.reconnects))
+            # a short pause whatever the count: a sidecar restarting is waited for by the
+            # channel's own backoff (50-250 ms), never by a sleep that grows
+            time.sleep(min(0.25, 0.02 * attempts))
+
+    def _resumed(self, batch: Batch, seconds: dict[str, float], attempts: int) -> None:
+        """Record and log where the time between a broken stream and its next microbatch
+        went (``last_resume``; docs/operator.md, Restarts)."""
+        self.last_resume = {k: round(v, 3) for k, v in seconds.items()}
+        log.info("rank %d: stream resumed at step %d index %d after %.2f s, %d attempt(s): "
+                 "waiting %.2f s, connect %.2f s, open %.2f s, first microbatch %.2f s",
+                 self.rank, batch.step, batch.index, seconds["total"], attempts,
+                 seconds["waiting"], seconds["connect"], seconds["open"],
+                 seconds["first_microbatch"])
 
     def _stream(self, reply: pb.OpenReply) -> Iterator[Batch]:
         assert self._stub is not None
@@ -493,7 +523,7 @@ class SidecarLoader:
                 # again at the position (the stream re-opens on the next microbatch); any
                 # other cause - a storage error among them - is the caller's to see, and
                 # re-opens nothing
-                if not _retryable(e) or time.monotonic() >= deadline:
+                if not _retryable(e) or _store_error(e) or time.monotonic() >= deadline:
                     raise _error(e) from None
                 if _no_session(e):
                     try:
@@ -532,11 +562,19 @@ class SidecarLoader:
         self.close()
 
 
-def _no_session(e: grpc.RpcError) -> bool:
-    if e.code() != grpc.StatusCode.NOT_FOUND:
-        return False
+def _metadata(e: grpc.RpcError, key: str) -> str | None:
     meta = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
-    return any(k == NO_SESSION_KEY for k, _ in meta or ())
+    return next((str(v) for k, v in meta or () if k == key), None)
+
+
+def _no_session(e: grpc.RpcError) -> bool:
+    return e.code() == grpc.StatusCode.NOT_FOUND and _metadata(e, NO_SESSION_KEY) is not None
+
+
+def _store_error(e: grpc.RpcError) -> str | None:
+    """"transient" or "permanent" if the checkpoint store failed the call (the sidecar
+    retried it already, within its bound), else None."""
+    return _metadata(e, STORE_ERROR_KEY)
 
 
 def _retryable(e: grpc.RpcError) -> bool:
@@ -552,10 +590,13 @@ def _retryable(e: grpc.RpcError) -> bool:
 
 def _error(e: grpc.RpcError) -> DatalaneError:
     code, details = e.code(), e.details() or ""
+    store = _store_error(e)
+    if store is not None:  # the message names the store and the object
+        return StorageError(details, transient=store == "transient")
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return MismatchError(details)
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return ConfigError(details)
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+        return ConfigError(details)  # a bad request, or past a limit the sidecar names
     if code == grpc.StatusCode.NOT_FOUND:
         return StorageError(details, transient=_no_session(e))
     return StorageError(f"sidecar call failed: {code.name}: {details}",

@@ -249,6 +249,15 @@ class CheckpointStore:
             steps = [s for s in steps if self._verifies(s)]
         return steps
 
+    def is_committed(self, step: int) -> bool:
+        """Whether ``step`` has a manifest that parses (one read; nothing verified)."""
+        check_step(step)
+        return self._parsed_manifest(step) is not None
+
+    def pod_uri(self, step: int, pod_id: str | int) -> str:
+        """The URI of pod ``pod_id``'s object of ``step`` (what an error names)."""
+        return self._io.uri(pod_path(self._base, check_step(step), str(pod_id)))
+
     def latest_committed(self, verify: bool = False) -> int | None:
         """The newest committed step (the newest that verifies, with ``verify``), or None."""
         for step in reversed(self.committed_steps()):

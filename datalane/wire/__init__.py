@@ -18,7 +18,12 @@ NO_SESSION_KEY = "datalane-no-session"
 """Trailing metadata of the NOT_FOUND that means "no such session" (re-open and retry), as
 opposed to a checkpoint object that is not found (an error to report, not to retry)."""
 
-__all__ = ["NO_SESSION_KEY", "PROTOCOL_VERSION", "protocol_mismatch"]
+STORE_ERROR_KEY = "datalane-store-error"
+"""Trailing metadata of a checkpoint that the checkpoint store failed ("transient" or
+"permanent"): the sidecar already retried it within its bound, so the client raises it to
+the trainer instead of asking again (a sidecar restarting is UNAVAILABLE without it)."""
+
+__all__ = ["NO_SESSION_KEY", "PROTOCOL_VERSION", "STORE_ERROR_KEY", "protocol_mismatch"]
 
 
 def protocol_mismatch(client: int, sidecar: int) -> str:

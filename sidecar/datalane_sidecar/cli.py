@@ -45,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=int(_env("DATALANE_WORKERS", "2") or 2))
     serve.add_argument("--prefetch", type=int, default=int(_env("DATALANE_PREFETCH", "8") or 8),
                        help="microbatches ready ahead of each session's slowest reader")
+    serve.add_argument("--max-streams", type=int,
+                       default=int(_env("DATALANE_MAX_STREAMS", "0") or 0),
+                       help="streams served at once (trainer processes x (1 + eval streams "
+                            "read at once)); a stream past it is refused with "
+                            "RESOURCE_EXHAUSTED. 0: max(256, ranks-per-pod x 8 x (1 + eval "
+                            "streams)) (env DATALANE_MAX_STREAMS)")
     serve.add_argument("--socket-mode", default=_env("DATALANE_SOCKET_MODE", "0600"),
                        choices=["0600", "0660"])
     serve.add_argument("--metrics-port", type=int,
@@ -72,9 +78,13 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, options)
     if not args.recipe:
         raise DatalaneError("no recipe: pass --recipe or set DATALANE_RECIPE")
+    if args.max_streams < 0:
+        raise DatalaneError(f"--max-streams must be 0 (automatic) or more, not "
+                            f"{args.max_streams}")
     cfg = SidecarConfig(args.socket, args.recipe, args.store, options, args.pod,
                         args.ranks_per_pod, args.workers, args.prefetch,
-                        int(args.socket_mode, 8), args.metrics_port, args.metrics_addr)
+                        int(args.socket_mode, 8), args.metrics_port, args.metrics_addr,
+                        args.max_streams)
     return serve(cfg)
 
 

@@ -61,6 +61,23 @@ class Metrics:
                             "microbatch, summed over open sessions", registry=self.registry)
         self.replay_seconds = Histogram("datalane_replay_seconds", "Seconds to open a session "
                                         "at a resume point", registry=self.registry)
+        self.startup = Gauge("datalane_startup_seconds", "Seconds each part of the sidecar's "
+                             "start took (imports, recipe, plan, store, service, bind)",
+                             ["phase"], registry=self.registry)
+        self.open_seconds = Histogram("datalane_open_seconds", "Seconds an Open took (a new "
+                                      "session: its replay; or a reader attached)",
+                                      registry=self.registry)
+        self.first_microbatch = Histogram("datalane_first_microbatch_seconds", "Seconds from "
+                                          "an Open's reply to the first microbatch sent on its "
+                                          "stream", registry=self.registry)
+        self.calls = Gauge("datalane_calls_in_flight", "Calls that hold a server thread for "
+                           "long (stream, checkpoint, open), in flight now", ["kind"],
+                           registry=self.registry)
+        self.refused = Gauge("datalane_calls_refused", "Calls refused with RESOURCE_EXHAUSTED "
+                             "past the --max-streams limit, since the start", ["kind"],
+                             registry=self.registry)
+        self.call_limit = Gauge("datalane_max_streams", "Calls of each kind served at once "
+                                "(--max-streams)", registry=self.registry)
         self.skipped = Gauge("datalane_skipped_records", "Records skipped, by reason",
                              ["reason"], registry=self.registry)
         self.source_tokens = Gauge("datalane_source_tokens", "Tokens the mixture took from "
@@ -81,6 +98,16 @@ class Metrics:
         self._schedule: tuple[Any, Schedule] | None = None
         self._summed = 0
         self._sums: list[float] = []
+
+    def watch(self, admission: Any) -> None:
+        """Export an :class:`~datalane_sidecar.admission.Admission`'s counts."""
+        self.call_limit.set(admission.max_streams)
+        def count(table: dict[str, int], kind: str) -> Callable[[], float]:
+            return lambda: float(table[kind])
+
+        for kind in admission.KINDS:
+            self.calls.labels(kind=kind).set_function(count(admission.active, kind))
+            self.refused.labels(kind=kind).set_function(count(admission.refused, kind))
 
     def delivered(self, payload_bytes: int, tokens: int, depth: int,
                   stream: str = TRAIN) -> None:

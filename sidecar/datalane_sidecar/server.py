@@ -33,6 +33,7 @@ from datalane.spec.recipe import load_recipe
 from datalane.wire import datalane_pb2_grpc as pbg
 from datalane_sidecar.metrics import Metrics
 from datalane_sidecar.service import DataLaneService
+from datalane_sidecar.timing import Laps
 
 __all__ = ["SidecarConfig", "serve", "write_termination_message"]
 
@@ -55,6 +56,7 @@ class SidecarConfig:
     socket_mode: int
     metrics_port: int
     metrics_addr: str
+    max_streams: int = 0  # 0: from the pod's ranks and the recipe's eval streams (admission.py)
 
 
 def _check_socket_path(path: str) -> None:
@@ -149,23 +151,32 @@ def _serve(cfg: SidecarConfig, ready: threading.Event | None,
            stop: threading.Event | None) -> int:
     if cfg.socket_mode not in (0o600, 0o660):
         raise ConfigError(f"socket mode {cfg.socket_mode:o} is not 600 or 660")
+    laps = Laps()  # where a (re)start's time goes: logged with "serving", and a metric
     _check_socket_path(cfg.socket)
     recipe = load_recipe(cfg.recipe)
     # every predicate, of the training and the eval sources, before anything is planned or
     # imported: the allow-list the operator injected ($DATALANE_PREDICATE_MODULES)
     CodePolicy.from_env().check_recipe(recipe)
+    laps.lap("recipe")
     plan = Plan.build(recipe)
+    laps.lap("plan")
     store = None
     if cfg.store:
         from datalane.store import CheckpointStore
 
         store = CheckpointStore(cfg.store, cfg.store_options or None)
+    laps.lap("store")
     metrics = Metrics()
     service = DataLaneService(plan, Knobs(workers=cfg.workers), cfg.prefetch, store, cfg.pod,
                               cfg.ranks_per_pod, os.path.dirname(os.path.abspath(cfg.socket)),
-                              metrics, shm_mode=cfg.socket_mode)
+                              metrics, shm_mode=cfg.socket_mode, started=laps,
+                              max_streams=cfg.max_streams or None)
+    laps.lap("service")  # the eval streams' plans, the worker pool
+    # one thread per admitted stream, checkpoint and open, and a reserve for Health: a call
+    # past its limit is refused at once, so none waits for a thread (admission.py)
     server = grpc.server(
-        ThreadPoolExecutor(max_workers=64),
+        ThreadPoolExecutor(max_workers=service.admission.pool_size(),
+                           thread_name_prefix="datalane-rpc"),
         options=[("grpc.max_send_message_length", _MAX_MESSAGE),
                  ("grpc.max_receive_message_length", _MAX_MESSAGE)])
     pbg.add_DataLaneServicer_to_server(service, server)
@@ -179,8 +190,14 @@ def _serve(cfg: SidecarConfig, ready: threading.Event | None,
             signal.signal(sig, lambda *_: stop.set())
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks, for a stuck pod
     server.start()
+    laps.lap("bind")
+    for phase, seconds in laps.laps.items():
+        metrics.startup.labels(phase=phase).set(seconds)
     log.info("serving", extra={"socket": cfg.socket, "fingerprint": plan.fingerprint,
-                               "lanes": recipe.lanes, "store": cfg.store or ""})
+                               "lanes": recipe.lanes, "store": cfg.store or "",
+                               "max_streams": service.admission.max_streams,
+                               "startup_seconds": laps.laps,
+                               "since_start": round(laps.since_start(), 3)})
     if ready is not None:
         ready.set()
     # Wait in short slices: Linux may deliver SIGTERM to any of the server's threads, and then

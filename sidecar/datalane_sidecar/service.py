@@ -10,13 +10,15 @@ The reply to Open announces the recipe's sample schema and the byte layout of on
 the session's shared-memory ring. An Open of another wire protocol version is refused before
 anything else, naming both versions and the side to upgrade.
 
-A data-parallel rank has one session. An Open declaring ``readers`` > 1 (ranks that share the
-data-parallel rank) attaches as reader ``reader`` to the rank's live session when that session
-serves the same world size, microbatch size and readers and still holds the requested position
-with the same lane states; each reader gets a handle (the ``session_id`` it streams with) and
-a shared-memory ring of its own. Any other Open builds a new session and only then replaces
-the rank's live one, so a refused request never disturbs a healthy trainer. Started by
-:func:`datalane_sidecar.server.serve`.
+A data-parallel rank has one session. An Open attaches as reader ``reader`` (of ``readers``:
+ranks that share the data-parallel rank) to the rank's live session when that session serves
+the same world size, microbatch size and readers and still holds the requested position with
+the same lane states; each reader gets a handle (the ``session_id`` it streams with) and a
+shared-memory ring of its own. A single reader attaches too: a trainer that checkpoints while
+it drains what a previous sidecar sent re-opens one step further each time, and follows the
+session it opened instead of replaying a new one per step. Any other Open builds a new session
+and only then replaces the rank's live one, so a refused request never disturbs a healthy
+trainer. Started by :func:`datalane_sidecar.server.serve`.
 
 Eval streams: an Open naming an eval stream of the recipe (``stream``; "" is the training
 stream) builds a session on that stream's plan (planned once, when the service starts, so a
@@ -50,14 +52,16 @@ from datalane.spec.integrity import parse_json
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import check_world_size
 from datalane.spec.state import Checkpoint, LaneState
-from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION, protocol_mismatch
+from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION, STORE_ERROR_KEY, protocol_mismatch
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 from datalane.wire.shm import ShmWriter
+from datalane_sidecar.admission import Admission, default_max_streams
 from datalane_sidecar.boundaries import CheckpointText, lane_json
 from datalane_sidecar.checkpoints import PodCheckpoints
 from datalane_sidecar.metrics import Metrics
 from datalane_sidecar.session import Session
+from datalane_sidecar.timing import Laps
 
 __all__ = ["DataLaneService"]
 
@@ -67,6 +71,7 @@ _SHM_RING_BYTES = 4 << 20  # ... and more for small microbatches, up to this siz
 _SHM_MAX_SLOTS = 64
 
 
+_ATTACH_WAIT_SECONDS = 10.0  # for the boundary a live session's producer is computing
 _BACKFILL_WAIT_SECONDS = 600.0  # a checkpoint waits this long for a ledger being rebuilt
 _MAX_PER_DELIVERY = 16  # microbatches in one Stream message
 _INLINE_DELIVERY_BYTES = 1 << 20  # inline payload in one Stream message (bigger ones wait)
@@ -104,7 +109,8 @@ class _Handle:
 class DataLaneService(pbg.DataLaneServicer):
     def __init__(self, plan: Plan, knobs: Knobs, prefetch: int, store: Any | None, pod: str,
                  ranks_per_pod: int, shm_dir: str, metrics: Metrics,
-                 shm_mode: int = 0o600) -> None:
+                 shm_mode: int = 0o600, started: Laps | None = None,
+                 max_streams: int | None = None) -> None:
         self.plan = plan
         self.knobs = knobs
         self.prefetch = prefetch
@@ -121,6 +127,9 @@ class DataLaneService(pbg.DataLaneServicer):
         for stream in plan.recipe.eval:
             self.plans[stream.name] = Plan.build(eval_recipe(plan.recipe, stream.name))
             self.stream_texts[stream.name] = CheckpointText(self.plans[stream.name])
+        self.admission = Admission(max_streams or default_max_streams(
+            ranks_per_pod, len(plan.recipe.eval)))
+        metrics.watch(self.admission)
         self.sessions: dict[str, Session] = {}
         # the metrics describe the training stream (its sources, its skipped records)
         metrics.sessions = lambda: [s for s in self.sessions.values() if not s.is_eval]
@@ -129,6 +138,9 @@ class DataLaneService(pbg.DataLaneServicer):
         self.last_checkpoint: dict[str, int] = {}
         self.uncommitted: set[str] = set()  # sessions whose last checkpoint is not committed
         self.serving = True
+        self.started = started or Laps()  # the process's start: first microbatches logged
+        self.opened_at: dict[str, float] = {}  # handle -> when its Open replied (monotonic)
+        self._first_sent = False  # the first microbatch of this process was sent
         self._lock = threading.Lock()
         self._open_locks: dict[tuple[str, int], threading.Lock] = {}
 
@@ -149,6 +161,11 @@ class DataLaneService(pbg.DataLaneServicer):
         return None
 
     def Open(self, request: pb.OpenRequest, context: grpc.ServicerContext) -> pb.OpenReply:
+        with self.admission.hold("open", context):
+            return self._open_call(request, context)
+
+    def _open_call(self, request: pb.OpenRequest,
+                   context: grpc.ServicerContext) -> pb.OpenReply:
         try:
             if request.protocol_version != PROTOCOL_VERSION:
                 raise MismatchError(protocol_mismatch(request.protocol_version,
@@ -184,10 +201,9 @@ class DataLaneService(pbg.DataLaneServicer):
             # one Open of a rank at a time: two readers opening at once must not each find no
             # session, build one, and replace the other's
             with self._rank_lock(stream, request.rank):
-                if readers > 1:
-                    attached = self._attach(request, hid, start, readers, stream)
-                    if attached is not None:
-                        return attached
+                attached = self._attach(request, hid, start, readers, stream)
+                if attached is not None:
+                    return attached
                 return self._open(request, hid, start, readers, stream)
         except DatalaneError as e:
             _abort(context, e)
@@ -212,6 +228,7 @@ class DataLaneService(pbg.DataLaneServicer):
         except BaseException:
             session.close()
             raise
+        built = time.perf_counter() - t0
         generation = session.claim(request.reader)
         with self._lock:
             old = [sid for sid, s in self.sessions.items()
@@ -222,14 +239,21 @@ class DataLaneService(pbg.DataLaneServicer):
                 self.rings[hid] = ring
         for sid in old:
             self._close(sid)
+        t1 = time.perf_counter()
         if start is not None and stream == TRAIN:  # an eval stream has no ledger
-            self.metrics.replay_seconds.observe(time.perf_counter() - t0)
+            self.metrics.replay_seconds.observe(built)
             self._start_ledger(session)
+        took = time.perf_counter() - t0
+        self.metrics.open_seconds.observe(took)
         log.info("session opened", extra={"session": hid, "stream": stream,
                                           "rank": request.rank,
                                           "world_size": request.world_size,
                                           "readers": readers, "reader": request.reader,
-                                          "step": session.first_step})
+                                          "step": session.first_step,
+                                          "seconds": {"session": round(built, 3),
+                                                      "ledger": round(
+                                                          time.perf_counter() - t1, 3),
+                                                      "open": round(took, 3)}})
         return self._reply(hid, session, session.first_step, ring)
 
     def _attach(self, request: pb.OpenRequest, hid: str, start: Checkpoint | None,
@@ -251,7 +275,8 @@ class DataLaneService(pbg.DataLaneServicer):
         else:
             return None
         ring = self._ring(request, live, hid)
-        generation = live.attach(request.reader, step, lanes, request.skip_microbatches)
+        generation = live.attach(request.reader, step, lanes, request.skip_microbatches,
+                                 wait=_ATTACH_WAIT_SECONDS)
         with self._lock:
             ok = generation is not None and live.id in self.sessions
             replaced = [h for h, x in self.handles.items()
@@ -259,6 +284,7 @@ class DataLaneService(pbg.DataLaneServicer):
             old_rings = [self.rings.pop(h) for h in replaced if h in self.rings]
             for h in replaced:
                 del self.handles[h]  # that reader's old stream ends with ABORTED
+                self.opened_at.pop(h, None)
             if ok and generation is not None:
                 self.handles[hid] = _Handle(live, request.reader, generation)
                 if ring is not None:
@@ -294,7 +320,26 @@ class DataLaneService(pbg.DataLaneServicer):
         session.layout.announce(reply)
         if ring is not None:
             reply.shm_path, reply.shm_bytes = ring.path, ring.size
+        with self._lock:
+            self.opened_at[hid] = time.monotonic()
         return reply
+
+    def _first_delivery(self, hid: str, session: Session) -> None:
+        """Log and measure the first microbatch sent on handle ``hid`` (and the process's
+        first: how long after its start a restarted sidecar served)."""
+        with self._lock:
+            opened = self.opened_at.pop(hid, None)
+            first, self._first_sent = not self._first_sent, True
+        if opened is None:
+            return
+        waited = time.monotonic() - opened
+        self.metrics.first_microbatch.observe(waited)
+        extra: dict[str, Any] = {"session": session.id, "rank": session.rank,
+                                 "stream": session.stream,
+                                 "seconds_after_open": round(waited, 3)}
+        if first:
+            extra["seconds_after_start"] = round(self.started.since_start(), 3)
+        log.info("first microbatch sent", extra=extra)
 
     def _start_ledger(self, session: Session) -> None:
         """The next checkpoint's ledger starts at the newest committed step at or before the
@@ -324,6 +369,7 @@ class DataLaneService(pbg.DataLaneServicer):
             hids = [h for h, x in self.handles.items() if x.session is session]
             for h in hids:
                 del self.handles[h]
+                self.opened_at.pop(h, None)
             rings = [self.rings.pop(h) for h in hids if h in self.rings]
             self.last_checkpoint.pop(sid, None)
             self.uncommitted.discard(sid)
@@ -346,6 +392,11 @@ class DataLaneService(pbg.DataLaneServicer):
     # -- streaming ---------------------------------------------------------------------------
     def Stream(self, request_iterator: Iterator[pb.Ack],
                context: grpc.ServicerContext) -> Iterator[pb.Delivery]:
+        with self.admission.hold("stream", context):
+            yield from self._stream(request_iterator, context)
+
+    def _stream(self, request_iterator: Iterator[pb.Ack],
+                context: grpc.ServicerContext) -> Iterator[pb.Delivery]:
         first = next(request_iterator, None)
         if first is None:
             return
@@ -433,11 +484,18 @@ class DataLaneService(pbg.DataLaneServicer):
                                        int(np.count_nonzero(it.columns["positions"] >= 0)),
                                        session.queue_depth(reader), session.stream)
             session.sent_to(reader, generation, (items[-1].step, items[-1].index))
+            if hid in self.opened_at:
+                self._first_delivery(hid, session)
             yield delivery
 
     # -- checkpoints -------------------------------------------------------------------------
     def Checkpoint(self, request: pb.CheckpointRequest,
                    context: grpc.ServicerContext) -> pb.CheckpointReply:
+        with self.admission.hold("checkpoint", context):
+            return self._checkpoint(request, context)
+
+    def _checkpoint(self, request: pb.CheckpointRequest,
+                    context: grpc.ServicerContext) -> pb.CheckpointReply:
         # the readers of one session all ask: the pod object counts the session once
         session = self._handle(request.session_id, context).session
         if session.is_eval:
@@ -455,7 +513,7 @@ class DataLaneService(pbg.DataLaneServicer):
                 # this pod's last object did not complete its step, but a later pod may
                 # have: the ledger then starts there, and older digests need not be carried
                 # (else the pod object of a pod that never commits grows with every step)
-                newer = [s for s in self.store.committed_steps() if since < s < request.step]
+                newer = [s for s in self._committed_steps() if since < s < request.step]
                 if newer:
                     since = newer[-1]
                     self.last_checkpoint[session.id] = since
@@ -475,8 +533,13 @@ class DataLaneService(pbg.DataLaneServicer):
             _abort(context, e)
             raise
         if saved.error is not None:
-            # a store error keeps its meaning (a lane in two objects is no reason to retry)
+            # a store error keeps its meaning (a lane in two objects is no reason to retry),
+            # and is marked as the store's: the client raises it instead of asking again
             error = saved.error
+            if saved.from_store:
+                transient = isinstance(error, StorageError) and error.transient
+                context.set_trailing_metadata(
+                    ((STORE_ERROR_KEY, "transient" if transient else "permanent"),))
             if isinstance(error, DatalaneError):
                 _abort(context, error, f"checkpoint of step {request.step} failed: ")
             context.abort(grpc.StatusCode.UNAVAILABLE,
@@ -491,11 +554,22 @@ class DataLaneService(pbg.DataLaneServicer):
         return pb.CheckpointReply(step=request.step, object=saved.object,
                                   committed=saved.committed, state_json=state)
 
+    def _committed_steps(self) -> list[int]:
+        """The store's committed steps; none when it cannot list them (the ledger is then
+        trimmed at a later checkpoint, and the write that follows reports the store)."""
+        assert self.store is not None
+        try:
+            return list(self.store.committed_steps())
+        except DatalaneError as e:
+            log.warning("cannot list committed checkpoints: %s", e)
+            return []
+
     def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext) -> pb.CloseReply:
         """Detach the handle's reader; the session closes with its last attached reader."""
         with self._lock:
             handle = self.handles.pop(request.session_id, None)
             ring = self.rings.pop(request.session_id, None)
+            self.opened_at.pop(request.session_id, None)
             last = handle is not None and not any(
                 x.session is handle.session for x in self.handles.values())
         if ring is not None:

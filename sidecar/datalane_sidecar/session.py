@@ -212,18 +212,33 @@ class Session:
                 self._fanout.fail(e)
 
     # -- readers -----------------------------------------------------------------------------
-    def attach(self, reader: int, step: int, lanes: dict[int, str], skip: int) -> int | None:
+    def attach(self, reader: int, step: int, lanes: dict[int, str], skip: int,
+               wait: float = 0.0) -> int | None:
         """Attach ``reader`` at microbatch ``skip`` of ``step`` if the session still holds that
         position and its boundary has exactly the lane states ``lanes`` (lane -> compact JSON);
-        returns the attachment's generation, or None if the session cannot serve it."""
+        returns the attachment's generation, or None if the session cannot serve it. A
+        boundary the producer is computing now (the next one, with room to go on) is waited
+        for up to ``wait`` seconds: a trainer that drains what a previous sidecar sent checkpoints
+        one step ahead of a session opened at its previous checkpoint."""
         if not 0 <= reader < self.readers or not 0 <= skip < self.per_step:
             return None
+
+        def settled() -> bool:
+            if step in self._boundaries or self._stop.is_set() or not self._thread.is_alive():
+                return True
+            return not (step == max(self._boundaries, default=-2) + 1 and self._fanout.room())
+
         with self._lock:
+            if wait > 0:
+                self._lock.wait_for(settled, wait)
             held = self._boundaries.get(step)
             if held is None or dict(held.lanes) != lanes:
                 return None
             at = (step - self.first_step) * self.per_step + skip - self.first_skip
-            return self._fanout.attach(reader, at) if at >= 0 else None
+            generation = self._fanout.attach(reader, at) if at >= 0 else None
+            if generation is not None:  # where its trainer stands (a drain's resume point)
+                self._fanout.slots[reader].position = (step, skip)
+            return generation
 
     def claim(self, reader: int) -> int:
         """Attach ``reader`` at the session's start (the reader that opened it)."""
