@@ -257,6 +257,8 @@ class ContainerRunner(PodRunner):
                 value = secret_key(self._secret, self.namespace, source["secretKeyRef"])
                 if value is not None:
                     env[e["name"]] = value
+            elif not source:  # an empty value: the API server drops "value: ''", as
+                env[e["name"]] = ""  # the kubelet then gives the variable as empty
             else:
                 raise PodRunError(f"env {e} is not supported by the container runner")
         return env
