@@ -135,8 +135,9 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     from datalane.spec.errors import ConfigError
-    from datalane_operator import handlers
+    from datalane_operator import handlers  # noqa: F401  (registers the kopf handlers)
     from datalane_operator.policy import Policy
+    from datalane_operator.runtime import OperatorConfig, Runtime
 
     try:
         policy = Policy.from_flags(args.allow_operator_identity,
@@ -152,18 +153,13 @@ def _run(args: argparse.Namespace) -> int:
                          "127.0.0.1`\n")
         return 2
     tls = Path(args.tls_dir)
-    cfg = handlers.RUNTIME.config
-    cfg.sidecar_image = args.sidecar_image
-    cfg.webhook_addr, cfg.webhook_port = args.webhook_addr, args.webhook_port
-    cfg.webhook_host = args.webhook_host
-    cfg.tls_cert, cfg.tls_key = str(tls / "tls.crt"), str(tls / "tls.key")
-    cfg.ca_file = str(tls / "ca.crt")
-    cfg.webhook_configuration = args.webhook_configuration
-    cfg.storage_interval = args.storage_interval
-    cfg.namespaces = tuple(args.namespace or ())
-    cfg.policy = policy
-    cfg.sidecar_protocols = protocols
-    cfg.lease = lease
+    cfg = OperatorConfig(
+        sidecar_image=args.sidecar_image, webhook_addr=args.webhook_addr,
+        webhook_port=args.webhook_port, webhook_host=args.webhook_host,
+        tls_cert=str(tls / "tls.crt"), tls_key=str(tls / "tls.key"),
+        ca_file=str(tls / "ca.crt"), webhook_configuration=args.webhook_configuration,
+        storage_interval=args.storage_interval, namespaces=tuple(args.namespace or ()),
+        policy=policy, sidecar_protocols=protocols, lease=lease)
     fmt = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,
            "json": kopf.LogFormat.JSON}[args.log_format]
     kopf.configure(verbose=args.verbose, log_format=fmt)
@@ -173,7 +169,8 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(standalone=True, clusterwide=not args.namespace,
-             namespaces=args.namespace or (), liveness_endpoint=args.liveness or None)
+             namespaces=args.namespace or (), liveness_endpoint=args.liveness or None,
+             memo=kopf.Memo(runtime=Runtime(cfg)))
     return 0
 
 
