@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds between looks at each checkpoint store")
     run.add_argument("--liveness", default=_env("liveness", "http://0.0.0.0:8080/healthz"),
                      help="kopf's liveness endpoint (also reports admission latency)")
+    run.add_argument("--metrics", default=_env("metrics", ""),
+                     help="serve Prometheus metrics at this http://HOST:PORT/PATH (the chart: "
+                          "http://0.0.0.0:8081/metrics); empty: none")
     run.add_argument("--allow-operator-identity", action="store_true",
                      default=_env("allow-operator-identity", "false") == "true",
                      help="let the operator list and garbage-collect checkpoint stores with "
@@ -136,6 +139,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from datalane.spec.errors import ConfigError
     from datalane_operator import handlers  # noqa: F401  (registers the kopf handlers)
+    from datalane_operator.metrics import parse_endpoint
     from datalane_operator.policy import Policy
     from datalane_operator.runtime import OperatorConfig, Runtime
 
@@ -144,6 +148,8 @@ def _run(args: argparse.Namespace) -> int:
                                    args.operator_identity_prefixes, args.predicate_modules)
         protocols = _protocols(args.sidecar_protocols)
         lease = _lease(args)
+        if args.metrics:
+            parse_endpoint(args.metrics)
     except ConfigError as e:
         sys.stderr.write(f"datalane-operator run: {e}\n")
         return 2
@@ -159,7 +165,8 @@ def _run(args: argparse.Namespace) -> int:
         tls_cert=str(tls / "tls.crt"), tls_key=str(tls / "tls.key"),
         ca_file=str(tls / "ca.crt"), webhook_configuration=args.webhook_configuration,
         storage_interval=args.storage_interval, namespaces=tuple(args.namespace or ()),
-        policy=policy, sidecar_protocols=protocols, lease=lease)
+        policy=policy, sidecar_protocols=protocols, lease=lease,
+        metrics_endpoint=args.metrics)
     fmt = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,
            "json": kopf.LogFormat.JSON}[args.log_format]
     kopf.configure(verbose=args.verbose, log_format=fmt)

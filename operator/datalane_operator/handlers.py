@@ -143,6 +143,7 @@ async def pod_event(labels: Mapping[str, str], namespace: str | None, memo: Any,
 async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     rt = runtime_of(memo)
     apply_settings(settings, rt)
+    await rt.serve_metrics()
     if rt.config.webhook_configuration and rt.config.ca_file:
         rt.background.append(rt.spawn(loops.ca_loop(rt)))
 

@@ -67,15 +67,22 @@ async def look_at_store(rt: Runtime, pipeline: Pipeline) -> Listing:
     ckpt = pipeline.spec.checkpoint
     view = await _store_view(rt, pipeline)
     if isinstance(view, str):
+        rt.metrics.stored("look", "denied")
         return Listing(ckpt.uri, error=view, denied=True)
 
     def listing() -> Listing:
         return view.look(ckpt.keep)
 
+    outcome = "error"
     try:
-        return await asyncio.wait_for(asyncio.to_thread(listing), rt.config.storage_timeout)
+        found = await asyncio.wait_for(asyncio.to_thread(listing), rt.config.storage_timeout)
+        outcome = "ok" if found.ok else "error"
+        return found
     except TimeoutError:
+        outcome = "timeout"
         return Listing(ckpt.uri, error=f"no answer within {rt.config.storage_timeout:.0f} s")
+    finally:
+        rt.metrics.stored("look", outcome)
 
 
 async def store_progress(rt: Runtime, body: Mapping[str, Any]) -> Progress:
@@ -90,12 +97,18 @@ async def store_progress(rt: Runtime, body: Mapping[str, Any]) -> Progress:
         return Progress(uri, error=f"the stored DataPipeline does not load: {e}")
     view = await _store_view(rt, pipeline)
     if isinstance(view, str):
+        rt.metrics.stored("progress", "denied")
         return Progress(uri, error=view)
     timeout = min(rt.config.storage_timeout, _ADMISSION_STORE_TIMEOUT)
+    outcome = "error"
     try:
         step, error = await asyncio.wait_for(asyncio.to_thread(view.newest), timeout)
+        outcome = "error" if error else "ok"
     except TimeoutError:
+        outcome = "timeout"
         return Progress(uri, error=f"no answer within {timeout:.0f} s")
+    finally:
+        rt.metrics.stored("progress", outcome)
     return Progress(uri, step, error or None)
 
 

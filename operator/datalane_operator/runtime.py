@@ -28,6 +28,7 @@ from datalane_operator import reconciler
 from datalane_operator.coalescer import Coalescer
 from datalane_operator.kube import Kube
 from datalane_operator.leader import LeaderElector, LeaseConfig
+from datalane_operator.metrics import Metrics, start_server
 from datalane_operator.policy import Policy
 from datalane_operator.stats import Latencies
 from datalane_operator.storage import DEFAULT_PROTOCOLS, Listing
@@ -58,6 +59,7 @@ class OperatorConfig:
     policy: Policy = field(default_factory=Policy)  # the administrator's rules
     sidecar_protocols: tuple[str, ...] = DEFAULT_PROTOCOLS  # what the sidecar image reads
     lease: LeaseConfig | None = None  # leader election; None: this process always leads
+    metrics_endpoint: str = ""  # serve Prometheus metrics at this http://HOST:PORT/PATH; "": none
 
     def watches(self, namespace: str) -> bool:
         return not self.namespaces or namespace in self.namespaces
@@ -89,6 +91,8 @@ class Runtime:
     looking: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     admission: Latencies = field(default_factory=Latencies)
     reconcile_latency: Latencies = field(default_factory=Latencies)
+    metrics: Metrics = field(default_factory=Metrics)
+    metrics_server: Any = None  # aiohttp's runner, while serving
     background: list[asyncio.Task[None]] = field(default_factory=list)
     elector: LeaderElector | None = None
     pipelines: Any = None  # kopf's index of DataPipelines, for a new leader's first round
@@ -110,6 +114,7 @@ class Runtime:
         """An admission review was answered (:class:`~datalane_operator.webhooks.
         TimedWebhookServer`)."""
         self.admission.add(seconds)
+        self.metrics.reviewed(webhook, verdict, seconds)
 
     # -- coalesced reconciles, storage looks on the side ---------------------------------
     def kick(self, key: Key) -> None:
@@ -125,6 +130,7 @@ class Runtime:
             log.error("reconcile of %s/%s failed; the next event or storage look retries",
                       *key, exc_info=error)
         self.reconcile_latency.add(seconds)
+        self.metrics.reconciled("ok" if error is None else "error", seconds)
 
     def look(self, key: Key) -> None:
         """List (and garbage-collect) the checkpoint store of ``key`` in the background, then
@@ -203,9 +209,19 @@ class Runtime:
                                          self.stop_leading)
             self.background.append(self.spawn(self.elector.run()))
 
+    async def serve_metrics(self) -> None:
+        """Serve :attr:`metrics` at ``config.metrics_endpoint``, if set (:mod:`~datalane_operator.
+        metrics`)."""
+        if self.config.metrics_endpoint and self.metrics_server is None:
+            self.metrics_server = await start_server(
+                self.config.metrics_endpoint, lambda: self.metrics.render(self.leading))
+
     async def stop(self) -> None:
         for task in self.background:
             task.cancel()
+        if self.metrics_server is not None:
+            await self.metrics_server.cleanup()
+            self.metrics_server = None
         if self.elector is not None:  # hand over at once rather than after a lease duration
             await self.elector.release()
 
