@@ -34,7 +34,7 @@ from datalane_operator.certs import make_bundle
 
 from tests.cluster.harness import Cluster, free_ports
 
-from .helmchart import CHART
+from .helmchart import CHART, ROOT
 from .spread import Spreader
 
 SIDECAR_IMAGE = "datalane-sidecar:e2e"
@@ -223,7 +223,9 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
     kubeconfig = _sa_kubeconfig(cluster, namespace, f"{release}-datalane",
                                 workdir / "operator.kubeconfig")
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-           "HOME": str(workdir), "LANG": "C.UTF-8", "KUBECONFIG": str(kubeconfig)}
+           "HOME": str(workdir), "LANG": "C.UTF-8", "KUBECONFIG": str(kubeconfig),
+           # the operator of this checkout, not the one the virtualenv was installed from
+           "PYTHONPATH": f"{ROOT}:{ROOT / 'sidecar'}:{ROOT / 'operator'}"}
     exe = str(Path(sys.executable).parent / "datalane-operator")
     lease = f"{release}-datalane-leader" if replicas > 1 else None
     members = []
