@@ -7,13 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from datalane_operator.names import (
-    WEBHOOK_INJECT,
-    WEBHOOK_REFUSE_NAMESPACE,
-    WEBHOOK_VALIDATE_PIPELINE,
-    WEBHOOK_VALIDATE_SCALE,
-    WEBHOOK_VALIDATE_WORKLOAD,
-)
+from datalane_operator.names import WEBHOOKS
 
 __all__ = ["RefusalsAreInfo"]
 
@@ -22,13 +16,10 @@ class RefusalsAreInfo(logging.Filter):
     """kopf logs every refused admission (``AdmissionError``) at ERROR, as a handler that
     "failed permanently"; a refusal is the webhook working, so it is logged at INFO."""
 
-    WEBHOOKS = (WEBHOOK_VALIDATE_PIPELINE, WEBHOOK_INJECT, WEBHOOK_VALIDATE_WORKLOAD,
-                WEBHOOK_VALIDATE_SCALE, WEBHOOK_REFUSE_NAMESPACE)
-
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno == logging.ERROR:
             msg = record.getMessage()
-            if any(msg.startswith(f"Webhook {w!r} failed permanently: ") for w in self.WEBHOOKS):
+            if any(msg.startswith(f"Webhook {w!r} failed permanently: ") for w in WEBHOOKS):
                 record.msg, record.args = f"refused: {msg.split(': ', 1)[1]}", ()
                 record.levelno, record.levelname = logging.INFO, "INFO"
         return True

@@ -9,7 +9,8 @@ Written by hand, small: prometheus_client is a dependency of the sidecar, not th
 * ``datalane_operator_reconciles_total{outcome}``: finished reconciles, ``ok`` or ``error``;
 * ``datalane_operator_reconcile_duration_seconds``: their durations (histogram);
 * ``datalane_operator_admissions_total{webhook,verdict}``: admission reviews answered,
-  ``allowed``, ``denied`` or ``error`` (kopf failed to answer);
+  ``allowed``, ``denied`` or ``error`` (kopf failed to answer), by webhook id (``unknown``
+  for a request to any other path);
 * ``datalane_operator_webhook_duration_seconds{webhook}``: review latency (histogram);
 * ``datalane_operator_store_operations_total{kind,outcome}``: looks at checkpoint stores,
   ``look`` (list and garbage-collect, the leader) or ``progress`` (the newest step, for the
@@ -25,6 +26,8 @@ import math
 import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from datalane_operator.names import WEBHOOKS
 
 __all__ = ["BUCKETS", "Histogram", "Metrics", "parse_endpoint", "start_server"]
 
@@ -91,6 +94,9 @@ class Metrics:
         self.reconcile_seconds.observe(seconds)
 
     def reviewed(self, webhook: str, verdict: str, seconds: float) -> None:
+        # kopf's webhook server hands any request path over as the webhook's id: made-up
+        # paths share one label, so that they cannot grow the label set without bound
+        webhook = webhook if webhook in WEBHOOKS else "unknown"
         key = (("webhook", webhook), ("verdict", verdict))
         self.admissions[key] = self.admissions.get(key, 0) + 1
         self.webhook_seconds.setdefault((("webhook", webhook),), Histogram()).observe(seconds)

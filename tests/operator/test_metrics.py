@@ -102,6 +102,18 @@ def test_hand_worked_counts_and_buckets() -> None:
     assert got[(f"{p}reconciles_total", (("outcome", "ok"),))] == 2
 
 
+def test_requests_to_made_up_paths_share_one_label() -> None:
+    """kopf's server passes any path as the webhook id: 1000 made-up ones make one series."""
+    m = Metrics()
+    for i in range(1000):
+        m.reviewed(f"made-up-{i}", "error", 0.001)
+    m.reviewed("validate-pytorchjob-scale", "allowed", 0.001)
+    assert m.admissions == {(("webhook", "unknown"), ("verdict", "error")): 1000,
+                            (("webhook", "validate-pytorchjob-scale"), ("verdict", "allowed")): 1}
+    assert sorted(m.webhook_seconds) == [(("webhook", "unknown"),),
+                                         (("webhook", "validate-pytorchjob-scale"),)]
+
+
 def test_an_operator_with_nothing_done_yet_lists_every_family() -> None:
     names = {f.name for f in text_string_to_metric_families(Metrics().render(leading=False))}
     assert names == {"datalane_operator_reconciles", "datalane_operator_reconcile_duration_seconds",

@@ -194,3 +194,21 @@ def test_handlers_take_the_runtime_from_kopfs_memo() -> None:
     watching.config.namespaces = ("team-a",)  # team-b is not this operator's: no refusal
     asyncio.run(handlers.refuse_namespace(body=kopf.Body(dp(namespace="team-b")),
                                           memo=kopf.Memo(runtime=watching)))
+
+
+def test_refusals_are_logged_at_info_and_other_errors_stay() -> None:
+    import logging
+
+    from datalane_operator.logfilter import RefusalsAreInfo
+
+    def record(msg: str, *args: Any) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", logging.ERROR, __file__, 1, msg, args, None)
+
+    refused = record("Webhook %r failed permanently: %s", "inject-sidecar",
+                     "spec.recipe.filters.predicate 'x:y' is not allowed")
+    assert RefusalsAreInfo().filter(refused)
+    assert (refused.levelno, refused.levelname, refused.getMessage()) == (
+        logging.INFO, "INFO", "refused: spec.recipe.filters.predicate 'x:y' is not allowed")
+    for other in (record("Webhook %r failed permanently: %s", "made-up", "boom"),
+                  record("Handler 'pipeline-event' failed with an exception.")):
+        assert RefusalsAreInfo().filter(other) and other.levelno == logging.ERROR
