@@ -304,14 +304,24 @@ def test_metrics_are_served_and_monitoring_is_off_by_default() -> None:
     assert not by_kind(off, "ServiceMonitor")
 
 
+def exported_series() -> set[str]:
+    """Every series name the operator's metrics have, with one sample of each."""
+    from datalane_operator.metrics import Metrics
+    from prometheus_client.parser import text_string_to_metric_families
+
+    m = Metrics()
+    m.reconciled("ok", 0.1)
+    m.reviewed("inject-sidecar", "allowed", 0.01)
+    m.stored("look", "ok")
+    return {s.name for f in text_string_to_metric_families(m.render(leading=True))
+            for s in f.samples}
+
+
 def test_service_monitor_and_alerts_render_when_enabled() -> None:
     """The ServiceMonitor selects the metrics Service, which selects the operator's pods on
     the port the operator listens on; every series the alerts read is one the operator
     exports (datalane_operator.metrics)."""
     import re
-
-    from datalane_operator.metrics import Metrics
-    from prometheus_client.parser import text_string_to_metric_families
 
     docs = render("metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true",
                   "metrics.serviceMonitor.labels.release=prom", "metrics.port=9100",
@@ -341,12 +351,7 @@ def test_service_monitor_and_alerts_render_when_enabled() -> None:
     assert alerts["DatalaneOperatorNoLeader"]["labels"]["severity"] == "critical"
     assert alerts["DatalaneOperatorWebhookSlow"]["expr"].rstrip().endswith("> 3")
     assert alerts["DatalaneOperatorReconcileFailures"]["expr"].rstrip().endswith("> 0.1")
-    m = Metrics()  # one of each, so that every series has a sample
-    m.reconciled("ok", 0.1)
-    m.reviewed("inject-sidecar", "allowed", 0.01)
-    m.stored("look", "ok")
-    exported = {s.name for f in text_string_to_metric_families(m.render(leading=True))
-                for s in f.samples}
+    exported = exported_series()
     for r in alerts.values():
         series = set(re.findall(r"datalane_operator_\w+", r["expr"]))
         assert series and series <= exported, (r["alert"], series - exported)
@@ -355,3 +360,31 @@ def test_service_monitor_and_alerts_render_when_enabled() -> None:
         "summary"]  # Prometheus' template, not Helm's
     assert not by_kind(render("operator.enabled=false", "metrics.prometheusRule.enabled=true",
                               "metrics.serviceMonitor.enabled=true"), "PrometheusRule")
+
+
+def test_grafana_dashboard_renders_when_enabled() -> None:
+    """A ConfigMap the Grafana sidecar discovers, holding the chart's dashboard file as is;
+    every panel queries series the operator exports, in the chosen namespace."""
+    import json
+    import re
+
+    assert not by_kind(render(), "ConfigMap")
+    docs = render("metrics.grafanaDashboard.enabled=true")
+    (cm,) = by_kind(docs, "ConfigMap")
+    assert cm["metadata"]["name"] == "dl-datalane-dashboard"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    text = cm["data"]["datalane-operator.json"]
+    assert text == (CHART / "dashboards" / "datalane-operator.json").read_text().rstrip("\n")
+    dash = json.loads(text)
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) == 8
+    exported = exported_series()
+    queried = set()
+    for expr in exprs:
+        series = set(re.findall(r"datalane_operator_\w+", expr))
+        assert series and series <= exported, (expr, series - exported)
+        assert 'namespace="$namespace"' in expr
+        queried |= series
+    # every metric family is on the dashboard (histograms through their buckets)
+    assert {re.sub(r"_(bucket|sum|count)$", "", n) for n in exported} == {
+        re.sub(r"_bucket$", "", n) for n in queried}
