@@ -1,13 +1,15 @@
 """datalane's Kubernetes operator: the DataPipeline CRD, sidecar injection, the scale guard,
 status from the world, checkpoint garbage collection.
 
-Thin kopf handlers (:mod:`datalane_operator.handlers`) over pure functions: the CR model
+Thin kopf registrations (:mod:`datalane_operator.handlers`, over the runtime that kopf's
+``memo`` carries: :mod:`~datalane_operator.runtime`) over pure functions: the CR model
 (:mod:`~datalane_operator.pipeline`), admission verdicts (:mod:`~datalane_operator.admission`),
 pod mutation (:mod:`~datalane_operator.inject`), PyTorchJob topology
 (:mod:`~datalane_operator.workload`), reconcile decisions (:mod:`~datalane_operator.reconcile`)
 and the CRD generator (:mod:`~datalane_operator.crd`). Depends only on :mod:`datalane.spec` and
-:mod:`datalane.store` within datalane; kopf and the Kubernetes client are imported by the
-handlers alone, so the pure parts load without them.
+:mod:`datalane.store` within datalane; kopf and the Kubernetes client are imported only by
+the modules that face them (handlers, webhooks, settings, kube), so the pure parts load
+without them.
 """
 
 from datalane_operator.admission import Verdict, review_pipeline, review_scale, review_workload

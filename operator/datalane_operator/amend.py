@@ -19,7 +19,7 @@ not fit after all is refused by the sidecar with the same reason (its own check 
 consumed prefix), never served.
 
 Pure functions, no I/O. Caller: :func:`datalane_operator.admission.review_pipeline`, given
-the progress by :mod:`datalane_operator.handlers`.
+the progress by :mod:`datalane_operator.reconciler`.
 """
 
 from __future__ import annotations

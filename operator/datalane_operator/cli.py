@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds between looks at each checkpoint store")
     run.add_argument("--liveness", default=_env("liveness", "http://0.0.0.0:8080/healthz"),
                      help="kopf's liveness endpoint (also reports admission latency)")
+    run.add_argument("--metrics", default=_env("metrics", ""),
+                     help="serve Prometheus metrics at this http://HOST:PORT/PATH (the chart: "
+                          "http://0.0.0.0:8081/metrics); empty: none")
     run.add_argument("--allow-operator-identity", action="store_true",
                      default=_env("allow-operator-identity", "false") == "true",
                      help="let the operator list and garbage-collect checkpoint stores with "
@@ -135,14 +138,18 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     from datalane.spec.errors import ConfigError
-    from datalane_operator import handlers
+    from datalane_operator import handlers  # noqa: F401  (registers the kopf handlers)
+    from datalane_operator.metrics import parse_endpoint
     from datalane_operator.policy import Policy
+    from datalane_operator.runtime import OperatorConfig, Runtime
 
     try:
         policy = Policy.from_flags(args.allow_operator_identity,
                                    args.operator_identity_prefixes, args.predicate_modules)
         protocols = _protocols(args.sidecar_protocols)
         lease = _lease(args)
+        if args.metrics:
+            parse_endpoint(args.metrics)
     except ConfigError as e:
         sys.stderr.write(f"datalane-operator run: {e}\n")
         return 2
@@ -152,18 +159,14 @@ def _run(args: argparse.Namespace) -> int:
                          "127.0.0.1`\n")
         return 2
     tls = Path(args.tls_dir)
-    cfg = handlers.RUNTIME.config
-    cfg.sidecar_image = args.sidecar_image
-    cfg.webhook_addr, cfg.webhook_port = args.webhook_addr, args.webhook_port
-    cfg.webhook_host = args.webhook_host
-    cfg.tls_cert, cfg.tls_key = str(tls / "tls.crt"), str(tls / "tls.key")
-    cfg.ca_file = str(tls / "ca.crt")
-    cfg.webhook_configuration = args.webhook_configuration
-    cfg.storage_interval = args.storage_interval
-    cfg.namespaces = tuple(args.namespace or ())
-    cfg.policy = policy
-    cfg.sidecar_protocols = protocols
-    cfg.lease = lease
+    cfg = OperatorConfig(
+        sidecar_image=args.sidecar_image, webhook_addr=args.webhook_addr,
+        webhook_port=args.webhook_port, webhook_host=args.webhook_host,
+        tls_cert=str(tls / "tls.crt"), tls_key=str(tls / "tls.key"),
+        ca_file=str(tls / "ca.crt"), webhook_configuration=args.webhook_configuration,
+        storage_interval=args.storage_interval, namespaces=tuple(args.namespace or ()),
+        policy=policy, sidecar_protocols=protocols, lease=lease,
+        metrics_endpoint=args.metrics)
     fmt = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,
            "json": kopf.LogFormat.JSON}[args.log_format]
     kopf.configure(verbose=args.verbose, log_format=fmt)
@@ -173,7 +176,8 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(standalone=True, clusterwide=not args.namespace,
-             namespaces=args.namespace or (), liveness_endpoint=args.liveness or None)
+             namespaces=args.namespace or (), liveness_endpoint=args.liveness or None,
+             memo=kopf.Memo(runtime=Runtime(cfg)))
     return 0
 
 

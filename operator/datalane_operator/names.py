@@ -41,6 +41,7 @@ __all__ = [
     "WEBHOOK_VALIDATE_PIPELINE",
     "WEBHOOK_VALIDATE_SCALE",
     "WEBHOOK_VALIDATE_WORKLOAD",
+    "WEBHOOKS",
     "recipe_configmap_name",
 ]
 
@@ -91,6 +92,9 @@ WEBHOOK_VALIDATE_SCALE = "validate-pytorchjob-scale"
 WEBHOOK_REFUSE_NAMESPACE = "refuse-datapipeline-namespace"
 """Refuses the creation of a DataPipeline in a namespace that is not opted in (the chart
 registers it with a namespaceSelector matching exactly those namespaces)."""
+WEBHOOKS = (WEBHOOK_VALIDATE_PIPELINE, WEBHOOK_INJECT, WEBHOOK_VALIDATE_WORKLOAD,
+            WEBHOOK_VALIDATE_SCALE, WEBHOOK_REFUSE_NAMESPACE)
+"""Every webhook id (log filtering, metric labels)."""
 
 
 def recipe_configmap_name(pipeline: str) -> str:

@@ -22,9 +22,10 @@ a user who may only create DataPipelines in a namespace cannot change it.
   ``$DATALANE_PREDICATE_MODULES`` by the pod webhook) and the engine apply again.
 
 Callers: :func:`datalane_operator.admission.review_pipeline` refuses what the policy does
-not allow; :mod:`datalane_operator.handlers` checks the store rule again before every look
+not allow; :mod:`datalane_operator.reconciler` checks the store rule again before every look
 at a store (a pipeline stored while the webhook was off, or before the policy changed, is
-never acted on) and the predicate rule before injecting a pod.
+never acted on), and :mod:`datalane_operator.webhooks` the predicate rule before injecting a
+pod.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 :func:`decide` takes what the operator observed - the pipeline, its workload (or None), the
 workload's pods, the last look at the checkpoint store - and the previous status, and returns
 the whole new status plus the events that the change deserves. Nothing here talks to the API
-server or to storage; :mod:`datalane_operator.handlers` gathers the inputs and applies the
+server or to storage; :mod:`datalane_operator.reconciler` gathers the inputs and applies the
 result, so a restarted operator converges to the same status (kubebuilder's "status is
 rebuilt from the world").
 

@@ -34,7 +34,7 @@ from datalane_operator.certs import make_bundle
 
 from tests.cluster.harness import Cluster, free_ports
 
-from .helmchart import CHART
+from .helmchart import CHART, ROOT
 from .spread import Spreader
 
 SIDECAR_IMAGE = "datalane-sidecar:e2e"
@@ -50,6 +50,7 @@ class Replica:
     log: Path
     argv: list[str]
     env: dict[str, str]
+    metrics_url: str = ""  # its Prometheus metrics (--metrics)
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -84,6 +85,15 @@ class Replica:
         with urllib.request.urlopen(self.liveness, timeout=5) as r:
             out: dict[str, Any] = json.loads(r.read())
             return out
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of its /metrics, by (name, sorted labels)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
+            text = r.read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples}
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -130,6 +140,9 @@ class Stack:
 
     def probes(self) -> dict[str, Any]:
         return self.replicas[0].probes()
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return self.replicas[0].metrics()
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(f"--- {r.identity}\n{r.log_tail(lines)}" for r in self.replicas)
@@ -181,9 +194,10 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
     ``namespace`` (other tests share the control plane); False leaves the opt-in label as
     the only scope, as in a real install. ``lease_timings``: lease duration, renew deadline
     and retry period of leader election (shorter than the chart's, for quick tests)."""
-    ports = free_ports(1 + 2 * replicas)
+    ports = free_ports(1 + 3 * replicas)
     front, ports = ports[0], ports[1:]
-    webhook_ports, liveness_ports = ports[:replicas], ports[replicas:]
+    webhook_ports, liveness_ports = ports[:replicas], ports[replicas:2 * replicas]
+    metrics_ports = ports[2 * replicas:]
     url_port = webhook_ports[0] if replicas == 1 else front
     tls = make_bundle(["127.0.0.1", "localhost"])
     tls_dir = workdir / "tls"
@@ -209,7 +223,9 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
     kubeconfig = _sa_kubeconfig(cluster, namespace, f"{release}-datalane",
                                 workdir / "operator.kubeconfig")
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-           "HOME": str(workdir), "LANG": "C.UTF-8", "KUBECONFIG": str(kubeconfig)}
+           "HOME": str(workdir), "LANG": "C.UTF-8", "KUBECONFIG": str(kubeconfig),
+           # the operator of this checkout, not the one the virtualenv was installed from
+           "PYTHONPATH": f"{ROOT}:{ROOT / 'sidecar'}:{ROOT / 'operator'}"}
     exe = str(Path(sys.executable).parent / "datalane-operator")
     lease = f"{release}-datalane-leader" if replicas > 1 else None
     members = []
@@ -218,6 +234,7 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
                 "--webhook-port", str(webhook_ports[i]), "--webhook-configuration",
                 f"{release}-datalane", "--liveness",
                 f"http://127.0.0.1:{liveness_ports[i]}/healthz",
+                "--metrics", f"http://127.0.0.1:{metrics_ports[i]}/metrics",
                 "--storage-interval", str(storage_interval), "--log-format", "full",
                 # what the chart's Deployment passes from sidecar.image, checkpoints.*
                 "--sidecar-image", SIDECAR_IMAGE, "--allow-operator-identity",
@@ -232,7 +249,7 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
         log = workdir / ("operator.log" if replicas == 1 else f"operator-{i}.log")
         members.append(Replica(f"replica-{i}", webhook_ports[i],
                                f"http://127.0.0.1:{liveness_ports[i]}/healthz", log, argv,
-                               env))
+                               env, f"http://127.0.0.1:{metrics_ports[i]}/metrics"))
     spreader = Spreader(front, webhook_ports) if replicas > 1 else None
     stack = Stack(cluster, namespace, release, members, lease, spreader)
     try:

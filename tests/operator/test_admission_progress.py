@@ -19,6 +19,8 @@ import pytest
 from datalane_operator import handlers
 from datalane_operator.admission import review_pipeline
 from datalane_operator.policy import Policy
+from datalane_operator.reconciler import store_progress
+from datalane_operator.runtime import OperatorConfig, Runtime
 
 from datalane.store import CheckpointStore
 from tests.store.support import commit_steps
@@ -43,26 +45,22 @@ def _pipelines(store: str, status: dict[str, Any] | None) -> tuple[dict[str, Any
     return old, new
 
 
-def _validate(old: dict[str, Any], new: dict[str, Any]) -> str:
-    """What the webhook answers: "admitted", or the refusal's message."""
+def _validate(old: dict[str, Any], new: dict[str, Any], policy: Policy = OWN_IDENTITY) -> str:
+    """What the webhook answers, under ``policy``: "admitted", or the refusal's message."""
+    memo = kopf.Memo(runtime=Runtime(OperatorConfig(policy=policy)))
     try:
         asyncio.run(handlers.validate_pipeline(body=kopf.Body(copy.deepcopy(new)), warnings=[],
                                                old=kopf.Body(copy.deepcopy(old)),
-                                               pipelines={}, jobs={}))
+                                               pipelines={}, jobs={}, memo=memo))
     except kopf.AdmissionError as e:
         return str(e)
     return "admitted"
 
 
-@pytest.fixture
-def own_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handlers.RUNTIME.config, "policy", OWN_IDENTITY)
-
-
 @pytest.mark.parametrize("status", [{"lastCommittedStep": None}, None, {},
                                     {"lastCommittedStep": 0}],
                          ids=["patched to null", "no status", "empty status", "patched to 0"])
-def test_a_patched_status_does_not_open_the_past(tmp_path: Path, own_identity: None,
+def test_a_patched_status_does_not_open_the_past(tmp_path: Path,
                                                  status: dict[str, Any] | None) -> None:
     store = str(tmp_path / "store")
     commit_steps(CheckpointStore(store), [300, 350])
@@ -78,23 +76,20 @@ def test_a_patched_status_does_not_open_the_past(tmp_path: Path, own_identity: N
     assert _validate(old, appended) == "admitted"  # the future may still change
 
 
-def test_before_the_first_checkpoint_any_valid_edit_is_admitted(tmp_path: Path,
-                                                                own_identity: None) -> None:
+def test_before_the_first_checkpoint_any_valid_edit_is_admitted(tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.mkdir()
     old, new = _pipelines(str(store), {"lastCommittedStep": 350})  # a status that lies high
     assert _validate(old, new) == "admitted"  # the store has no checkpoint: step 0
 
 
-def test_a_store_that_cannot_be_read_refuses_the_edit(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_store_that_cannot_be_read_refuses_the_edit(tmp_path: Path) -> None:
     """The default policy does not let the operator act on a file:// store with its own
     identity: the progress is unknown, and the edit is refused saying so."""
-    monkeypatch.setattr(handlers.RUNTIME.config, "policy", Policy())
     store = str(tmp_path / "store")
     commit_steps(CheckpointStore(store), [350])
     old, new = _pipelines(store, {"lastCommittedStep": None})
-    progress = asyncio.run(handlers.store_progress(handlers.RUNTIME, old))
+    progress = asyncio.run(store_progress(Runtime(OperatorConfig(policy=Policy())), old))
     assert progress.step is None and progress.error is not None
     assert "the cluster policy does not allow that" in progress.error
     v = review_pipeline(new, old, policy=OWN_IDENTITY, progress=progress)

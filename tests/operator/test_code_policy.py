@@ -20,6 +20,7 @@ from datalane_operator.admission import review_pipeline
 from datalane_operator.inject import mutate_pod
 from datalane_operator.pipeline import load_pipeline
 from datalane_operator.policy import Policy
+from datalane_operator.runtime import OperatorConfig, Runtime
 
 from .builders import dp, pod
 
@@ -85,18 +86,18 @@ def test_the_sidecar_gets_the_allow_list() -> None:
     assert CodePolicy.from_env(empty).modules == ()
 
 
-def test_the_pod_webhook_refuses_an_eval_predicate_and_passes_the_allow_list(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_pod_webhook_refuses_an_eval_predicate_and_passes_the_allow_list() -> None:
     """A pipeline stored while the webhook was off: its pods get no sidecar; an allowed one
     gets a sidecar that knows the allow-list."""
     index = {("ml", "llama"): [with_eval_predicate("builtins:exec")]}
+    rt = Runtime(OperatorConfig(policy=Policy(predicate_modules=("builtins", "corp.filters"))))
 
     def inject() -> tuple[str, dict[str, Any]]:
         patch = kopf.Patch()
         body = kopf.Body(copy.deepcopy(pod("llama-0")))
         try:
             asyncio.run(handlers.inject_sidecar(body=body, patch=patch, warnings=[],
-                                                pipelines=index))
+                                                pipelines=index, memo=kopf.Memo(runtime=rt)))
         except kopf.AdmissionError as e:
             return str(e), {}
         out = copy.deepcopy(pod("llama-0"))
@@ -104,8 +105,6 @@ def test_the_pod_webhook_refuses_an_eval_predicate_and_passes_the_allow_list(
             fn(out)
         return "injected", out
 
-    monkeypatch.setattr(handlers.RUNTIME.config, "policy",
-                        Policy(predicate_modules=("builtins", "corp.filters")))
     what, _ = inject()
     assert what.startswith("spec.recipe.eval[0].sources[0].filters.predicate 'builtins:exec' "
                            "is not allowed"), what

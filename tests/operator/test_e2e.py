@@ -398,6 +398,16 @@ def test_operator_restart_converges(stack: Stack, k8s_api: client.ApiClient) -> 
     eventually(lambda: (s := dp_status(custom, ns, "restart")).get("phase") == "Running"
                and s.get("worldSize") == 2, timeout=60, what="phase Running, world size 2")
     before = dp_status(custom, ns, "restart")
+    # the operator's metrics (its runtime, handed to kopf as memo, counted all of it): the
+    # pipeline admitted, both pods injected, reconciles, this process the leader
+    m = stack.metrics()
+    p = "datalane_operator_"
+    assert m[(f"{p}admissions_total", (("verdict", "allowed"),
+                                       ("webhook", names.WEBHOOK_VALIDATE_PIPELINE)))] >= 1
+    assert m[(f"{p}admissions_total", (("verdict", "allowed"),
+                                       ("webhook", names.WEBHOOK_INJECT)))] >= 2
+    assert m[(f"{p}reconciles_total", (("outcome", "ok"),))] >= 1
+    assert m[(f"{p}leader", ())] == 1
     stack.stop()
     # while the operator is away: its status and its ConfigMap are lost
     custom.patch_namespaced_custom_object_status(

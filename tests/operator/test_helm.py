@@ -279,8 +279,112 @@ def test_cert_manager_mode() -> None:
      "/checkpoints/operatorIdentityPrefixes/team-a/0"),
     ("operator.watchNamespaces={team-*}", "/operator/watchNamespaces/0"),
     ("recipes.predicateModules={os:system}", "/recipes/predicateModules/0"),
+    ("metrics.port=0", "/metrics/port"),
+    ("metrics.serviceMonitor.interval=often", "/metrics/serviceMonitor/interval"),
+    ("metrics.prometheusRule.reconcileErrorRatio=2", "/metrics/prometheusRule/reconcileErrorRatio"),
 ])
 def test_values_schema_refuses(value: str, message: str) -> None:
     out = helm("template", "dl", str(CHART), "--set", value, check=False)
     assert out.returncode != 0
     assert message in out.stderr, out.stderr
+
+
+def test_metrics_are_served_and_monitoring_is_off_by_default() -> None:
+    docs = render()
+    assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PrometheusRule")
+    (dep,) = by_kind(docs, "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["DATALANE_OPERATOR_METRICS"] == "http://0.0.0.0:8081/metrics"
+    assert {"name": "metrics", "containerPort": 8081, "protocol": "TCP"} in c["ports"]
+    off = render("metrics.enabled=false", "metrics.serviceMonitor.enabled=true")
+    (dep,) = by_kind(off, "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert "DATALANE_OPERATOR_METRICS" not in {e["name"] for e in c["env"]}
+    assert not by_kind(off, "ServiceMonitor")
+
+
+def exported_series() -> set[str]:
+    """Every series name the operator's metrics have, with one sample of each."""
+    from datalane_operator.metrics import Metrics
+    from prometheus_client.parser import text_string_to_metric_families
+
+    m = Metrics()
+    m.reconciled("ok", 0.1)
+    m.reviewed("inject-sidecar", "allowed", 0.01)
+    m.stored("look", "ok")
+    return {s.name for f in text_string_to_metric_families(m.render(leading=True))
+            for s in f.samples}
+
+
+def test_service_monitor_and_alerts_render_when_enabled() -> None:
+    """The ServiceMonitor selects the metrics Service, which selects the operator's pods on
+    the port the operator listens on; every series the alerts read is one the operator
+    exports (datalane_operator.metrics)."""
+    import re
+
+    docs = render("metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true",
+                  "metrics.serviceMonitor.labels.release=prom", "metrics.port=9100",
+                  "metrics.prometheusRule.webhookLatencySeconds=3")
+    (mon,) = by_kind(docs, "ServiceMonitor")
+    (rule,) = by_kind(docs, "PrometheusRule")
+    (svc,) = [d for d in by_kind(docs, "Service") if d["metadata"]["name"] == "dl-datalane-metrics"]
+    (dep,) = by_kind(docs, "Deployment")
+    assert mon["metadata"]["labels"]["release"] == "prom"
+    assert mon["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics",
+                                         "interval": "30s"}]
+    assert mon["spec"]["namespaceSelector"] == {"matchNames": ["datalane-system"]}
+    assert mon["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert svc["spec"]["clusterIP"] == "None"  # every replica is scraped
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9100, "targetPort": "metrics",
+                                     "protocol": "TCP"}]
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in c["ports"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["DATALANE_OPERATOR_METRICS"] == "http://0.0.0.0:9100/metrics"
+    (group,) = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    assert sorted(alerts) == ["DatalaneOperatorNoLeader", "DatalaneOperatorReconcileFailures",
+                              "DatalaneOperatorWebhookSlow"]
+    assert alerts["DatalaneOperatorNoLeader"]["labels"]["severity"] == "critical"
+    assert alerts["DatalaneOperatorWebhookSlow"]["expr"].rstrip().endswith("> 3")
+    assert alerts["DatalaneOperatorReconcileFailures"]["expr"].rstrip().endswith("> 0.1")
+    exported = exported_series()
+    for r in alerts.values():
+        series = set(re.findall(r"datalane_operator_\w+", r["expr"]))
+        assert series and series <= exported, (r["alert"], series - exported)
+        assert 'job="dl-datalane-metrics",namespace="datalane-system"' in r["expr"]
+    assert "{{ $labels.webhook }}" in alerts["DatalaneOperatorWebhookSlow"]["annotations"][
+        "summary"]  # Prometheus' template, not Helm's
+    assert not by_kind(render("operator.enabled=false", "metrics.prometheusRule.enabled=true",
+                              "metrics.serviceMonitor.enabled=true"), "PrometheusRule")
+
+
+def test_grafana_dashboard_renders_when_enabled() -> None:
+    """A ConfigMap the Grafana sidecar discovers, holding the chart's dashboard file as is;
+    every panel queries series the operator exports, in the chosen namespace."""
+    import json
+    import re
+
+    assert not by_kind(render(), "ConfigMap")
+    docs = render("metrics.grafanaDashboard.enabled=true")
+    (cm,) = by_kind(docs, "ConfigMap")
+    assert cm["metadata"]["name"] == "dl-datalane-dashboard"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    text = cm["data"]["datalane-operator.json"]
+    assert text == (CHART / "dashboards" / "datalane-operator.json").read_text().rstrip("\n")
+    dash = json.loads(text)
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) == 8
+    exported = exported_series()
+    queried = set()
+    for expr in exprs:
+        series = set(re.findall(r"datalane_operator_\w+", expr))
+        assert series and series <= exported, (expr, series - exported)
+        assert 'namespace="$namespace"' in expr
+        queried |= series
+    # every metric family is on the dashboard (histograms through their buckets)
+    assert {re.sub(r"_(bucket|sum|count)$", "", n) for n in exported} == {
+        re.sub(r"_bucket$", "", n) for n in queried}

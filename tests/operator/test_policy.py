@@ -18,6 +18,8 @@ from datalane_operator.crd import crd_manifest
 from datalane_operator.pipeline import load_pipeline
 from datalane_operator.policy import Policy
 from datalane_operator.reconcile import decide
+from datalane_operator.reconciler import look_at_store
+from datalane_operator.runtime import OperatorConfig, Runtime
 from datalane_operator.storage import Listing
 
 from datalane.spec.errors import ConfigError
@@ -59,9 +61,8 @@ def look(body: dict[str, Any], policy: Policy = STRICT,
          secrets: dict[tuple[str, str], dict[str, str]] | None = None,
          ) -> tuple[Listing, FakeKube]:
     kube = FakeKube(secrets or {})
-    rt = handlers.Runtime(kube=kube)  # type: ignore[arg-type]
-    rt.config.policy = policy
-    return asyncio.run(handlers.look_at_store(rt, load_pipeline(body))), kube
+    rt = Runtime(OperatorConfig(policy=policy), kube=kube)  # type: ignore[arg-type]
+    return asyncio.run(look_at_store(rt, load_pipeline(body))), kube
 
 
 def steps_on_disk(root: Path) -> list[int]:
@@ -254,23 +255,24 @@ def test_predicates_are_refused_unless_their_module_is_allowed() -> None:
     assert not review_pipeline(with_predicates("os:system"), policy=policy).allowed
 
 
-def test_a_pod_of_a_pipeline_with_a_forbidden_predicate_gets_no_sidecar(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pod_of_a_pipeline_with_a_forbidden_predicate_gets_no_sidecar() -> None:
     """A pipeline stored while the webhook was off: its pods are refused, not injected."""
     index = {("ml", "llama"): [with_predicates("mypkg.filters:keep")]}
+    rt = Runtime()
 
     def inject() -> str:
         patch = kopf.Patch()
         try:
             asyncio.run(handlers.inject_sidecar(body=kopf.Body(copy.deepcopy(pod("llama-0"))),
-                                                patch=patch, warnings=[], pipelines=index))
+                                                patch=patch, warnings=[], pipelines=index,
+                                                memo=kopf.Memo(runtime=rt)))
         except kopf.AdmissionError as e:
             return str(e)
         return f"injected ({len(patch.fns)} changes)"
 
     assert inject().startswith("spec.recipe.filters.predicate 'mypkg.filters:keep' is not "
                                "allowed")
-    monkeypatch.setattr(handlers.RUNTIME.config, "policy", Policy(predicate_modules=("mypkg",)))
+    rt.config.policy = Policy(predicate_modules=("mypkg",))
     assert inject() == "injected (1 changes)"
 
 

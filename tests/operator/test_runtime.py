@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import kopf
 import pytest
 from datalane_operator import handlers
 from datalane_operator.kube import status_patch
+from datalane_operator.runtime import Runtime
+from datalane_operator.stats import timed
 
 
 def test_status_patch_nulls_what_went_away() -> None:
@@ -17,7 +20,7 @@ def test_status_patch_nulls_what_went_away() -> None:
     assert status_patch(None, new) == new
 
 
-def test_reconciles_of_one_pipeline_are_coalesced(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reconciles_of_one_pipeline_are_coalesced() -> None:
     calls: list[tuple[str, str]] = []
     gate = asyncio.Event()
 
@@ -25,10 +28,8 @@ def test_reconciles_of_one_pipeline_are_coalesced(monkeypatch: pytest.MonkeyPatc
         calls.append(key)
         await gate.wait()
 
-    monkeypatch.setattr(handlers, "reconcile", fake)
-
     async def scenario() -> None:
-        rt = handlers.Runtime()
+        rt = Runtime(reconcile=fake)
         a, b = ("ml", "a"), ("ml", "b")
         for _ in range(100):  # kicks before the reconcile starts: one reconcile
             rt.kick(a)
@@ -40,30 +41,28 @@ def test_reconciles_of_one_pipeline_are_coalesced(monkeypatch: pytest.MonkeyPatc
         await asyncio.sleep(0.01)
         assert calls == [a, b]
         gate.set()
-        while rt.running:
+        while rt.reconciles.running:
             await asyncio.sleep(0.01)
         assert calls == [a, b, a]
-        assert len(rt.reconcile_ms) == 3
+        assert len(rt.reconcile_latency) == 3
 
     asyncio.run(scenario())
 
 
-def test_a_failing_reconcile_does_not_stop_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_reconcile_does_not_stop_the_next() -> None:
     calls = []
 
     async def boom(rt: Any, key: tuple[str, str]) -> None:
         calls.append(key)
         raise RuntimeError("API server unavailable")
 
-    monkeypatch.setattr(handlers, "reconcile", boom)
-
     async def scenario() -> None:
-        rt = handlers.Runtime()
+        rt = Runtime(reconcile=boom)
         rt.kick(("ml", "a"))
         await asyncio.sleep(0.01)
         rt.kick(("ml", "a"))
         await asyncio.sleep(0.01)
-        assert calls == [("ml", "a")] * 2 and not rt.running
+        assert calls == [("ml", "a")] * 2 and not rt.reconciles.running
 
     asyncio.run(scenario())
 
@@ -75,20 +74,19 @@ def test_reviews_are_timed_and_get_the_request_namespace() -> None:
         seen.append(request)
         return {"response": {"allowed": True}}
 
-    review = handlers.timed(kopf_fn)
-    before = len(handlers.RUNTIME.admission_ms)
+    ticks = iter([10.0, 10.004])  # a fake clock: the review takes 4 ms
+    rt = Runtime(clock=lambda: next(ticks))
+    review = timed(kopf_fn, rt.clock, rt.reviewed)
     request = {"request": {"namespace": "ml", "object": {"metadata": {"name": "p"}},
                            "oldObject": {"metadata": {"namespace": "ml", "name": "p"}}}}
     out = asyncio.run(review(request, webhook="inject-sidecar"))
     assert out == {"response": {"allowed": True}}
     assert seen[0]["request"]["object"]["metadata"]["namespace"] == "ml"
-    assert len(handlers.RUNTIME.admission_ms) == before + 1
+    assert list(rt.admission.ms) == pytest.approx([4.0])
 
 
 def test_scale_webhook_applies_the_pipelines_parallelism() -> None:
     """The handler hands the indexed pipeline's spec.parallelism to the scale guard."""
-    import kopf
-
     from .builders import dp, job, scale
 
     key = ("ml", "llama")
@@ -98,7 +96,8 @@ def test_scale_webhook_applies_the_pipelines_parallelism() -> None:
     def review(replicas: int, index: dict[Any, Any]) -> str:
         try:
             asyncio.run(handlers.validate_scale(body=kopf.Body(scale(replicas)), warnings=[],
-                                                pipelines=index, jobs=jobs))
+                                                pipelines=index, jobs=jobs,
+                                                memo=kopf.Memo(runtime=Runtime())))
         except kopf.AdmissionError as e:
             return str(e)
         return "allowed"
@@ -113,13 +112,10 @@ def test_scale_webhook_applies_the_pipelines_parallelism() -> None:
                                         "cannot be checked: spec.parallelism.tensor 0")
 
 
-def test_only_the_leader_reconciles_and_a_new_leader_redoes_everything(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_the_leader_reconciles_and_a_new_leader_redoes_everything() -> None:
     """A follower ignores every event and the storage timer; a replica that becomes the
     leader reconciles and looks at every indexed pipeline; one that stops leading cancels
     its work in flight."""
-    import kopf
-
     calls: list[tuple[str, tuple[str, str]]] = []
     gate = asyncio.Event()
 
@@ -127,55 +123,92 @@ def test_only_the_leader_reconciles_and_a_new_leader_redoes_everything(
         calls.append(("reconcile", key))
         await gate.wait()
 
-    async def fake_look(self: Any, key: tuple[str, str]) -> None:
+    async def fake_look(rt: Any, key: tuple[str, str]) -> None:
         calls.append(("look", key))
-        self.looking.pop(key, None)
-
-    monkeypatch.setattr(handlers, "reconcile", fake_reconcile)
-    monkeypatch.setattr(handlers.Runtime, "_look", fake_look)
 
     async def scenario() -> None:
-        rt = handlers.Runtime(leading=False)
-        monkeypatch.setattr(handlers, "RUNTIME", rt)
+        rt = Runtime(leading=False, reconcile=fake_reconcile, look_at=fake_look)
+        memo = kopf.Memo(runtime=rt)
         rt.pipelines = {("ml", "llama"): [{"metadata": {"name": "pretrain", "generation": 3}}]}
         meta = kopf.Meta({"metadata": {"generation": 3}})
-        await handlers.pipeline_event(type=None, name="pretrain", namespace="ml", meta=meta)
-        await handlers.job_event(name="llama", namespace="ml", pipelines=rt.pipelines)
+        await handlers.pipeline_event(type=None, name="pretrain", namespace="ml", meta=meta,
+                                      memo=memo)
+        await handlers.job_event(name="llama", namespace="ml", pipelines=rt.pipelines,
+                                 memo=memo)
         rt.kick(("ml", "pretrain"))  # e.g. from a storage look that was in flight
         rt.look(("ml", "pretrain"))
         await asyncio.sleep(0.01)
-        assert calls == [] and not rt.running  # a follower does nothing
+        assert calls == [] and not rt.reconciles.running  # a follower does nothing
         rt.start_leading()
         await asyncio.sleep(0.01)
         key = ("ml", "pretrain")
         assert sorted(calls) == [("look", key), ("reconcile", key)]
         # the same generation again (a status patch, a label): nothing new
         await handlers.pipeline_event(type="MODIFIED", name="pretrain", namespace="ml",
-                                      meta=meta)
-        assert rt.again == set()
+                                      meta=meta, memo=memo)
+        assert rt.reconciles.waiting == set()
         # a new generation: reconcile (queued behind the running one) and look
         await handlers.pipeline_event(type="MODIFIED", name="pretrain", namespace="ml",
-                                      meta=kopf.Meta({"metadata": {"generation": 4}}))
+                                      meta=kopf.Meta({"metadata": {"generation": 4}}),
+                                      memo=memo)
         await asyncio.sleep(0.01)
-        assert rt.again == {key} and calls.count(("look", key)) == 2
-        running = rt.running[key]
+        assert rt.reconciles.waiting == {key} and calls.count(("look", key)) == 2
+        running = rt.reconciles.running[key]
         rt.stop_leading()
         await asyncio.sleep(0.01)
-        assert running.cancelled() and not rt.running and not rt.again
+        assert running.cancelled() and not rt.reconciles.running and not rt.reconciles.waiting
         gate.set()
 
     asyncio.run(scenario())
 
 
 def test_a_pipeline_outside_opted_in_namespaces_is_refused_naming_the_label() -> None:
-    import kopf
-
     from .builders import dp
 
     with pytest.raises(kopf.AdmissionError) as err:
-        asyncio.run(handlers.refuse_namespace(body=kopf.Body(dp(namespace="team-b"))))
+        asyncio.run(handlers.refuse_namespace(body=kopf.Body(dp(namespace="team-b")),
+                                              memo=kopf.Memo(runtime=Runtime())))
     assert str(err.value) == (
         "namespace 'team-b' is not opted in to datalane: the sidecar webhook fires only in "
         "namespaces labelled datalane.io/inject=enabled, so the pods of spec.workload.name "
         "'llama' would get no sidecar; label it first: kubectl label namespace team-b "
         "datalane.io/inject=enabled")
+
+
+def test_handlers_take_the_runtime_from_kopfs_memo() -> None:
+    """No module-global runtime: each handler uses the Runtime of the memo it is given (kopf
+    hands a resource's handlers a shallow copy of the operator's memo: the same Runtime), and
+    a memo without one is refused, naming how the operator is meant to start."""
+    import copy
+
+    from .builders import dp
+
+    assert not hasattr(handlers, "RUNTIME")
+    rt = Runtime()
+    assert handlers.runtime_of(copy.copy(kopf.Memo(runtime=rt))) is rt
+    with pytest.raises(RuntimeError, match="memo holds no datalane Runtime: start the operator "
+                                           "with `datalane-operator run`"):
+        asyncio.run(handlers.refuse_namespace(body=kopf.Body(dp(namespace="team-b")),
+                                              memo=kopf.Memo()))
+    watching = Runtime()
+    watching.config.namespaces = ("team-a",)  # team-b is not this operator's: no refusal
+    asyncio.run(handlers.refuse_namespace(body=kopf.Body(dp(namespace="team-b")),
+                                          memo=kopf.Memo(runtime=watching)))
+
+
+def test_refusals_are_logged_at_info_and_other_errors_stay() -> None:
+    import logging
+
+    from datalane_operator.logfilter import RefusalsAreInfo
+
+    def record(msg: str, *args: Any) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", logging.ERROR, __file__, 1, msg, args, None)
+
+    refused = record("Webhook %r failed permanently: %s", "inject-sidecar",
+                     "spec.recipe.filters.predicate 'x:y' is not allowed")
+    assert RefusalsAreInfo().filter(refused)
+    assert (refused.levelno, refused.levelname, refused.getMessage()) == (
+        logging.INFO, "INFO", "refused: spec.recipe.filters.predicate 'x:y' is not allowed")
+    for other in (record("Webhook %r failed permanently: %s", "made-up", "boom"),
+                  record("Handler 'pipeline-event' failed with an exception.")):
+        assert RefusalsAreInfo().filter(other) and other.levelno == logging.ERROR
