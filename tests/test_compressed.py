@@ -28,7 +28,7 @@ import yaml
 import zstandard
 from tokenizers import Tokenizer
 
-import datalane.engine.formats.compressed as compressed
+import datalane.engine.compressed as compressed
 import datalane.engine.formats.jsonl as jsonl_mod
 from datalane import ConfigError, DataError, Knobs, Loader, load_recipe
 from datalane.corpus import tokenizer_path

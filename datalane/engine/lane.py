@@ -87,8 +87,8 @@ class LaneStream:
         self.packer: Packer = PACKERS[recipe.packing.algorithm](
             ctx, state.packer if state is not None else None)
         # a packer that can fill a whole window at once does (every column per token)
-        fill = getattr(self.packer, "fill_window", None)
-        self._fill = fill if all(c.per_token for c in plan.schema) else None
+        bulk = self.packer.fills_windows and all(c.per_token for c in plan.schema)
+        self._fill = self.packer.fill_window if bulk else None
         self.sequences = state.sequences if state is not None else 0
         self.ended = state.ended if state is not None else False
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,10 +19,11 @@ from typing import Any, Literal
 from datalane.spec import evals, model
 from datalane.spec.chat import ChatSpec
 from datalane.spec.errors import ConfigError
-from datalane.spec.formats import FORMAT_NAMES, TOKEN_FORMATS, infer_format
+from datalane.spec.formats import FORMAT_NAMES, TOKEN_FORMATS, format_reference, infer_format
 from datalane.spec.integrity import MAX_DEPTH, check_depth, parse_json, parse_text, read_bytes
 from datalane.spec.lanes import nearest_multiples
 from datalane.spec.model import doc
+from datalane.spec.packing import PACKER_NAMES, PackerName, packing_reference
 from datalane.spec.phases import Phase, check_phases
 from datalane.spec.tokens import TokensSpec
 
@@ -32,6 +34,7 @@ __all__ = [
     "Shuffle",
     "Source",
     "TokenizerSpec",
+    "document_kinds",
     "load_recipe",
     "recipe_schema",
 ]
@@ -97,11 +100,7 @@ class Source:
     uris: list[str] = doc(
         "Paths, globs or fsspec URIs of the source files (`s3://bucket/web/*.parquet`). "
         "Matches are sorted; a pattern matching nothing is an error.", min_items=1)
-    format: str | None = doc(
-        "File format; null infers it from the extension: .parquet, .jsonl/.json/.ndjson "
-        "(optionally .gz or .zst), .idx (megatron), .u16/.u32 (flatbin), .mds, .lance, .tar "
-        "(webdataset), .arrow (hf); a directory is read as an MDS, HF or Lance dataset.",
-        default=None, choices=FORMAT_NAMES)
+    format: str | None = doc(format_reference(), default=None, choices=FORMAT_NAMES)
     text_field: str = doc(
         "Column (Parquet, MDS, Lance, HF) or key (JSONL) holding the document text; for "
         "WebDataset the extension of the member holding it (`txt`).", default="text")
@@ -160,14 +159,21 @@ class Source:
                     f"{_at(where, 'tokens')} (for example `tokens: {{}}`) to read them")
 
 
+def document_kinds() -> tuple[str, ...]:
+    """The document kinds a source may be read as besides plain text, in declaration order:
+    the fields of :class:`Source` whose configuration class names a ``document_field`` (the
+    one declaration of a kind; the engine implements kind ``name`` in
+    ``datalane.engine.documents.<name>``)."""
+    hints = typing.get_type_hints(Source)
+    return tuple(f.name for f in dataclasses.fields(Source)
+                 if any(hasattr(t, "document_field") for t in typing.get_args(hints[f.name])))
+
+
 @dataclass(frozen=True)
 class Packing:
     """How documents become fixed-length sequences of `seq_len + 1` tokens."""
 
-    algorithm: Literal["wrap", "bestfit"] = doc(
-        "`wrap`: concatenate documents and cut; `bestfit`: documents never cross sequences "
-        "(longer ones are split), placed by best fit into a bounded set of open sequences.",
-        default="wrap")
+    algorithm: PackerName = doc(packing_reference(), default=PACKER_NAMES[0])
     bestfit_bins: int = doc("Open sequences `bestfit` chooses among.", default=8, ge=1, le=64)
 
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from datalane.engine.files import SourceFile, check_unchanged, expand
-from datalane.engine.formats.base import Chunk, Decoded, TooLarge
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase, TooLarge
 from datalane.engine.formats.tokenfile import (
     WINDOW_BYTES,
     TokenFiles,
@@ -230,7 +230,7 @@ class FlatbinReader:
         self._tf.close()
 
 
-class Flatbin:
+class Flatbin(FormatBase):
     """The flat token format; :meth:`for_source` configures it with the source's layout."""
 
     name = "flatbin"

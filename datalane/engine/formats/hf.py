@@ -45,8 +45,8 @@ import numpy as np
 
 from datalane.engine.files import SourceFile, file_ident, open_file
 from datalane.engine.formats.arrowvalues import decoded
-from datalane.engine.formats.base import MISSING, Chunk, Decoded
-from datalane.engine.formats.indexfiles import inside, read_index
+from datalane.engine.formats.base import MISSING, Chunk, Decoded, FormatBase, Listed
+from datalane.engine.indexfiles import inside, read_index
 from datalane.spec.errors import ConfigError, DataError, StorageError
 from datalane.spec.limits import TOO_LARGE
 
@@ -354,7 +354,7 @@ class HfReader:
         self._schemas.clear()
 
 
-class Hf:
+class Hf(FormatBase):
     name = "hf"
     unit = "row"
     bad_reasons = frozenset({"missing_field", TOO_LARGE})
@@ -385,6 +385,9 @@ class Hf:
     def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
         return (f"set a smaller {where}.chunk_bytes or {where}.chunk_rows (rows per chunk; a "
                 f"record batch is otherwise never split)")
+
+    def list_directory(self, fs: Any, path: str) -> Listed | None:
+        return list_hf_directory(fs, path)
 
 
 HF = Hf()

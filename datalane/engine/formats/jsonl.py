@@ -5,7 +5,7 @@ to the chunk its first byte lies in. A record's position is the byte offset of i
 its value is the field of the parsed object, decoded on worker threads.
 
 Compressed files are cut at frame boundaries (zstd frames, gzip members; see
-:mod:`datalane.engine.formats.compressed` for how they are found), since a stream can be
+:mod:`datalane.engine.compressed` for how they are found), since a stream can be
 entered only where a frame starts. Consecutive frames are grouped: a chunk ends at the first
 frame that starts at or after the next multiple of ``chunk_bytes`` of *compressed* data, so
 many small frames share a chunk and a frame larger than ``chunk_bytes`` is a chunk of its
@@ -41,9 +41,9 @@ import json
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from datalane.engine.compressed import FrameIndex, frame_index, known_index, open_stream
 from datalane.engine.files import SourceFile, open_file
-from datalane.engine.formats.base import Chunk, Decoded, TooLarge
-from datalane.engine.formats.compressed import FrameIndex, frame_index, known_index, open_stream
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase, TooLarge
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES
 
@@ -190,7 +190,7 @@ class JsonlReader:
         pass
 
 
-class Jsonl:
+class Jsonl(FormatBase):
     name = "jsonl"
     unit = "byte"
     bad_reasons = frozenset({"malformed_json", "non_utf8", "missing_field"})

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from datalane.engine.files import SourceFile, expand
-from datalane.engine.formats.base import Chunk, Decoded
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase
 from datalane.engine.formats.tokenfile import (
     TokenFiles,
     cached,
@@ -200,7 +200,7 @@ class MegatronReader:
         self._tf.close()
 
 
-class Megatron:
+class Megatron(FormatBase):
     name = "megatron"
     unit = "document"
     bad_reasons: frozenset[str] = frozenset()

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from datalane.engine.files import SourceFile, open_file
-from datalane.engine.formats.base import MISSING, Chunk, Decoded, TooLarge
+from datalane.engine.formats.base import MISSING, Chunk, Decoded, FormatBase, TooLarge
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES
 
@@ -149,7 +149,7 @@ class ParquetReader:
         self._group = None
 
 
-class Parquet:
+class Parquet(FormatBase):
     name = "parquet"
     unit = "row"
     bad_reasons = frozenset({"missing_field"})

@@ -38,8 +38,9 @@ from typing import IO, Any, NoReturn
 
 import numpy as np
 
-from datalane.engine.files import SourceFile, open_file
-from datalane.engine.formats.base import Chunk, Decoded
+from datalane.engine.compressed import open_content
+from datalane.engine.files import SourceFile
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES, TOO_LARGE
 
@@ -226,7 +227,7 @@ def _members(tape: _Tape, total: int | None) -> Iterator[TarMember]:
 
 
 def _open(sf: SourceFile, pos: int) -> tuple[IO[bytes], _Tape]:
-    f = open_file(sf, sf.compression)
+    f = open_content(sf)
     return f, _Tape(f, pos, sf.compression is None, sf.uri)
 
 
@@ -319,7 +320,7 @@ class WebDatasetReader:
         pass
 
 
-class WebDataset:
+class WebDataset(FormatBase):
     name = "webdataset"
     unit = "byte"
     bad_reasons = frozenset({"missing_field", "malformed_sample", "malformed_json", TOO_LARGE})
