@@ -100,8 +100,8 @@ class LaneStream:
 
     def _fetch(self, source: int, ref: tuple[int, ...]) -> Doc:
         """A carried document, by reference; MismatchError for one the recipe cannot hold."""
-        ok = 0 <= source < len(self.plan.sources) and len(ref) == 2 and \
-            0 <= ref[0] < len(self.plan.sources[source].files) and ref[1] >= 0
+        ok = 0 <= source < len(self.plan.sources) and \
+            self.streams[source].position(ref) is not None
         if not ok:
             raise MismatchError(f"lane {self.lane} state: carried piece of source {source}, "
                                 f"document {list(ref)}, is not a document of the recipe")

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from datalane.spec.recipe import Source
 
 __all__ = ["MISSING", "Chunk", "Decoded", "Format", "FormatBase", "FormatReader", "Listed",
-           "TooLarge"]
+           "Ref", "TooLarge"]
 
 MISSING = object()  # a record without the source's field (a Parquet file without the column)
 
@@ -64,6 +64,11 @@ class Chunk:
 Listed = list[tuple[str, int, str]]
 """What a dataset directory holds, as ``(filesystem path, size, ident)`` source files."""
 
+Ref = tuple[int, ...]
+"""A document's reference: the index of its file in its source first (which format reads it),
+then what the format needs to read the record again alone (:meth:`FormatReader.read_one`); a
+format's own :meth:`Format.ref` builds it and :meth:`Format.position` reads it back."""
+
 Decoded = tuple[Any, str | None, str | None]
 """``(value, None, None)``, or ``(None, reason, detail)`` for a record that has no value."""
 
@@ -75,8 +80,8 @@ class FormatReader(Protocol):
         """``(position, raw)`` of each record of ``chunk``, from position ``start`` if given."""
         ...
 
-    def read_one(self, file: int, pos: int) -> Any:
-        """The raw record at ``pos`` of file ``file``."""
+    def read_one(self, ref: Ref) -> Any:
+        """The raw record a document reference names (:meth:`Format.ref`)."""
         ...
 
     def fields(self, file: int) -> list[str]:
@@ -108,6 +113,15 @@ class Format(Protocol):
         """What to change when a source has fewer chunks than lanes."""
         ...
 
+    def ref(self, file: int, pos: int) -> Ref:
+        """The reference of the record at position ``pos`` of file ``file``."""
+        ...
+
+    def position(self, ref: Ref) -> int | None:
+        """The record position ``ref`` names, or None when it is no reference of this format
+        (a lane state naming a document the recipe cannot hold)."""
+        ...
+
     def for_source(self, source: Source) -> Format:
         """The format as ``source`` reads it (flatbin: the token width and the boundary id),
         or ConfigError when the source cannot read it at all (token files in a text source)."""
@@ -131,6 +145,12 @@ class FormatBase:
     name: str
     unit: str
     bad_reasons: frozenset[str]
+
+    def ref(self, file: int, pos: int) -> Ref:
+        return (file, pos)
+
+    def position(self, ref: Ref) -> int | None:
+        return ref[1] if len(ref) == 2 and ref[1] >= 0 else None
 
     def for_source(self, source: Source) -> Format:
         return self  # type: ignore[return-value]

@@ -45,7 +45,7 @@ import numpy as np
 
 from datalane.engine.files import SourceFile, file_ident, open_file
 from datalane.engine.formats.arrowvalues import decoded
-from datalane.engine.formats.base import MISSING, Chunk, Decoded, FormatBase, Listed
+from datalane.engine.formats.base import MISSING, Chunk, Decoded, FormatBase, Listed, Ref
 from datalane.engine.indexfiles import inside, read_index
 from datalane.spec.errors import ConfigError, DataError, StorageError
 from datalane.spec.limits import TOO_LARGE
@@ -335,7 +335,8 @@ class HfReader:
                     yield r, values[r - r0]
             b = e + 1
 
-    def read_one(self, file: int, pos: int) -> Any:
+    def read_one(self, ref: Ref) -> Any:
+        file, pos = ref
         index = arrow_index(self._files[file])
         if not 0 <= pos < index.rows:
             raise StorageError(f"{self._files[file].uri} has no row {pos} (it has "

@@ -18,7 +18,7 @@ record's first byte in the concatenation of all the frames' contents. So a posit
 same whatever the chunking, a single-frame file's positions are what they always were, and
 errors name a byte a user can find with ``zstd -dc | head -c``. The file's frame index maps a
 position to the frame holding it (its compressed and decompressed offsets), so
-``records(chunk, start=pos)`` and ``read_one(file, pos)`` decompress from that frame's start
+``records(chunk, start=pos)`` and ``read_one((file, pos))`` decompress from that frame's start
 only - at most one frame before the record, never the file from its start.
 
 Records may span a frame boundary: the stream is continuous, and a chunk ends where plain
@@ -43,7 +43,7 @@ from typing import Any, NoReturn
 
 from datalane.engine.compressed import FrameIndex, frame_index, known_index, open_stream
 from datalane.engine.files import SourceFile, open_file
-from datalane.engine.formats.base import Chunk, Decoded, FormatBase, TooLarge
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Ref, TooLarge
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES
 
@@ -151,7 +151,8 @@ class JsonlReader:
             return self._plain(chunk, start)
         return self._compressed(chunk, start)
 
-    def read_one(self, file: int, pos: int) -> Raw:
+    def read_one(self, ref: Ref) -> Raw:
+        file, pos = ref
         sf = self._files[file]
         try:
             if sf.compression is None:

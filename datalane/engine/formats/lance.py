@@ -36,7 +36,7 @@ import numpy as np
 
 from datalane.engine.files import SourceFile
 from datalane.engine.formats.arrowvalues import decoded
-from datalane.engine.formats.base import MISSING, Chunk, Decoded, FormatBase, Listed
+from datalane.engine.formats.base import MISSING, Chunk, Decoded, FormatBase, Listed, Ref
 from datalane.spec.errors import ConfigError, DataError, DatalaneError, StorageError
 from datalane.spec.limits import TOO_LARGE
 
@@ -139,7 +139,8 @@ class LanceReader:
                     yield row, value
                     row += 1
 
-    def read_one(self, file: int, pos: int) -> Any:
+    def read_one(self, ref: Ref) -> Any:
+        file, pos = ref
         t = self._table(file)
         if not 0 <= pos < int(t.starts[-1]):
             raise StorageError(f"{self._files[file].uri} has no row {pos}")

@@ -49,7 +49,7 @@ import numpy as np
 
 from datalane.engine.compressed import open_content
 from datalane.engine.files import SourceFile, file_ident
-from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Listed
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Listed, Ref
 from datalane.engine.indexfiles import inside, read_index
 from datalane.spec.errors import ConfigError, DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES, TOO_LARGE
@@ -309,7 +309,8 @@ class MdsReader:
                                        column)
                 i = j
 
-    def read_one(self, file: int, pos: int) -> Any:
+    def read_one(self, ref: Ref) -> Any:
+        file, pos = ref
         sf = self._files[file]
         shard, column = self._header(file)
         if not 0 <= pos < shard.samples:

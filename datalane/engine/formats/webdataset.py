@@ -40,7 +40,7 @@ import numpy as np
 
 from datalane.engine.compressed import open_content
 from datalane.engine.files import SourceFile
-from datalane.engine.formats.base import Chunk, Decoded, FormatBase
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Ref
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES, TOO_LARGE
 
@@ -302,7 +302,8 @@ class WebDatasetReader:
     def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
         return self._samples(chunk.file, chunk.start if start is None else start, chunk.stop)
 
-    def read_one(self, file: int, pos: int) -> Any:
+    def read_one(self, ref: Ref) -> Any:
+        file, pos = ref
         for _, sample in self._samples(file, pos, pos + 1):
             return sample
         raise StorageError(f"{self._files[file].uri} has no sample at byte {pos}")
