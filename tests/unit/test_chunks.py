@@ -156,8 +156,7 @@ def test_reading_a_chunk_reads_about_the_chunk_not_the_rest_of_the_file(
             super().close()
 
     monkeypatch.setattr("datalane.engine.formats.jsonl.open_file",
-                        lambda uri, compression=None, **kw: Counting(
-                            real_open(uri, compression, **kw)))
+                        lambda uri, **kw: Counting(real_open(uri, **kw)))
     chunk_bytes = 16384
     chunks = cut_file(0, sf, chunk_bytes, None)
     got = read_all(RecordReader([sf], "text"), chunks)
