@@ -29,7 +29,7 @@ generate: $(STAMP)
 	$(BIN)/python tools/generate.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check datalane sidecar operator tests bench
+	$(BIN)/ruff check datalane sidecar operator tests bench tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]  # a fresh clone without `pip install -e .`
 
 from datalane_operator.crd import CRD_FILE, crd_yaml  # noqa: E402
-from datalane_operator.reference import render_reference  # noqa: E402
 from datalane_operator.reference import BEGIN as CRD_BEGIN  # noqa: E402
 from datalane_operator.reference import END as CRD_END  # noqa: E402
+from datalane_operator.reference import render_reference  # noqa: E402
 
 from tools.recipe_reference import BEGIN, END, render_fields  # noqa: E402
 

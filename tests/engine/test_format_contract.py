@@ -172,7 +172,8 @@ def test_a_declared_format_without_an_implementation_is_named(monkeypatch: Any,
     from datalane.engine.formats import implementation
     from datalane.spec.formats import FormatSpec
 
-    with pytest.raises(ImportError, match=r"format 'csv' is declared in datalane.spec.formats, "
-                                          r"but its implementation "
-                                          r"datalane.engine.formats.csv:CSV cannot be loaded"):
-        implementation(FormatSpec("csv", (".csv",)))
+    with pytest.raises(ImportError, match=r"format 'nosuch' is declared in "
+                                          r"datalane.spec.formats, but its implementation "
+                                          r"datalane.engine.formats.nosuch:NOSUCH cannot be "
+                                          r"loaded"):
+        implementation(FormatSpec("nosuch", (".nosuch",)))
