@@ -27,7 +27,7 @@ from datalane.spec.errors import ConfigError
 from datalane.spec.recipe import (
     EVAL_NAME_PATTERN as NAME_PATTERN,
 )
-from datalane.spec.recipe import INHERITED, TRAIN, EvalStream, _build, validate_streams
+from datalane.spec.recipe import INHERITED, TRAIN, EvalStream, stream_recipe, validate_streams
 
 __all__ = [
     "INHERITED",
@@ -86,7 +86,7 @@ def eval_recipe(recipe: _recipe.Recipe, name: str) -> _recipe.Recipe:
         what = ("'train' is the training stream, not an eval stream" if name == TRAIN
                 else f"no eval stream is named {name!r}")
         raise ConfigError(f"{what}; {_described(recipe)}")
-    return _build(recipe, stream)
+    return stream_recipe(recipe, stream)
 
 
 def training_view(recipe: _recipe.Recipe) -> _recipe.Recipe:

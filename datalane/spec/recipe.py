@@ -309,7 +309,9 @@ class Recipe:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
 
-def _build(recipe: Recipe, stream: EvalStream) -> Recipe:
+def stream_recipe(recipe: Recipe, stream: EvalStream) -> Recipe:
+    """Eval stream ``stream`` of ``recipe`` as a plain recipe
+    (:func:`datalane.spec.evals.eval_recipe`)."""
     fields: dict[str, Any] = {f: getattr(recipe, f) for f in INHERITED}
     fields["sources"] = list(stream.sources)
     fields["global_batch_size"] = (stream.global_batch_size
@@ -330,7 +332,7 @@ def validate_streams(recipe: Recipe, where: str) -> None:
             raise ConfigError(f"{at}.name {stream.name!r} is used by another eval stream; "
                               f"names must be unique")
         seen.add(stream.name)
-        _build(recipe, stream).validate(at)
+        stream_recipe(recipe, stream).validate(at)
 
 
 def _at(where: str, name: str) -> str:
