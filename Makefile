@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-torchtitan check test lint bench cluster images clean
+.PHONY: setup demo demo-torchtitan check test lint bench cluster images clean generate
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,8 +22,14 @@ demo: $(STAMP)
 demo-torchtitan: $(STAMP)
 	$(BIN)/python -m datalane.demo_torchtitan
 
+# Every file generated from the models (docs/recipe.md's reference, the CRD in crds/ and the
+# chart's copy, docs/operator.md's reference), in one command; tests/unit/test_generated.py
+# fails naming this target when one of them drifts.
+generate: $(STAMP)
+	$(BIN)/python tools/generate.py
+
 lint: $(STAMP)
-	$(BIN)/ruff check datalane sidecar operator tests bench
+	$(BIN)/ruff check datalane sidecar operator tests bench tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -28,7 +28,7 @@ import yaml
 import zstandard
 from tokenizers import Tokenizer
 
-import datalane.engine.formats.compressed as compressed
+import datalane.engine.compressed as compressed
 import datalane.engine.formats.jsonl as jsonl_mod
 from datalane import ConfigError, DataError, Knobs, Loader, load_recipe
 from datalane.corpus import tokenizer_path
@@ -352,7 +352,7 @@ def test_a_restart_decompresses_from_the_frame_that_holds_the_record(
             holder = max((c, d) for c, d in starts if d <= pos)
             del opened[:]
             assert list(reader.records(chunk, pos)) == recs[i:]
-            assert reader.read_one(0, pos) == raw == lines[pos]
+            assert reader.read_one((0, pos)) == raw == lines[pos]
             # both decompress from the last frame starting at or before the record
             assert opened == [holder[0], holder[0]]
 
@@ -398,7 +398,7 @@ def test_a_zstd_file_cut_in_the_middle_of_its_frame_is_an_error_naming_it(
     message = _raises_naming(sf, lambda: list(reader.records(Chunk(0, 0, -1))))
     assert message.endswith(f"the zstd frame that starts at byte 0 is cut off at the end of "
                             f"the file (byte {len(whole) // 2})")
-    _raises_naming(sf, lambda: reader.read_one(0, 10**6))
+    _raises_naming(sf, lambda: reader.read_one((0, 10**6)))
 
 
 def test_a_multi_frame_zstd_file_cut_mid_frame_fails_when_planned(tmp_path: Path) -> None:

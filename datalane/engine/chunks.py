@@ -3,9 +3,10 @@
 A source file is cut into chunks by its format (:mod:`datalane.engine.formats`): Parquet row
 groups or row ranges, plain JSONL byte ranges aligned to newlines, compressed JSONL files
 whole. A record's *position* is the format's address of it in its file (a byte offset in the
-decompressed stream, a row index), so a document can be re-read directly from
-``(file, position)``. A source may mix formats; :class:`RecordReader` reads each file with its
-own. Callers: :mod:`datalane.engine.plan` (cutting) and :mod:`datalane.engine.docstream`.
+decompressed stream, a row index); a document's reference is its format's (its file's index
+first), so a document can be re-read directly from it. A source may mix formats;
+:class:`RecordReader` reads each file with its own. Callers: :mod:`datalane.engine.plan`
+(cutting) and :mod:`datalane.engine.docstream`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from datalane.engine.files import SourceFile
 from datalane.engine.formats import MISSING, FormatReader, format_for
-from datalane.engine.formats.base import Chunk
+from datalane.engine.formats.base import Chunk, Ref
 
 if TYPE_CHECKING:
     from datalane.spec.recipe import Source
@@ -51,9 +52,9 @@ class RecordReader:
         """``(position, raw)`` of each record of ``chunk``, from ``start`` if given."""
         return self._reader(chunk.file).records(chunk, start)
 
-    def read_one(self, file: int, pos: int) -> Any:
-        """The raw record at ``pos`` of file ``file`` (for re-reading carried documents)."""
-        return self._reader(file).read_one(file, pos)
+    def read_one(self, ref: Ref) -> Any:
+        """The raw record a document reference names (for re-reading carried documents)."""
+        return self._reader(ref[0]).read_one(ref)
 
     def fields(self, file: int) -> list[str]:
         """The field names of file ``file``'s records."""

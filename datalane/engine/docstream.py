@@ -344,7 +344,8 @@ class DocStream:
         file, pos, _ = self._record(last)
         return Run(self.source.index, tuple(res.columns[c.name][lo:hi] for c in
                                             self._stage.columns),
-                   [b - lo for b in offsets[first:last + 2]], docs, (file, pos),
+                   [b - lo for b in offsets[first:last + 2]], docs,
+                   self._formats[file].ref(file, pos),
                    res.positions[lo:hi])
 
     def _current(self) -> bool:
@@ -462,16 +463,24 @@ class DocStream:
 
     def _doc(self, res: MapResult, i: int, file: int, pos: int) -> Doc:
         lo, hi = res.offsets[i], res.offsets[i + 1]
-        return Doc(self.source.index, (file, pos),
+        return Doc(self.source.index, self._formats[file].ref(file, pos),
                    tuple(res.columns[c.name][lo:hi] for c in self._stage.columns))
 
     def _where(self, file: int, pos: int) -> str:
         return f"{self.source.files[file].uri} at {self._formats[file].unit} {pos}"
 
+    def position(self, ref: tuple[int, ...]) -> int | None:
+        """The record position of a document reference of this source (its format's), or
+        None when it names no document the source can hold (checked before :meth:`fetch`)."""
+        if not ref or not 0 <= ref[0] < len(self._formats):
+            return None
+        return self._formats[ref[0]].position(ref)
+
     def fetch(self, ref: tuple[int, ...]) -> Doc:
         """Re-read and map one document by reference (restoring a packer's carry-over)."""
-        file, pos = ref
-        raw = self._reader.read_one(file, pos)
+        file, pos = ref[0], self.position(ref)
+        assert pos is not None, f"fetch of a reference {ref} that position() refuses"
+        raw = self._reader.read_one(ref)
         res = self._stage.run([(file, pos, raw)], self._formats)
         if res.status[0] is not None:
             raise DataError(f"source {self.source.spec.name!r}: the carried document at "

@@ -126,25 +126,20 @@ def expand(uri: str, where: str,
 REMOTE_STREAM_BLOCK = 4 << 20
 
 
-def open_file(source: str | SourceFile, compression: str | None = None, *,
-              ranged: bool = False) -> IO[bytes]:
-    """Open a source file for binary reading, decompressing on the fly if asked.
+def open_file(source: str | SourceFile, *, ranged: bool = False) -> IO[bytes]:
+    """Open a source file for binary reading, as it is stored (compressed or not).
 
     ``source``: a URI, or the :class:`SourceFile` the plan listed - then the file opened must
     still be that file (:func:`check_unchanged`: its size, and its identity where the
     filesystem reports one), or this raises a :class:`DataError`.
 
-    Compressed files are read by :func:`datalane.engine.formats.compressed.open_stream`, which
-    raises a DataError for a stream cut short or corrupt (fsspec's zstd reader returns a
+    A compressed file's content is read by :func:`datalane.engine.compressed.open_content`,
+    which raises a DataError for a stream cut short or corrupt (fsspec's zstd reader returns a
     shorter stream without a word). ``ranged``: the caller seeks and reads the ranges it needs
     (a remote file then fetches exactly those bytes); otherwise it reads as a stream, and a
     remote file fetches :data:`REMOTE_STREAM_BLOCK` bytes at a time."""
     import fsspec
 
-    if compression is not None:
-        from datalane.engine.formats.compressed import open_stream
-
-        return open_stream(source, compression)
     planned = source if isinstance(source, SourceFile) else None
     uri = source.uri if isinstance(source, SourceFile) else source
     try:

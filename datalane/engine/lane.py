@@ -87,8 +87,8 @@ class LaneStream:
         self.packer: Packer = PACKERS[recipe.packing.algorithm](
             ctx, state.packer if state is not None else None)
         # a packer that can fill a whole window at once does (every column per token)
-        fill = getattr(self.packer, "fill_window", None)
-        self._fill = fill if all(c.per_token for c in plan.schema) else None
+        bulk = self.packer.fills_windows and all(c.per_token for c in plan.schema)
+        self._fill = self.packer.fill_window if bulk else None
         self.sequences = state.sequences if state is not None else 0
         self.ended = state.ended if state is not None else False
 
@@ -100,8 +100,8 @@ class LaneStream:
 
     def _fetch(self, source: int, ref: tuple[int, ...]) -> Doc:
         """A carried document, by reference; MismatchError for one the recipe cannot hold."""
-        ok = 0 <= source < len(self.plan.sources) and len(ref) == 2 and \
-            0 <= ref[0] < len(self.plan.sources[source].files) and ref[1] >= 0
+        ok = 0 <= source < len(self.plan.sources) and \
+            self.streams[source].position(ref) is not None
         if not ok:
             raise MismatchError(f"lane {self.lane} state: carried piece of source {source}, "
                                 f"document {list(ref)}, is not a document of the recipe")

@@ -103,11 +103,11 @@ class MapStage:
         self.predicate = (_load_predicate(filters.predicate, policy or CodePolicy())
                           if filters.predicate else None)
         self.bad_reasons = kind.bad_reasons | BAD_RECORD_REASONS
-        self.has_text = getattr(kind, "has_text", True)
+        self.has_text = kind.has_text
         # a kind that can check and tokenize a whole task's values at once, falling back to
         # one record at a time when any value is bad (pre-tokenized ids)
-        self._whole: Callable[[list[Any]], Tokenized | None] | None = getattr(
-            kind, "tokenize_values", None)
+        self._whole: Callable[[list[Any]], Tokenized | None] | None = (
+            kind.tokenize_values if kind.tokenizes_values else None)
 
     def _char_filter(self, text: str) -> str | None:
         f = self.filters

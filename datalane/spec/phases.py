@@ -22,14 +22,32 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from datalane.spec.errors import ConfigError, MismatchError
-from datalane.spec.fingerprint import diff_documents
 from datalane.spec.model import doc
+from datalane.spec.recipediff import diff_documents
 
-if TYPE_CHECKING:
-    from datalane.spec.recipe import Recipe
+
+class _Weighted(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def weight(self) -> float: ...
+
+
+class Recipe(Protocol):
+    """What a schedule reads of a :class:`datalane.spec.recipe.Recipe` (which imports this
+    module for :class:`Phase`; a protocol keeps the import one-way)."""
+
+    @property
+    def sources(self) -> Sequence[_Weighted]: ...
+
+    @property
+    def phases(self) -> Sequence[Phase]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 __all__ = [
     "NAME_PATTERN",

@@ -11,17 +11,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from datalane.spec import evals, model
+from datalane.spec import model
 from datalane.spec.chat import ChatSpec
 from datalane.spec.errors import ConfigError
-from datalane.spec.formats import FORMAT_NAMES, TOKEN_FORMATS, infer_format
+from datalane.spec.formats import FORMAT_NAMES, TOKEN_FORMATS, format_reference, infer_format
 from datalane.spec.integrity import MAX_DEPTH, check_depth, parse_json, parse_text, read_bytes
 from datalane.spec.lanes import nearest_multiples
 from datalane.spec.model import doc
+from datalane.spec.packing import PACKER_NAMES, PackerName, packing_reference
 from datalane.spec.phases import Phase, check_phases
 from datalane.spec.tokens import TokensSpec
 
@@ -32,6 +34,7 @@ __all__ = [
     "Shuffle",
     "Source",
     "TokenizerSpec",
+    "document_kinds",
     "load_recipe",
     "recipe_schema",
 ]
@@ -97,11 +100,7 @@ class Source:
     uris: list[str] = doc(
         "Paths, globs or fsspec URIs of the source files (`s3://bucket/web/*.parquet`). "
         "Matches are sorted; a pattern matching nothing is an error.", min_items=1)
-    format: str | None = doc(
-        "File format; null infers it from the extension: .parquet, .jsonl/.json/.ndjson "
-        "(optionally .gz or .zst), .idx (megatron), .u16/.u32 (flatbin), .mds, .lance, .tar "
-        "(webdataset), .arrow (hf); a directory is read as an MDS, HF or Lance dataset.",
-        default=None, choices=FORMAT_NAMES)
+    format: str | None = doc(format_reference(), default=None, choices=FORMAT_NAMES)
     text_field: str = doc(
         "Column (Parquet, MDS, Lance, HF) or key (JSONL) holding the document text; for "
         "WebDataset the extension of the member holding it (`txt`).", default="text")
@@ -160,14 +159,21 @@ class Source:
                     f"{_at(where, 'tokens')} (for example `tokens: {{}}`) to read them")
 
 
+def document_kinds() -> tuple[str, ...]:
+    """The document kinds a source may be read as besides plain text, in declaration order:
+    the fields of :class:`Source` whose configuration class names a ``document_field`` (the
+    one declaration of a kind; the engine implements kind ``name`` in
+    ``datalane.engine.documents.<name>``)."""
+    hints = typing.get_type_hints(Source)
+    return tuple(f.name for f in dataclasses.fields(Source)
+                 if any(hasattr(t, "document_field") for t in typing.get_args(hints[f.name])))
+
+
 @dataclass(frozen=True)
 class Packing:
     """How documents become fixed-length sequences of `seq_len + 1` tokens."""
 
-    algorithm: Literal["wrap", "bestfit"] = doc(
-        "`wrap`: concatenate documents and cut; `bestfit`: documents never cross sequences "
-        "(longer ones are split), placed by best fit into a bounded set of open sequences.",
-        default="wrap")
+    algorithm: PackerName = doc(packing_reference(), default=PACKER_NAMES[0])
     bestfit_bins: int = doc("Open sequences `bestfit` chooses among.", default=8, ge=1, le=64)
 
 
@@ -178,6 +184,48 @@ class Shuffle:
     block_size: int = doc(
         "Documents per shuffle block, per source and lane; 1 disables shuffling.",
         default=1024, ge=1)
+
+
+# -- eval streams (issue 12 part 4; functions over them: datalane.spec.evals) ----------------
+
+EVAL_NAME_PATTERN = r"[a-z0-9]([a-z0-9_-]{0,62})?"
+"""Stream names: the pattern of source names (:mod:`datalane.spec.recipe`)."""
+
+TRAIN = "train"
+"""The name of the training stream (what an Open request's empty ``stream`` means)."""
+
+INHERITED = ("lanes", "seq_len", "tokenizer", "filters", "packing", "shuffle", "bad_records",
+             "bad_records_max_fraction", "version")
+"""The recipe fields an eval stream takes from its recipe. ``sources``, ``global_batch_size``
+and ``seed`` come from the stream; every other field (``eval``, and any field about the
+training run's course) keeps its default in :func:`eval_recipe`."""
+
+
+@dataclass(frozen=True)
+class EvalStream:
+    """A named eval stream: its own sources, read as the recipe's, for a fixed count of steps."""
+
+    name: str = doc(
+        "Unique name of the stream (lowercase letters, digits, '-', '_'); a client opens it "
+        "with `stream=` this name. `train` names the training stream and is refused.",
+        pattern=EVAL_NAME_PATTERN)
+    sources: list[Source] = doc(
+        "The stream's sources, mixed by their weights as the recipe's sources are, read with "
+        "the recipe's tokenizer, filters, packing and shuffle. A training source may be an "
+        "eval source too (the data is then not held out).", min_items=1)
+    steps: int = doc(
+        "Steps (global batches) of every evaluation: exactly this many, padded with "
+        "`ended` set once the stream's data runs out.", ge=1)
+    global_batch_size: int | None = doc(
+        "Sequences per eval step; null means the recipe's. A multiple of `lanes`.",
+        default=None, ge=1)
+    seed: int | None = doc("Seed of the stream's permutations; null means the recipe's.",
+                           default=None, ge=0)
+
+    def validate(self, where: str) -> None:
+        if self.name == TRAIN:
+            raise ConfigError(f"{_at(where, 'name')} {TRAIN!r} names the training stream; give "
+                              f"the eval stream another name")
 
 
 @dataclass(frozen=True)
@@ -200,7 +248,7 @@ class Recipe:
         "With `skip`: stop with an error once more than this fraction of a lane's records "
         "are malformed (checked from the lane's 1,000th record on); null never stops.",
         default=None, gt=0, le=1, omit_default=True)
-    eval: list[evals.EvalStream] = doc(
+    eval: list[EvalStream] = doc(
         "Eval streams: named held-out streams the sidecar serves next to the training "
         "stream (`SidecarLoader(stream=name)`), each read like the recipe's sources; not "
         "part of the training stream's fingerprint.", factory=list, omit_default=True)
@@ -250,7 +298,7 @@ class Recipe:
                                   f"another source; names must be unique")
             seen.add(src.name)
         check_phases(self, where)
-        evals.validate_streams(self, where)
+        validate_streams(self, where)
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical plain form (every field, defaults included)."""
@@ -259,6 +307,32 @@ class Recipe:
 
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def stream_recipe(recipe: Recipe, stream: EvalStream) -> Recipe:
+    """Eval stream ``stream`` of ``recipe`` as a plain recipe
+    (:func:`datalane.spec.evals.eval_recipe`)."""
+    fields: dict[str, Any] = {f: getattr(recipe, f) for f in INHERITED}
+    fields["sources"] = list(stream.sources)
+    fields["global_batch_size"] = (stream.global_batch_size
+                                   if stream.global_batch_size is not None
+                                   else recipe.global_batch_size)
+    fields["seed"] = stream.seed if stream.seed is not None else recipe.seed
+    return Recipe(**fields)
+
+
+def validate_streams(recipe: Recipe, where: str) -> None:
+    """Check the recipe's eval streams: unique names, and each stream's recipe valid (its
+    batch a multiple of lanes, within the limits; its source names unique; ...), errors
+    naming the field as ``eval[i].<field>``."""
+    seen: set[str] = set()
+    for i, stream in enumerate(recipe.eval):
+        at = _at(where, f"eval[{i}]")
+        if stream.name in seen:
+            raise ConfigError(f"{at}.name {stream.name!r} is used by another eval stream; "
+                              f"names must be unique")
+        seen.add(stream.name)
+        stream_recipe(recipe, stream).validate(at)
 
 
 def _at(where: str, name: str) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import zstandard
 
-import datalane.engine.formats.compressed as compressed
+import datalane.engine.compressed as compressed
 from datalane import DataError
 from datalane.engine.chunks import RecordReader, cut_file
 from datalane.engine.files import SourceFile, compression_of, expand

@@ -27,7 +27,7 @@ import pytest
 import zstandard
 from hypothesis import given
 
-import datalane.engine.formats.compressed as compressed
+import datalane.engine.compressed as compressed
 from tests.fuzz.stream_harness import (
     Field,
     Outcomes,

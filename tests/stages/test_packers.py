@@ -130,8 +130,8 @@ def whole(lengths: list[int], *ks: int) -> Pieces:
     return [(k, 0, lengths[k]) for k in ks]
 
 
-def test_the_registry_names_both_packers() -> None:
-    assert sorted(PACKERS) == ["bestfit", "wrap"]
+def test_the_registry_holds_both_packers() -> None:
+    assert {"bestfit", "wrap"} <= set(PACKERS)
     assert all(cls.name == name for name, cls in PACKERS.items()), (
         "each packer's name must be its registry key (it names its state in the lane state)")
 

@@ -89,7 +89,7 @@ def test_plain_jsonl_chunks_yield_every_record_once_in_order(
         for i, (pos, _) in enumerate(recs):
             assert list(reader.records(chunk, pos)) == recs[i:]
     for pos, line in want:
-        assert reader.read_one(3, pos) == line
+        assert reader.read_one((3, pos)) == line
 
 
 def test_plain_jsonl_example_with_crlf_blank_lines_and_no_final_newline(tmp_path: Path) -> None:
@@ -156,8 +156,7 @@ def test_reading_a_chunk_reads_about_the_chunk_not_the_rest_of_the_file(
             super().close()
 
     monkeypatch.setattr("datalane.engine.formats.jsonl.open_file",
-                        lambda uri, compression=None, **kw: Counting(
-                            real_open(uri, compression, **kw)))
+                        lambda uri, **kw: Counting(real_open(uri, **kw)))
     chunk_bytes = 16384
     chunks = cut_file(0, sf, chunk_bytes, None)
     got = read_all(RecordReader([sf], "text"), chunks)
@@ -219,7 +218,7 @@ def test_compressed_read_one_rereads_any_record(tmp_path: Path, kind: str) -> No
     sf = source_file(_compressed(tmp_path, kind, content))
     reader = RecordReader([sf], "text")
     for pos, line in reversed(expected_lines(content)):
-        assert reader.read_one(0, pos) == line
+        assert reader.read_one((0, pos)) == line
 
 
 @pytest.mark.parametrize("kind", ["gz", "zst"])
@@ -295,12 +294,12 @@ def test_parquet_read_one_any_row_in_any_order(tmp_path: Path) -> None:
              source_file(_parquet(tmp_path, "b.parquet", rows=10, row_group_size=4))]
     reader = RecordReader(files, "text")
     for row in (29, 0, 13, 7, 6, 28, 11):
-        assert reader.read_one(0, row) == TEXTS_WITH_NULL[row]
+        assert reader.read_one((0, row)) == TEXTS_WITH_NULL[row]
     for row in (9, 0, 5, 3, 4):
-        assert reader.read_one(1, row) == TEXTS_WITH_NULL[row]
-    assert reader.read_one(0, 4) == ""
+        assert reader.read_one((1, row)) == TEXTS_WITH_NULL[row]
+    assert reader.read_one((0, 4)) == ""
     with pytest.raises(StorageError) as info:
-        reader.read_one(1, 10)
+        reader.read_one((1, 10))
     assert str(info.value) == f"{files[1].uri} has no row 10"
 
 
@@ -310,7 +309,7 @@ def test_parquet_without_the_text_column_yields_missing(tmp_path: Path) -> None:
     recs = read_all(reader, cut_file(0, sf, 1, 4))
     assert [row for row, _ in recs] == list(range(30))
     assert all(value is MISSING for _, value in recs)
-    assert reader.read_one(0, 17) is MISSING
+    assert reader.read_one((0, 17)) is MISSING
     # the same file read with the right field has the values
     assert read_all(RecordReader([sf], "body"), cut_file(0, sf, 1, None))[3] == (3, TEXTS[3])
 
@@ -373,11 +372,11 @@ def test_records_of_several_files_keep_their_file_index(tmp_path: Path) -> None:
     assert read_all(reader, chunks) == [
         (0, b'{"text": "a0"}'), (15, b'{"text": "a1"}'), (0, b'{"text": "b0"}'),
         (0, TEXTS[0]), (1, TEXTS[1]), (2, TEXTS[2])]
-    assert reader.read_one(0, 15) == b'{"text": "a1"}'
-    assert reader.read_one(1, 0) == b'{"text": "b0"}'
-    assert reader.read_one(2, 2) == TEXTS[2]
+    assert reader.read_one((0, 15)) == b'{"text": "a1"}'
+    assert reader.read_one((1, 0)) == b'{"text": "b0"}'
+    assert reader.read_one((2, 2)) == TEXTS[2]
     reader.close()
-    assert reader.read_one(2, 1) == TEXTS[1]  # reopens after close
+    assert reader.read_one((2, 1)) == TEXTS[1]  # reopens after close
 
 
 def iter_positions(reader: RecordReader, chunks: list[Chunk]) -> Iterator[int]:

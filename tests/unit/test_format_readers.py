@@ -135,7 +135,7 @@ def test_mds_compressed_shards_are_one_chunk_each() -> None:
     assert [FORMATS["mds"].cut(i, sf, 1, 1) for i, sf in enumerate(files)] == [
         [Chunk(0, 0, 46)], [Chunk(1, 0, 14)]]
     _check_chunks_and_restarts("mds", files, "text", 1, None)
-    assert FORMATS["mds"].decode(FORMATS["mds"].reader(files, "text").read_one(1, 3),
+    assert FORMATS["mds"].decode(FORMATS["mds"].reader(files, "text").read_one((1, 3)),
                                  "text")[0].startswith("zmds doc 49 ")
 
 
@@ -270,7 +270,7 @@ def test_the_message_walk_finds_the_batches_pyarrow_wrote(tmp_path: Path, kind: 
         got = _check_chunks_and_restarts("hf", [sf], "text", chunk_bytes, chunk_rows)
         assert [raw for _, _, raw in got] == _TABLE.column("text").to_pylist()
     assert len(FORMATS["hf"].cut(0, sf, 1, None)) == len(sizes) - 1  # whole batches, empty out
-    assert FORMATS["hf"].reader([sf], "n").read_one(0, 57) == 57
+    assert FORMATS["hf"].reader([sf], "n").read_one((0, 57)) == 57
 
 
 def test_dictionary_columns_are_refused_naming_the_file(tmp_path: Path) -> None:

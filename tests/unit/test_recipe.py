@@ -19,6 +19,7 @@ import yaml
 from datalane.corpus import DemoCorpus
 from datalane.spec import ConfigError, Knobs, Recipe, load_recipe, model, recipe_schema
 from datalane.spec.formats import FORMAT_NAMES
+from datalane.spec.packing import PACKER_NAMES
 from tests.conftest import base_recipe_dict
 
 
@@ -152,14 +153,15 @@ def test_knobs_are_not_recipe_keys() -> None:
      "sources[0].uris[1] must be a string, got 3"),
     (minimal(sources=[{"name": "web", "uris": ["a"], "weight": "heavy"}]),
      "sources[0].weight must be a number, got 'heavy'"),
-    (minimal(sources=[{"name": "web", "uris": ["a"], "format": "csv"}]),
-     "sources[0].format 'csv' is not one of "
+    (minimal(sources=[{"name": "web", "uris": ["a"], "format": "no-such-format"}]),
+     "sources[0].format 'no-such-format' is not one of "
      + ", ".join(repr(n) for n in FORMAT_NAMES)),
     (minimal(sources=[{"name": "Web Pages", "uris": ["a"]}]),
      "sources[0].name 'Web Pages' does not match the pattern [a-z0-9]([a-z0-9_-]{0,62})?"),
     (minimal(bad_records="ignore"), "bad_records 'ignore' is not one of 'skip', 'fail'"),
-    (minimal(packing={"algorithm": "greedy"}),
-     "packing.algorithm 'greedy' is not one of 'wrap', 'bestfit'"),
+    (minimal(packing={"algorithm": "no-such-packer"}),
+     "packing.algorithm 'no-such-packer' is not one of "
+     + ", ".join(repr(n) for n in PACKER_NAMES)),
     (minimal(tokenizer={"uri": "t", "sha256": "abc"}),
      "tokenizer.sha256 'abc' does not match the pattern [0-9a-f]{64}"),
     (minimal(filters={"predicate": "no_colon"}),
@@ -389,7 +391,7 @@ def test_schema_types_bounds_enums_and_required() -> None:
                                              "of a run."}
     assert props["bad_records"]["enum"] == ["skip", "fail"]
     assert props["bad_records"]["default"] == "skip"
-    assert props["packing"]["properties"]["algorithm"]["enum"] == ["wrap", "bestfit"]
+    assert props["packing"]["properties"]["algorithm"]["enum"] == list(PACKER_NAMES)
     assert props["packing"]["properties"]["bestfit_bins"]["maximum"] == 64
     assert props["sources"]["type"] == "array"
     assert props["sources"]["minItems"] == 1

@@ -1,8 +1,10 @@
 """The registries of the seams agree with what the recipe accepts and the docs promise.
 
-A format, packer or document kind is a module of its own plus one line in its registry; the
-recipe (which the operator validates without the engine) names the same set. These tests make
-a registry line that the recipe does not know, or the reverse, fail by name.
+A format or packer is a module of its own plus one declaration in spec (datalane/spec/formats.py,
+datalane/spec/packing.py), a document kind a module plus its ``Source`` field; the engine's
+registries are derived from those, and the recipe (which the operator validates without the
+engine) names the same set. These tests make a registry that disagrees with the recipe fail by
+name; tests/engine runs every registered one through its contract.
 """
 
 from __future__ import annotations

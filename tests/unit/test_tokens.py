@@ -200,9 +200,9 @@ def test_documents_are_read_through_the_index(tmp_path: Path) -> None:
     assert [(c.start, c.stop) for c in chunks] == [(0, 3), (3, 4)]
     assert read_all(reader, chunks) == list(enumerate(DOCS))
     assert next(iter(reader.records(chunks[0], start=2)))[0] == 2
-    assert reader.read_one(0, 3).tolist() == [13, 14]
+    assert reader.read_one((0, 3)).tolist() == [13, 14]
     with pytest.raises(DataError, match="has 4 documents, no document 4"):
-        reader.read_one(0, 4)
+        reader.read_one((0, 4))
 
 
 def test_sentence_split_documents_are_their_sequences_together(tmp_path: Path) -> None:
@@ -315,8 +315,8 @@ def test_boundary_documents_resume_at_a_position_and_read_one(tmp_path: Path) ->
     assert [(c.start, c.stop) for c in chunks] == [(0, 13)]
     assert [(p, np.asarray(r).tolist()) for p, r in reader.records(chunks[0], start=4)] == [
         (4, FLAT[2]), (9, FLAT[3]), (11, FLAT[4])]
-    assert reader.read_one(0, 9).tolist() == [11, 1]
-    assert reader.read_one(0, 11).tolist() == [12, 13]
+    assert reader.read_one((0, 9)).tolist() == [11, 1]
+    assert reader.read_one((0, 11)).tolist() == [12, 13]
 
 
 def test_a_flat_document_longer_than_the_read_window(tmp_path: Path,
@@ -338,7 +338,7 @@ def test_offsets_file_documents(tmp_path: Path) -> None:
     # documents starting in tokens [0, 2): 0 | [2, 4): 1 and 2 | [4, 6): 3
     assert [(c.start, c.stop) for c in chunks] == [(0, 1), (1, 3), (3, 4)]
     assert read_all(reader, chunks) == list(enumerate(docs))
-    assert reader.read_one(0, 2).tolist() == [7, 8, 9]
+    assert reader.read_one((0, 2)).tolist() == [7, 8, 9]
 
 
 @pytest.mark.parametrize("offsets,message", [

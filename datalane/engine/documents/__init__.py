@@ -1,10 +1,11 @@
 """The document kinds, by name, and which one a source uses.
 
 A source is plain ``text`` unless its recipe entry sets the configuration of another kind
-(``chat: {...}``); each kind is a module of its own implementing
-:class:`~datalane.engine.documents.base.DocumentKind`, imported only when a recipe uses it
-(chat brings Jinja). The table maps a kind's name (also the name of its ``Source`` field)
-to where it lives.
+(``chat: {...}``). A kind is declared once, by its configuration field of
+:class:`~datalane.spec.recipe.Source` (:func:`datalane.spec.recipe.document_kinds`); it is
+implemented by the class ``KIND`` of the module ``datalane.engine.documents.<name>`` (a
+:class:`~datalane.engine.documents.base.KindBase`), imported only when a recipe uses it (chat
+brings Jinja). The table maps a kind's name to where it lives.
 """
 
 from __future__ import annotations
@@ -16,21 +17,19 @@ from datalane.engine.documents.base import Doc, DocumentKind, Rendered
 from datalane.engine.documents.text import TextKind
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.errors import ConfigError
-from datalane.spec.recipe import Source
+from datalane.spec.recipe import Source, document_kinds
 
 __all__ = ["KINDS", "Doc", "DocumentKind", "Rendered", "kind_for", "kind_name"]
 
 #: kind name (= the ``Source`` field holding its configuration) -> "module:class"; the class
 #: is built as ``cls(config, tokenizer, where)``.
-KINDS: dict[str, str] = {
-    "chat": "datalane.engine.documents.chat:ChatKind",
-    "tokens": "datalane.engine.documents.tokens:TokensKind",
-}
+KINDS: dict[str, str] = {name: f"datalane.engine.documents.{name}:KIND"
+                         for name in document_kinds()}
 
 
 def kind_name(source: Source) -> str:
     """``text``, or the one kind whose configuration the source sets."""
-    chosen = [k for k in KINDS if getattr(source, k, None) is not None]
+    chosen = [k for k in KINDS if getattr(source, k) is not None]
     if len(chosen) > 1:
         raise ConfigError(f"source {source.name!r} sets {' and '.join(chosen)}; a source is "
                           f"one kind of document")

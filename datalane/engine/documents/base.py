@@ -5,7 +5,10 @@ of chat messages, ...) into a :class:`Rendered` document (the text filters and p
 see) and then, a batch at a time on worker threads, into token columns: ``input_ids`` and
 the kind's own columns (chat: ``loss_mask``). Kinds are listed in
 :mod:`datalane.engine.documents`; a recipe's sample schema is the text columns plus every
-column of the kinds its sources use. A :class:`Doc` is one kept document on its way to the
+column of the kinds its sources use. A kind is declared by its configuration field of
+:class:`~datalane.spec.recipe.Source` (:func:`datalane.spec.recipe.document_kinds`) and
+implemented by the class ``KIND`` of ``datalane.engine.documents.<name>``, a
+:class:`KindBase`. A :class:`Doc` is one kept document on its way to the
 packer, with the reference its format defines, so a packer's carry-over can name it.
 """
 
@@ -19,7 +22,7 @@ import numpy as np
 
 from datalane.spec.schema import Column
 
-__all__ = ["Doc", "DocumentKind", "Rendered", "Run", "Tokenized"]
+__all__ = ["Doc", "DocumentKind", "KindBase", "Rendered", "Run", "Tokenized"]
 
 Tokenized = tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]
 """``(flat columns, offsets (n+1,), raw lengths (n,))``: document ``i`` is
@@ -40,8 +43,11 @@ class DocumentKind(Protocol):
 
     columns: tuple[Column, ...]  # columns beyond input_ids/positions that the kind fills
     bad_reasons: frozenset[str]  # reasons of render() that are bad records (policy applies)
-    # A kind whose documents have no text (pre-tokenized ids) sets ``has_text = False``: the
-    # character filters and the predicate then do not apply to it (token filters do).
+    #: False for a kind whose documents have no text (pre-tokenized ids): the character
+    #: filters and the predicate then do not apply to it (token filters do)
+    has_text: bool
+    #: whether :meth:`tokenize_values` checks and tokenizes a whole task's values at once
+    tokenizes_values: bool
 
     def identity(self) -> dict[str, Any]:
         """What the fingerprint must cover beyond the recipe (a template's hash); {} if none."""
@@ -53,6 +59,26 @@ class DocumentKind(Protocol):
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
         ...
+
+    def tokenize_values(self, values: list[Any]) -> Tokenized | None:
+        """A whole task's decoded values as tokens at once, or None when any value is bad (the
+        map stage then renders them one record at a time); only if ``tokenizes_values``."""
+        ...
+
+
+class KindBase:
+    """The defaults of :class:`DocumentKind`'s optional parts: documents with text, rendered
+    and tokenized a record at a time, no identity beyond the recipe."""
+
+    columns: tuple[Column, ...] = ()
+    has_text: bool = True
+    tokenizes_values: bool = False
+
+    def identity(self) -> dict[str, Any]:
+        return {}
+
+    def tokenize_values(self, values: list[Any]) -> Tokenized | None:
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import Rendered, Tokenized
+from datalane.engine.documents.base import KindBase, Rendered, Tokenized
 from datalane.engine.documents.chat_template import (
     ChatTemplate,
     find_template,
@@ -60,7 +60,7 @@ ROLES = frozenset({"system", "user", "assistant", "tool"})
 LOSS_MASK = Column("loss_mask", "uint8", pad=0, default=1)
 
 
-class ChatKind:
+class ChatKind(KindBase):
     """Renders conversations with a chat template; thread-safe, stateless after construction."""
 
     columns: tuple[Column, ...] = (LOSS_MASK,)
@@ -234,3 +234,5 @@ def _merged(spans: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
             out.append((s, e))
     return tuple(out)
 
+
+KIND = ChatKind

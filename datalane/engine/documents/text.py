@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from datalane.engine.documents.base import Rendered, Tokenized
+from datalane.engine.documents.base import KindBase, Rendered, Tokenized
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.schema import Column
 
@@ -25,7 +25,7 @@ def unencodable(text: str) -> str | None:
     return None
 
 
-class TextKind:
+class TextKind(KindBase):
     """The field value is the document's text."""
 
     columns: tuple[Column, ...] = ()
@@ -34,9 +34,6 @@ class TextKind:
     def __init__(self, tokenizer: TokenizerHandle, field: str = "text") -> None:
         self.tokenizer = tokenizer
         self.field = field
-
-    def identity(self) -> dict[str, Any]:
-        return {}
 
     def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
         if isinstance(value, bytes):

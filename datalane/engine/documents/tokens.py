@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import Rendered, Tokenized
+from datalane.engine.documents.base import KindBase, Rendered, Tokenized
 from datalane.engine.formats.base import MISSING
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.errors import ConfigError
@@ -72,12 +72,13 @@ def check_ids(value: Any, vocab: int, field: str) -> tuple[np.ndarray | None, st
     return ids, "", ""
 
 
-class TokensKind:
+class TokensKind(KindBase):
     """The field value is the document's token ids; thread-safe, stateless."""
 
     columns: tuple[Column, ...] = ()
     bad_reasons = frozenset({"not_tokens", "token_out_of_range", "empty_ids"})
     has_text = False
+    tokenizes_values = True
 
     def __init__(self, spec: TokensSpec, tokenizer: TokenizerHandle, where: str = "tokens") -> None:
         self.spec = spec
@@ -95,9 +96,6 @@ class TokensKind:
         ts = tokenizer.spec
         self.bos_id = token("add_bos", ts.bos_token) if spec.add_bos else None
         self.eos_id = token("add_eos", ts.eos_token) if spec.add_eos else None
-
-    def identity(self) -> dict[str, Any]:
-        return {}
 
     def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
         ids, reason, detail = check_ids(value, self.vocab_size, self.field)
@@ -154,3 +152,6 @@ class TokensKind:
         if self.eos_id is not None:
             out[offsets[1:] - 1] = self.eos_id
         return {"input_ids": out}, offsets, lens
+
+
+KIND = TokensKind

@@ -1,38 +1,37 @@
-"""The source formats, by name (the names :mod:`datalane.spec.formats` infers).
+"""The source formats, by name: the implementations of the formats
+:data:`datalane.spec.formats.DECLARED` declares.
 
-Each format is a module of its own implementing :class:`~datalane.engine.formats.base.Format`;
-this table is the one place the engine looks them up.
+Each format is a module of its own implementing :class:`~datalane.engine.formats.base.Format`
+(a :class:`~datalane.engine.formats.base.FormatBase`); this registry is built from the
+declarations, each implementation loaded from the path its declaration names
+(``datalane.engine.formats.<name>:<NAME>`` unless it says otherwise), so it is the one place
+the engine looks formats up and never a second table to keep in step.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from datalane.engine.formats.base import MISSING, Format, FormatReader
-from datalane.engine.formats.flatbin import FLATBIN
-from datalane.engine.formats.hf import HF
-from datalane.engine.formats.jsonl import JSONL
-from datalane.engine.formats.lance import LANCE
-from datalane.engine.formats.mds import MDS
-from datalane.engine.formats.megatron import MEGATRON
-from datalane.engine.formats.parquet import PARQUET
-from datalane.engine.formats.webdataset import WEBDATASET
+from datalane.engine.formats.base import MISSING, Format, FormatBase, FormatReader
+from datalane.engine.seams import load_declared
+from datalane.spec.formats import DECLARED, FormatSpec
 
 if TYPE_CHECKING:
     from datalane.spec.recipe import Source
 
-__all__ = ["FORMATS", "MISSING", "Format", "FormatReader", "format_for", "format_named"]
+__all__ = ["FORMATS", "MISSING", "Format", "FormatReader", "format_for", "format_named",
+           "implementation"]
 
-FORMATS: dict[str, Format] = {
-    "jsonl": JSONL,
-    "parquet": PARQUET,
-    "megatron": MEGATRON,
-    "flatbin": FLATBIN,
-    "mds": MDS,
-    "lance": LANCE,
-    "webdataset": WEBDATASET,
-    "hf": HF,
-}
+
+def implementation(spec: FormatSpec) -> Format:
+    """The engine's implementation of the declared format ``spec``; ImportError naming the
+    declaration and what is missing when there is none."""
+    fmt: Format = load_declared("format", spec.name, "datalane.spec.formats", spec.engine_path,
+                                FormatBase)
+    return fmt
+
+
+FORMATS: dict[str, Format] = {spec.name: implementation(spec) for spec in DECLARED}
 
 
 def format_named(name: str) -> Format:
@@ -40,13 +39,7 @@ def format_named(name: str) -> Format:
 
 
 def format_for(name: str, source: Source | None) -> Format:
-    """The format ``name`` as ``source`` reads it. A format whose reading depends on the
-    source's settings (flatbin: the token width and the boundary id) defines
-    ``for_source(source)``, which returns a configured copy, or raises ConfigError when the
-    source cannot read it at all (token files in a text source)."""
+    """The format ``name`` as ``source`` reads it (:meth:`Format.for_source`: a configured
+    copy, or ConfigError when the source cannot read it at all)."""
     fmt = FORMATS[name]
-    configure = getattr(fmt, "for_source", None)
-    if source is None or configure is None:
-        return fmt
-    configured: Format = configure(source)
-    return configured
+    return fmt if source is None else fmt.for_source(source)

@@ -7,9 +7,14 @@ index), and decodes a raw record into the value of the source's field on worker 
 document's reference is ``(file index, position)``: enough to read it again alone
 (:meth:`FormatReader.read_one`), which is how a packer's carry-over is restored.
 
-Formats are listed in :mod:`datalane.engine.formats` by the names
-:mod:`datalane.spec.formats` infers from file extensions; adding one is a file of its own and
-one line in each of those two tables.
+A format is declared once, in :data:`datalane.spec.formats.DECLARED` (its name, extensions,
+whether its records are token ids, whether a directory holds its datasets, where its
+implementation lives); :mod:`datalane.engine.formats` loads each declared implementation, a
+subclass of :class:`FormatBase` whose optional hooks (:meth:`~FormatBase.for_source`,
+:meth:`~FormatBase.list_directory`, :meth:`~FormatBase.lists`) default to "none". Adding a
+format is its module plus that one declaration; tests/engine/test_format_contract.py runs
+every declared format through the same contract with the fixture writer
+tests/support/formats.py registers for it.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from datalane.engine.files import SourceFile
+    from datalane.spec.recipe import Source
 
-__all__ = ["MISSING", "Chunk", "Decoded", "Format", "FormatReader", "TooLarge"]
+__all__ = ["MISSING", "Chunk", "Decoded", "Format", "FormatBase", "FormatReader", "Listed",
+           "Ref", "TooLarge"]
 
 MISSING = object()  # a record without the source's field (a Parquet file without the column)
 
@@ -54,6 +61,14 @@ class Chunk:
     stop: int
 
 
+Listed = list[tuple[str, int, str]]
+"""What a dataset directory holds, as ``(filesystem path, size, ident)`` source files."""
+
+Ref = tuple[int, ...]
+"""A document's reference: the index of its file in its source first (which format reads it),
+then what the format needs to read the record again alone (:meth:`FormatReader.read_one`); a
+format's own :meth:`Format.ref` builds it and :meth:`Format.position` reads it back."""
+
 Decoded = tuple[Any, str | None, str | None]
 """``(value, None, None)``, or ``(None, reason, detail)`` for a record that has no value."""
 
@@ -65,8 +80,8 @@ class FormatReader(Protocol):
         """``(position, raw)`` of each record of ``chunk``, from position ``start`` if given."""
         ...
 
-    def read_one(self, file: int, pos: int) -> Any:
-        """The raw record at ``pos`` of file ``file``."""
+    def read_one(self, ref: Ref) -> Any:
+        """The raw record a document reference names (:meth:`Format.ref`)."""
         ...
 
     def fields(self, file: int) -> list[str]:
@@ -97,3 +112,51 @@ class Format(Protocol):
     def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
         """What to change when a source has fewer chunks than lanes."""
         ...
+
+    def ref(self, file: int, pos: int) -> Ref:
+        """The reference of the record at position ``pos`` of file ``file``."""
+        ...
+
+    def position(self, ref: Ref) -> int | None:
+        """The record position ``ref`` names, or None when it is no reference of this format
+        (a lane state naming a document the recipe cannot hold)."""
+        ...
+
+    def for_source(self, source: Source) -> Format:
+        """The format as ``source`` reads it (flatbin: the token width and the boundary id),
+        or ConfigError when the source cannot read it at all (token files in a text source)."""
+        ...
+
+    def list_directory(self, fs: Any, path: str) -> Listed | None:
+        """The source files of the dataset directory ``path``, or None when it holds none of
+        this format (a format declared with a ``directory`` implements it)."""
+        ...
+
+    def lists(self, ident: str) -> bool:
+        """Whether a listed entry of identity ``ident`` is a dataset of this format that no
+        extension names (a Lance table listed as one source file)."""
+        ...
+
+
+class FormatBase:
+    """The defaults of :class:`Format`'s optional hooks: the same reading for every source,
+    no dataset directory."""
+
+    name: str
+    unit: str
+    bad_reasons: frozenset[str]
+
+    def ref(self, file: int, pos: int) -> Ref:
+        return (file, pos)
+
+    def position(self, ref: Ref) -> int | None:
+        return ref[1] if len(ref) == 2 and ref[1] >= 0 else None
+
+    def for_source(self, source: Source) -> Format:
+        return self  # type: ignore[return-value]
+
+    def list_directory(self, fs: Any, path: str) -> Listed | None:
+        return None
+
+    def lists(self, ident: str) -> bool:
+        return False

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from datalane.engine.files import SourceFile, check_unchanged, expand
-from datalane.engine.formats.base import Chunk, Decoded, TooLarge
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Ref, TooLarge
 from datalane.engine.formats.tokenfile import (
     WINDOW_BYTES,
     TokenFiles,
@@ -208,7 +208,8 @@ class FlatbinReader:
             return self._indexed(chunk, start)
         return self._bounded(chunk, start)
 
-    def read_one(self, file: int, pos: int) -> Any:
+    def read_one(self, ref: Ref) -> Any:
+        file, pos = ref
         sf = self._files[file]
         layout = self._fmt.layout(sf)
         if layout.boundary is None:
@@ -230,7 +231,7 @@ class FlatbinReader:
         self._tf.close()
 
 
-class Flatbin:
+class Flatbin(FormatBase):
     """The flat token format; :meth:`for_source` configures it with the source's layout."""
 
     name = "flatbin"

@@ -45,8 +45,8 @@ import numpy as np
 
 from datalane.engine.files import SourceFile, file_ident, open_file
 from datalane.engine.formats.arrowvalues import decoded
-from datalane.engine.formats.base import MISSING, Chunk, Decoded
-from datalane.engine.formats.indexfiles import inside, read_index
+from datalane.engine.formats.base import MISSING, Chunk, Decoded, FormatBase, Listed, Ref
+from datalane.engine.indexfiles import inside, read_index
 from datalane.spec.errors import ConfigError, DataError, StorageError
 from datalane.spec.limits import TOO_LARGE
 
@@ -335,7 +335,8 @@ class HfReader:
                     yield r, values[r - r0]
             b = e + 1
 
-    def read_one(self, file: int, pos: int) -> Any:
+    def read_one(self, ref: Ref) -> Any:
+        file, pos = ref
         index = arrow_index(self._files[file])
         if not 0 <= pos < index.rows:
             raise StorageError(f"{self._files[file].uri} has no row {pos} (it has "
@@ -354,7 +355,7 @@ class HfReader:
         self._schemas.clear()
 
 
-class Hf:
+class Hf(FormatBase):
     name = "hf"
     unit = "row"
     bad_reasons = frozenset({"missing_field", TOO_LARGE})
@@ -385,6 +386,9 @@ class Hf:
     def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
         return (f"set a smaller {where}.chunk_bytes or {where}.chunk_rows (rows per chunk; a "
                 f"record batch is otherwise never split)")
+
+    def list_directory(self, fs: Any, path: str) -> Listed | None:
+        return list_hf_directory(fs, path)
 
 
 HF = Hf()

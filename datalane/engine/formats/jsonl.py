@@ -5,7 +5,7 @@ to the chunk its first byte lies in. A record's position is the byte offset of i
 its value is the field of the parsed object, decoded on worker threads.
 
 Compressed files are cut at frame boundaries (zstd frames, gzip members; see
-:mod:`datalane.engine.formats.compressed` for how they are found), since a stream can be
+:mod:`datalane.engine.compressed` for how they are found), since a stream can be
 entered only where a frame starts. Consecutive frames are grouped: a chunk ends at the first
 frame that starts at or after the next multiple of ``chunk_bytes`` of *compressed* data, so
 many small frames share a chunk and a frame larger than ``chunk_bytes`` is a chunk of its
@@ -18,7 +18,7 @@ record's first byte in the concatenation of all the frames' contents. So a posit
 same whatever the chunking, a single-frame file's positions are what they always were, and
 errors name a byte a user can find with ``zstd -dc | head -c``. The file's frame index maps a
 position to the frame holding it (its compressed and decompressed offsets), so
-``records(chunk, start=pos)`` and ``read_one(file, pos)`` decompress from that frame's start
+``records(chunk, start=pos)`` and ``read_one((file, pos))`` decompress from that frame's start
 only - at most one frame before the record, never the file from its start.
 
 Records may span a frame boundary: the stream is continuous, and a chunk ends where plain
@@ -41,9 +41,9 @@ import json
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from datalane.engine.compressed import FrameIndex, frame_index, known_index, open_stream
 from datalane.engine.files import SourceFile, open_file
-from datalane.engine.formats.base import Chunk, Decoded, TooLarge
-from datalane.engine.formats.compressed import FrameIndex, frame_index, known_index, open_stream
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Ref, TooLarge
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES
 
@@ -151,7 +151,8 @@ class JsonlReader:
             return self._plain(chunk, start)
         return self._compressed(chunk, start)
 
-    def read_one(self, file: int, pos: int) -> Raw:
+    def read_one(self, ref: Ref) -> Raw:
+        file, pos = ref
         sf = self._files[file]
         try:
             if sf.compression is None:
@@ -190,7 +191,7 @@ class JsonlReader:
         pass
 
 
-class Jsonl:
+class Jsonl(FormatBase):
     name = "jsonl"
     unit = "byte"
     bad_reasons = frozenset({"malformed_json", "non_utf8", "missing_field"})

@@ -36,14 +36,13 @@ import numpy as np
 
 from datalane.engine.files import SourceFile
 from datalane.engine.formats.arrowvalues import decoded
-from datalane.engine.formats.base import MISSING, Chunk, Decoded
+from datalane.engine.formats.base import MISSING, Chunk, Decoded, FormatBase, Listed, Ref
 from datalane.spec.errors import ConfigError, DataError, DatalaneError, StorageError
 from datalane.spec.limits import TOO_LARGE
 
 __all__ = ["LANCE", "list_lance_directory"]
 
 _IDENT = "lance-version="
-LANCE_IDENT = _IDENT  # the identity prefix of a listed Lance dataset (directories.py)
 
 
 @contextmanager
@@ -140,7 +139,8 @@ class LanceReader:
                     yield row, value
                     row += 1
 
-    def read_one(self, file: int, pos: int) -> Any:
+    def read_one(self, ref: Ref) -> Any:
+        file, pos = ref
         t = self._table(file)
         if not 0 <= pos < int(t.starts[-1]):
             raise StorageError(f"{self._files[file].uri} has no row {pos}")
@@ -157,7 +157,7 @@ class LanceReader:
         self._tables.clear()
 
 
-class Lance:
+class Lance(FormatBase):
     name = "lance"
     unit = "row"
     bad_reasons = frozenset({"missing_field", TOO_LARGE})
@@ -182,6 +182,12 @@ class Lance:
 
     def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
         return f"set a smaller {where}.chunk_rows (a fragment is otherwise one chunk)"
+
+    def list_directory(self, fs: Any, path: str) -> Listed | None:
+        return list_lance_directory(fs, path)
+
+    def lists(self, ident: str) -> bool:
+        return ident.startswith(_IDENT)
 
 
 LANCE = Lance()

@@ -47,9 +47,10 @@ from typing import IO, Any, NoReturn
 
 import numpy as np
 
-from datalane.engine.files import SourceFile, file_ident, open_file
-from datalane.engine.formats.base import Chunk, Decoded
-from datalane.engine.formats.indexfiles import inside, read_index
+from datalane.engine.compressed import open_content
+from datalane.engine.files import SourceFile, file_ident
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Listed, Ref
+from datalane.engine.indexfiles import inside, read_index
 from datalane.spec.errors import ConfigError, DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES, TOO_LARGE
 
@@ -308,7 +309,8 @@ class MdsReader:
                                        column)
                 i = j
 
-    def read_one(self, file: int, pos: int) -> Any:
+    def read_one(self, ref: Ref) -> Any:
+        file, pos = ref
         sf = self._files[file]
         shard, column = self._header(file)
         if not 0 <= pos < shard.samples:
@@ -330,7 +332,7 @@ class MdsReader:
 
 
 def _open(sf: SourceFile) -> IO[bytes]:
-    return open_file(sf, sf.compression)
+    return open_content(sf)
 
 
 def _size(sf: SourceFile) -> int | None:
@@ -368,7 +370,7 @@ def _reraise(e: Exception, uri: str) -> NoReturn:
     _raise_read_error(e, uri)
 
 
-class Mds:
+class Mds(FormatBase):
     name = "mds"
     unit = "sample"
     bad_reasons = frozenset({"missing_field", "malformed_sample", "malformed_json",
@@ -421,6 +423,9 @@ class Mds:
             return "compressed MDS shards are one chunk each: write more shards (a smaller " \
                    "size_limit) or uncompressed ones"
         return f"set a smaller {where}.chunk_bytes or {where}.chunk_rows (samples per chunk)"
+
+    def list_directory(self, fs: Any, path: str) -> Listed | None:
+        return list_mds_directory(fs, path)
 
 
 MDS = Mds()

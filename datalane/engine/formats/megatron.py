@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from datalane.engine.files import SourceFile, expand
-from datalane.engine.formats.base import Chunk, Decoded
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Ref
 from datalane.engine.formats.tokenfile import (
     TokenFiles,
     cached,
@@ -185,7 +185,8 @@ class MegatronReader:
         return documents(self._tf, index.bin_file, index.dtype, index.starts, first,
                          min(chunk.stop, index.documents))
 
-    def read_one(self, file: int, pos: int) -> Any:
+    def read_one(self, ref: Ref) -> Any:
+        file, pos = ref
         index = self._index(file)
         if not 0 <= pos < index.documents:
             raise DataError(f"{index.idx_uri} has {index.documents} documents, no document "
@@ -200,7 +201,7 @@ class MegatronReader:
         self._tf.close()
 
 
-class Megatron:
+class Megatron(FormatBase):
     name = "megatron"
     unit = "document"
     bad_reasons: frozenset[str] = frozenset()

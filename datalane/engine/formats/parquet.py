@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from datalane.engine.files import SourceFile, open_file
-from datalane.engine.formats.base import MISSING, Chunk, Decoded, TooLarge
+from datalane.engine.formats.base import MISSING, Chunk, Decoded, FormatBase, Ref, TooLarge
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES
 
@@ -137,7 +137,8 @@ class ParquetReader:
                 yield r, values[r - first]
             row = end
 
-    def read_one(self, file: int, pos: int) -> Any:
+    def read_one(self, ref: Ref) -> Any:
+        file, pos = ref
         first, values = self._row_group_of(file, pos)
         return values[pos - first]
 
@@ -149,7 +150,7 @@ class ParquetReader:
         self._group = None
 
 
-class Parquet:
+class Parquet(FormatBase):
     name = "parquet"
     unit = "row"
     bad_reasons = frozenset({"missing_field"})

@@ -38,8 +38,9 @@ from typing import IO, Any, NoReturn
 
 import numpy as np
 
-from datalane.engine.files import SourceFile, open_file
-from datalane.engine.formats.base import Chunk, Decoded
+from datalane.engine.compressed import open_content
+from datalane.engine.files import SourceFile
+from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Ref
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES, TOO_LARGE
 
@@ -226,7 +227,7 @@ def _members(tape: _Tape, total: int | None) -> Iterator[TarMember]:
 
 
 def _open(sf: SourceFile, pos: int) -> tuple[IO[bytes], _Tape]:
-    f = open_file(sf, sf.compression)
+    f = open_content(sf)
     return f, _Tape(f, pos, sf.compression is None, sf.uri)
 
 
@@ -301,7 +302,8 @@ class WebDatasetReader:
     def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
         return self._samples(chunk.file, chunk.start if start is None else start, chunk.stop)
 
-    def read_one(self, file: int, pos: int) -> Any:
+    def read_one(self, ref: Ref) -> Any:
+        file, pos = ref
         for _, sample in self._samples(file, pos, pos + 1):
             return sample
         raise StorageError(f"{self._files[file].uri} has no sample at byte {pos}")
@@ -319,7 +321,7 @@ class WebDatasetReader:
         pass
 
 
-class WebDataset:
+class WebDataset(FormatBase):
     name = "webdataset"
     unit = "byte"
     bad_reasons = frozenset({"missing_field", "malformed_sample", "malformed_json", TOO_LARGE})

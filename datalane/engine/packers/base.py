@@ -7,8 +7,11 @@ emits one sequence per call as the recipe's columns: document columns (``input_i
 after the last piece. Its carry-over between sequences is a set of :class:`Piece` s, token
 ranges of documents named by reference, never tokens; :meth:`Packer.state` returns it as JSON
 nested under the packer's name in the lane state, and a packer built with that state re-reads
-the pieces (``fetch``) and continues exactly. Packers are listed in
-:mod:`datalane.engine.packers`.
+the pieces (``fetch``) and continues exactly. A packer is declared once, in
+:data:`datalane.spec.packing.DECLARED`, and :mod:`datalane.engine.packers` loads the class
+its declaration names (a :class:`PackerBase`, whose optional hook :meth:`~Packer.fill_window`
+is off by default); tests/engine/test_packer_contract.py runs every declared packer through
+the same contract.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from datalane.spec.recipe import Packing
 from datalane.spec.schema import SampleSchema
 from datalane.spec.state import Counters, PackerState, Piece
 
-__all__ = ["Held", "PackContext", "Packer", "assemble", "decode_pieces", "take"]
+__all__ = ["Held", "PackContext", "Packer", "PackerBase", "assemble", "decode_pieces", "take"]
 
 Held = tuple[Piece, tuple[np.ndarray, ...]]  # a piece and its document columns
 
@@ -73,6 +76,26 @@ class Packer(Protocol):
     def state(self) -> dict[str, Any]:
         """The carry-over as JSON (call between sequences)."""
         ...
+
+    #: whether :meth:`fill_window` fills whole windows (the lane then calls it instead of
+    #: :meth:`next_sequence` when every column of the recipe is per token)
+    fills_windows: ClassVar[bool]
+
+    def fill_window(self, columns: dict[str, np.ndarray], rows: int) -> int:
+        """Fill ``rows`` sequences of ``columns`` in place, as that many calls of
+        :meth:`next_sequence` would (pad rows after the last document); the rows filled with
+        tokens (fewer than ``rows``: no document is left)."""
+        ...
+
+
+class PackerBase:
+    """The defaults of :class:`Packer`'s optional hooks: sequences one at a time."""
+
+    name: ClassVar[str]
+    fills_windows: ClassVar[bool] = False
+
+    def fill_window(self, columns: dict[str, np.ndarray], rows: int) -> int:
+        raise NotImplementedError(f"packer {self.name!r} does not fill whole windows")
 
 
 def take(ctx: PackContext) -> Held | None:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from datalane.engine.packers.base import (
     Held,
     PackContext,
+    PackerBase,
     assemble,
     check_packer,
     decode_pieces,
@@ -26,7 +27,7 @@ from datalane.spec.state import PackerState, Piece
 __all__ = ["BestFitPacker"]
 
 
-class BestFitPacker:
+class BestFitPacker(PackerBase):
     name: ClassVar[str] = "bestfit"
 
     def __init__(self, ctx: PackContext, state: PackerState | None = None) -> None:
@@ -109,3 +110,6 @@ class BestFitPacker:
     def state(self) -> dict[str, Any]:
         return {"bins": [[p.encode() for p, _ in b] for b in self._bins],
                 "pending": self._pending[0].encode() if self._pending is not None else None}
+
+
+PACKER = BestFitPacker

@@ -16,6 +16,7 @@ from datalane.engine.packers.base import (
     ARANGE,
     Held,
     PackContext,
+    PackerBase,
     assemble,
     check_packer,
     decode_pieces,
@@ -27,8 +28,9 @@ from datalane.spec.state import PackerState, Piece
 __all__ = ["WrapPacker"]
 
 
-class WrapPacker:
+class WrapPacker(PackerBase):
     name: ClassVar[str] = "wrap"
+    fills_windows: ClassVar[bool] = True
 
     def __init__(self, ctx: PackContext, state: PackerState | None = None) -> None:
         self.ctx = ctx
@@ -162,3 +164,6 @@ class WrapPacker:
 
     def state(self) -> dict[str, Any]:
         return {"held": [p.encode() for p, _ in self._held]}
+
+
+PACKER = WrapPacker

@@ -1,22 +1,21 @@
-"""Generate the field reference of ``docs/recipe.md`` from the recipe model.
+"""The field reference of ``docs/recipe.md``, generated from the recipe model.
 
-``python -m datalane.docgen`` rewrites the part of ``docs/recipe.md`` between the
-``<!-- fields:begin -->`` and ``<!-- fields:end -->`` markers; a test fails when the committed
-file differs from what this produces, so the reference can never drift from the schema.
+``make generate`` (tools/generate.py) rewrites the part of ``docs/recipe.md`` between the
+``<!-- fields:begin -->`` and ``<!-- fields:end -->`` markers with :func:`render_fields`; a
+test fails when the committed file differs from what this produces, so the reference can never
+drift from the schema.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 from datalane.spec.knobs import Knobs
 from datalane.spec.model import json_schema
 from datalane.spec.recipe import recipe_schema
 
-__all__ = ["render_fields", "rewrite"]
+__all__ = ["BEGIN", "END", "render_fields"]
 
 BEGIN = "<!-- fields:begin -->"
 END = "<!-- fields:end -->"
@@ -101,20 +100,3 @@ def render_fields() -> str:
                    f"{prop.get('description', '')} |")
     out.append("")
     return "\n".join(out)
-
-
-def rewrite(path: Path) -> bool:
-    """Rewrite the generated part of ``path``; True if it changed."""
-    text = path.read_text()
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{BEGIN}\n{render_fields()}\n{END}{tail}"
-    if new != text:
-        path.write_text(new)
-        return True
-    return False
-
-
-if __name__ == "__main__":
-    target = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/recipe.md")
-    print(f"{target}: {'rewritten' if rewrite(target) else 'up to date'}")  # noqa: T201

@@ -334,6 +334,14 @@ def open_stream(source: str | SourceFile, compression: str, offset: int = 0) -> 
     return io.BufferedReader(_Stream(raw, uri, compression, offset), buffer_size=_READ)
 
 
+def open_content(sf: SourceFile) -> IO[bytes]:
+    """The content of ``sf`` from its start: decompressed (:func:`open_stream`) when the plan
+    found it compressed, else its bytes (:func:`~datalane.engine.files.open_file`)."""
+    if sf.compression is not None:
+        return open_stream(sf, sf.compression)
+    return open_file(sf)
+
+
 # -- frame indexes ------------------------------------------------------------------------------
 
 

@@ -1,0 +1,51 @@
+"""One fixture per document kind, keyed by the kind's name (``text`` and every kind a
+``Source`` field declares: :func:`datalane.spec.recipe.document_kinds`).
+
+A fixture is a recipe source reading the kind (its configuration as a recipe would give it,
+loaded through the recipe model), the tokenizer it is read with, field values that are good
+documents of the kind, and one value that is a bad record of it.
+tests/engine/test_kind_contract.py runs every kind through the same contract with its fixture
+here; a declared kind without one fails that test by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datalane.corpus import tokenizer_path
+
+__all__ = ["FIXTURES", "KindFixture"]
+
+CHAT = Path(__file__).resolve().parent.parent / "data" / "chat"
+
+
+@dataclass(frozen=True)
+class KindFixture:
+    source: dict[str, Any]  # the recipe source's kind settings (``{"chat": {...}}``; {}: text)
+    tokenizer: str
+    good: list[Any]
+    bad: Any
+
+
+def _turns(k: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"question {k}?"},
+            {"role": "assistant", "content": "answer " * (k % 4 + 1)}]
+
+
+FIXTURES: dict[str, KindFixture] = {
+    "text": KindFixture({}, tokenizer_path(),
+                        ["hello world", "a second document, longer than the first one", "x"],
+                        b"\xff\xfe not utf-8"),
+    "chat": KindFixture({"chat": {"tokenizer_config": str(CHAT / "chatml" /
+                                                          "tokenizer_config.json")}},
+                        str(CHAT / "tokenizer.json"), [_turns(k) for k in range(4)],
+                        "not a list of messages"),
+    # as the token formats decode them: 1-D integer arrays
+    "tokens": KindFixture({"tokens": {}}, tokenizer_path(),
+                          [np.array(ids) for ids in ([1, 2, 3], [7], [100, 200, 300, 400, 5])],
+                          np.array([1, -3])),
+}
