@@ -42,7 +42,8 @@ check: lint
 	    tests/operator/test_inject.py tests/operator/test_reconcile.py tests/operator/test_policy.py \
 	    tests/test_hostile_states.py tests/test_code_policy.py tests/operator/test_code_policy.py \
 	    tests/operator/test_admission_progress.py tests/operator/test_signed_gc.py \
-	    tests/operator/test_coalescer.py tests/operator/test_metrics.py tests/operator/test_runtime.py
+	    tests/operator/test_coalescer.py tests/operator/test_metrics.py tests/operator/test_runtime.py \
+	    tests/engine
 
 # The test control plane (kube-apiserver, etcd, kwok, helm, ...) built from Go modules into
 # ~/.cache/datalane/cluster: ~25 min on a fresh 2-core machine, seconds once cached.

@@ -43,7 +43,8 @@ def _lane(state: LaneState, names: list[str], files: dict[str, list[Any]]) -> li
     else:
         lines.append(f"  packer ({label}):")
     for where, p in held:
-        doc = (f"{file(p.source, p.ref[0])} @{p.ref[1]}" if len(p.ref) == 2
+        # a reference is the file's index, then whatever position its format needs
+        doc = (f"{file(p.source, p.ref[0])} @{','.join(map(str, p.ref[1:]))}" if len(p.ref) > 1
                else f"document {list(p.ref)}")
         lines.append(f"    {where}: {name(p.source)} {doc} tokens {p.start}-{p.stop}")
     n = state.counters

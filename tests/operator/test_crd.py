@@ -30,7 +30,7 @@ def openapi() -> dict[str, Any]:
 def test_committed_crd_matches_the_generator() -> None:
     committed = (ROOT / CRD_FILE).read_text()
     assert committed == crd_yaml(), (
-        f"{CRD_FILE} is stale: run `python -m datalane_operator crd > {CRD_FILE}`")
+        f"{CRD_FILE} is stale: run `make generate`")
 
 
 def test_schema_is_structural() -> None:

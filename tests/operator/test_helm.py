@@ -33,7 +33,7 @@ def test_lint_is_clean() -> None:
 def test_chart_crd_is_the_generated_one() -> None:
     chart = CHART / "crds" / "datapipelines.datalane.io.yaml"
     assert chart.read_bytes() == (ROOT / "crds" / "datapipelines.datalane.io.yaml").read_bytes(), (
-        "helm/datalane/crds/ differs from crds/: copy crds/datapipelines.datalane.io.yaml")
+        "helm/datalane/crds/ differs from crds/: run `make generate`")
 
 
 def test_default_render() -> None:
