@@ -10,7 +10,7 @@ file with an image-bytes column (``key``, ``image``, ``ext``, ``caption``). The 
 give the same bytes. :func:`hostile_images` gives the malformed images every decoder must
 set aside (truncated JPEG, a decompression bomb's header, a zero-size PNG, wrong magic, ...)
 with the bad-record reason each must get; ``make_image_corpus`` writes them to a shard of
-their own too. Callers: tests/engine/images, bench/images.py.
+their own too, in ``hostile/`` (so that ``root/*.tar`` reads valid images only). Callers: tests/engine/images, bench/images.py.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class ImageCorpus:
     root: str
     shards: list[str]  # WebDataset tar shards of the valid images, in order
     parquet: str  # the same images and captions in one Parquet file
-    hostile: str  # a WebDataset shard of hostile images (reasons in hostile.json beside it)
+    hostile: str  # a WebDataset shard of hostile images in hostile/ (reasons in hostile.json)
     keys: list[str]
     sizes: list[tuple[int, int]]  # (width, height) of each image, in key order
     encoded_bytes: int  # the valid images' encoded bytes, in all
@@ -157,9 +157,10 @@ def _caption(rng: random.Random) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 24)))
 
 
-def make_image_corpus(root: str, images: int = 64, seed: int = 29,
-                      per_shard: int = 16) -> ImageCorpus:
-    """Write the corpus under ``root`` (see the module docstring)."""
+def make_image_corpus(root: str, images: int = 64, seed: int = 29, per_shard: int = 16,
+                      jpeg_only: bool = False) -> ImageCorpus:
+    """Write the corpus under ``root`` (see the module docstring); ``jpeg_only``: every image a
+    JPEG (TorchTitan's ``cc12m`` processor reads the ``jpg`` member only)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -173,7 +174,7 @@ def make_image_corpus(root: str, images: int = 64, seed: int = 29,
     total = 0
     for i in range(images):
         width, height = _size(rng)
-        fmt = "PNG" if i % 5 == 3 else "WEBP" if i % 5 == 4 else "JPEG"
+        fmt = "JPEG" if jpeg_only else "PNG" if i % 5 == 3 else "WEBP" if i % 5 == 4 else "JPEG"
         data = _encode(synthetic_image(rng.getrandbits(32), width, height), fmt)
         key, ext, caption = f"{i:08d}", _EXT[fmt], _caption(rng)
         meta = {"key": key, "caption": caption, "width": width, "height": height}
@@ -194,10 +195,11 @@ def make_image_corpus(root: str, images: int = 64, seed: int = 29,
                       "ext": pa.array(rows["ext"], pa.string()),
                       "caption": pa.array(rows["caption"], pa.string())})
     pq.write_table(table, parquet, row_group_size=per_shard)
-    hostile = os.path.join(root, "hostile-000000.tar")
+    os.makedirs(os.path.join(root, "hostile"), exist_ok=True)  # apart: ``root/*.tar`` is valid
+    hostile = os.path.join(root, "hostile", "hostile-000000.tar")
     samples = hostile_images(seed)
     _tar(hostile, [m for n, (data, _) in samples.items()
                    for m in ((f"{n}.img", data), (f"{n}.txt", n.encode()))])
-    with open(os.path.join(root, "hostile.json"), "w") as f:
+    with open(os.path.join(root, "hostile", "hostile.json"), "w") as f:
         json.dump({n: reason for n, (_, reason) in samples.items()}, f, indent=1, sort_keys=True)
     return ImageCorpus(root, shards, parquet, hostile, keys, sizes, total)

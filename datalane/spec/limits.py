@@ -13,7 +13,8 @@ from __future__ import annotations
 
 __all__ = [
     "IMAGE_ASPECT", "IMAGE_CORRUPT", "IMAGE_FORMAT", "IMAGE_REASONS", "IMAGE_TOO_LARGE",
-    "IMAGE_TRUNCATED", "MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS", "MAX_RECORD_BYTES", "TOO_LARGE",
+    "IMAGE_TRUNCATED", "MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS", "MAX_JPEG_SCANS", "MAX_RECORD_BYTES",
+    "TOO_LARGE",
 ]
 
 MAX_RECORD_BYTES = 64 << 20
@@ -33,6 +34,11 @@ MAX_IMAGE_PIXELS = 1 << 25
 """The most pixels (width x height) one image may declare in its header (33,554,432: 8192 x
 4096), checked before a pixel is decoded; it bounds a decode's memory (docs/vlm.md)."""
 
+MAX_JPEG_SCANS = 100
+"""The most scans one JPEG may have. Each scan of a progressive JPEG is another pass over every
+pixel, so scans, not bytes, bound its decode time; encoders write about 10 (libjpeg's default
+progressive script has 10), libjpeg-turbo itself sets no limit (its ``djpeg -maxscans``)."""
+
 IMAGE_CORRUPT = "image_corrupt"
 """An image whose header or data the decoder rejects (wrong checksum, bad marker, zero size)."""
 
@@ -40,8 +46,8 @@ IMAGE_TRUNCATED = "image_truncated"
 """An image whose data ends before its pixels do."""
 
 IMAGE_TOO_LARGE = "image_too_large"
-"""An image over :data:`MAX_IMAGE_BYTES` encoded or :data:`MAX_IMAGE_PIXELS` declared (or a
-recipe's lower bounds): a decompression bomb is one."""
+"""An image over :data:`MAX_IMAGE_BYTES` encoded, :data:`MAX_IMAGE_PIXELS` declared or
+:data:`MAX_JPEG_SCANS` scans (or a recipe's lower bounds): a decompression bomb is one."""
 
 IMAGE_FORMAT = "image_format"
 """Bytes that are not one of the decoded formats (JPEG, PNG, WebP): wrong magic."""

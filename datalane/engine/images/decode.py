@@ -26,6 +26,7 @@ from datalane.spec.limits import (
     IMAGE_TRUNCATED,
     MAX_IMAGE_BYTES,
     MAX_IMAGE_PIXELS,
+    MAX_JPEG_SCANS,
 )
 
 __all__ = ["FORMATS", "BadImage", "ImageLimits", "decode", "sniff"]
@@ -52,17 +53,20 @@ class BadImage(Exception):
 @dataclass(frozen=True)
 class ImageLimits:
     """The bounds on one image. ``max_bytes``: encoded bytes; ``max_pixels``: width x height
-    declared in the header. Both default to the format contract's bounds
-    (:mod:`datalane.spec.limits`) and may only be lowered. ``exif_transpose``: turn the image
+    declared in the header; ``max_scans``: start-of-scan markers of a JPEG (each scan of a
+    progressive JPEG is another pass over every pixel). All default to the format contract's
+    bounds (:mod:`datalane.spec.limits`) and may only be lowered. ``exif_transpose``: turn the image
     as its EXIF orientation says (off by default, as TorchTitan's loader: docs/vlm.md)."""
 
     max_bytes: int = MAX_IMAGE_BYTES
     max_pixels: int = MAX_IMAGE_PIXELS
     exif_transpose: bool = False
+    max_scans: int = MAX_JPEG_SCANS
 
     def __post_init__(self) -> None:
         for name, value, top in (("max_bytes", self.max_bytes, MAX_IMAGE_BYTES),
-                                 ("max_pixels", self.max_pixels, MAX_IMAGE_PIXELS)):
+                                 ("max_pixels", self.max_pixels, MAX_IMAGE_PIXELS),
+                                 ("max_scans", self.max_scans, MAX_JPEG_SCANS)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= top:
                 raise ConfigError(f"images.{name}: {value!r} is not an integer in [1, {top:,}]")
 
@@ -105,10 +109,11 @@ def _to_rgb(im: Image.Image) -> Image.Image:
 def decode(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Image:
     """The RGB pixels of the encoded image ``data`` (JPEG, PNG or WebP; an animation's first
     frame). Raises :class:`BadImage`: ``image_too_large`` over ``limits`` (bytes checked
-    first, then the header's width x height before decoding: a decompression bomb costs its
-    header only), ``image_format`` for other magic bytes, ``image_truncated`` when the data
-    ends early, ``image_corrupt`` for anything else the decoder rejects. Never raises another
-    exception for any bytes (tests/engine/images/test_fuzz.py)."""
+    first, a JPEG's scans next, then the header's width x height before decoding: a
+    decompression bomb costs its header only), ``image_format`` for other magic bytes,
+    ``image_truncated`` when the data ends early, ``image_corrupt`` for anything else the
+    decoder rejects. Never raises another exception for any bytes
+    (tests/engine/images/test_fuzz.py)."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise BadImage(IMAGE_CORRUPT, f"a {type(data).__name__}, not bytes")
     size = len(data)
@@ -120,6 +125,14 @@ def decode(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Image:
         head = bytes(data[:8]).hex(" ")
         raise BadImage(IMAGE_FORMAT, f"{size:,} bytes starting {head or '(empty)'} are not "
                                      f"{', '.join(FORMATS[:-1])} or {FORMATS[-1]}")
+    if fmt == "JPEG":
+        # every FF DA is a start-of-scan marker or inside a segment (an EXIF thumbnail's):
+        # an upper bound on the scans, counted in C before any is decoded
+        scans = bytes(data).count(b"\xff\xda") if isinstance(data, memoryview) else \
+            data.count(b"\xff\xda")
+        if scans > limits.max_scans:
+            raise BadImage(IMAGE_TOO_LARGE, f"a JPEG of {scans:,} scans, over the limit of "
+                                            f"{limits.max_scans:,}")
     try:
         im = Image.open(io.BytesIO(data), formats=[fmt])
     except Exception as e:  # any exception on hostile bytes is a bad image, by contract

@@ -55,7 +55,7 @@ def test_shards_and_parquet_hold_the_same_captioned_images(image_corpus: ImageCo
 
 
 def test_the_hostile_shard_lists_each_samples_reason(image_corpus: ImageCorpus) -> None:
-    reasons = json.loads(Path(image_corpus.root, "hostile.json").read_text())
+    reasons = json.loads(Path(image_corpus.hostile).with_name("hostile.json").read_text())
     assert {"truncated_jpeg", "bomb_header", "zero_size_png", "wrong_magic"} <= set(reasons)
     got: dict[str, str | None] = {}
     with tarfile.open(image_corpus.hostile) as tar:

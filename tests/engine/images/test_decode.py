@@ -101,6 +101,18 @@ def test_the_pixel_limit_does_not_depend_on_pillows_global(monkeypatch: pytest.M
         assert f"over the limit of {MAX_IMAGE_PIXELS:,}" in e.value.detail
 
 
+def test_a_jpegs_scans_are_bounded_before_decoding() -> None:
+    buf = io.BytesIO()
+    Image.fromarray(PIXELS).save(buf, "JPEG", progressive=True)
+    data = buf.getvalue()
+    assert data.count(b"\xff\xda") == 10  # libjpeg's default progressive script
+    assert decode(data, ImageLimits(max_scans=10)).size == (96, 64)
+    with pytest.raises(BadImage) as e:
+        decode(data, ImageLimits(max_scans=9))
+    assert (e.value.reason, e.value.detail) == (
+        "image_too_large", "a JPEG of 10 scans, over the limit of 9")
+
+
 def test_only_jpeg_png_and_webp_open() -> None:
     for fmt in ("GIF", "BMP", "TIFF", "PPM"):
         buf = io.BytesIO()
@@ -114,6 +126,7 @@ def test_only_jpeg_png_and_webp_open() -> None:
 
 
 @pytest.mark.parametrize("field,value", [("max_bytes", 0), ("max_bytes", MAX_IMAGE_BYTES + 1),
+                                         ("max_scans", 0), ("max_scans", 101),
                                          ("max_pixels", True), ("max_pixels", 1.5),
                                          ("max_pixels", MAX_IMAGE_PIXELS + 1)])
 def test_limits_may_only_be_lowered(field: str, value: object) -> None:
