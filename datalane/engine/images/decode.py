@@ -100,7 +100,7 @@ def _to_rgb(im: Image.Image) -> Image.Image:
     if im.mode == "RGB":
         return im
     if im.mode.startswith("I"):  # "I;16", "I;16B", "I" (16-bit PNG grey)
-        grey = np.asarray(im).astype(np.int64, copy=False)
+        grey = np.asarray(im)  # uint16, or int32 for "I"
         high = (np.clip(grey, 0, 65535) >> 8).astype(np.uint8)
         return Image.fromarray(np.repeat(high[:, :, None], 3, axis=2))
     return im.convert("RGB")
