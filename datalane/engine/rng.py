@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import struct
 
-__all__ = ["permutation"]
+__all__ = ["permutation", "words"]
 
 
 def _key(parts: tuple[object, ...]) -> bytes:
@@ -38,3 +38,9 @@ def permutation(n: int, *key: object) -> list[int]:
         j = words[n - 1 - i] % (i + 1)
         perm[i], perm[j] = perm[j], perm[i]
     return perm
+
+
+def words(count: int, *key: object) -> list[int]:
+    """``count`` uniform 64-bit words determined by ``key`` alone (augmentations:
+    :mod:`datalane.engine.images.augment`)."""
+    return _words(_key(key), count)
