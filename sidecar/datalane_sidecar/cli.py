@@ -57,8 +57,8 @@ def _parser() -> argparse.ArgumentParser:
                             "interpreter lock; 0: threads of the server process (the default); "
                             "auto: one per rank of the pod (--ranks-per-pod), at most one per "
                             "CPU, 0 for a pod of one rank. Each worker holds a copy of the "
-                            "plan and its ranks' windows: see docs/architecture.md, Sidecar "
-                            "(env DATALANE_RANK_PROCESSES)")
+                            "plan and its ranks' windows: see docs/architecture.md, "
+                            "The sidecar's processes (env DATALANE_RANK_PROCESSES)")
     serve.add_argument("--socket-mode", default=_env("DATALANE_SOCKET_MODE", "0600"),
                        choices=["0600", "0660"])
     serve.add_argument("--metrics-port", type=int,

@@ -61,8 +61,9 @@ class RankWorker:
                  on_lost: Callable[[RankWorker], None]) -> None:
         self.index = index
         parent, child = ctx.Pipe()
+        level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         self.process = ctx.Process(target=worker_module.main,
-                                   args=(child, plans, knobs, prefetch),
+                                   args=(child, plans, knobs, prefetch, level),
                                    name=f"datalane-rank-worker-{index}", daemon=True)
         self.process.start()
         child.close()  # the worker's end lives in the worker only: its death is EOF here

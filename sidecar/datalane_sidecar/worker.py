@@ -40,6 +40,7 @@ from datalane.spec.state import Checkpoint
 from datalane.wire.shm import ShmWriter
 from datalane_sidecar.boundaries import CheckpointText
 from datalane_sidecar.delivery import RingClosed
+from datalane_sidecar.logs import setup_logging
 from datalane_sidecar.session import Session
 
 __all__ = ["RemoteError", "decode_error", "encode_error", "main"]
@@ -205,9 +206,11 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def main(conn: Connection, plans: bytes, knobs: Knobs, prefetch: int) -> None:
+def main(conn: Connection, plans: bytes, knobs: Knobs, prefetch: int,
+         log_level: str = "info") -> None:
     """The worker process's entry (``plans``: the pickled plans by stream name, planned once
-    by the server)."""
+    by the server; ``log_level``: the server's, its JSON lines go to the same stderr)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup_logging(log_level)  # credentials of the environment redacted, as the server's
     _Worker(conn, pickle.loads(plans), knobs, prefetch).serve()

@@ -17,9 +17,14 @@ import time
 from typing import Any
 
 import grpc
+import pytest
+from datalane_sidecar import cli
+from datalane_sidecar.delivery import RingClosed
+from datalane_sidecar.worker import RemoteError, decode_error, encode_error
 
-from datalane import load_recipe
+from datalane import ConfigError, MismatchError, StorageError, load_recipe
 from datalane.client import SidecarLoader
+from datalane.spec.errors import DatalaneError
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 from tests.sidecar.test_columns import chat_recipe  # noqa: F401  (the fixture)
@@ -135,10 +140,6 @@ def test_a_worker_killed_with_kill9_is_a_restart_its_rank_rides_through(
 def test_errors_cross_the_pipe_as_their_own_types() -> None:
     """What the servicer maps to gRPC codes must survive the pipe: the type, the message,
     and a StorageError's transient flag (UNAVAILABLE, retried) against a permanent one."""
-    from datalane import ConfigError, MismatchError, StorageError
-    from datalane_sidecar.delivery import RingClosed
-    from datalane_sidecar.worker import RemoteError, decode_error, encode_error
-
     def through(e: BaseException) -> BaseException:
         return decode_error(json.loads(json.dumps(encode_error(e))))
 
@@ -153,3 +154,15 @@ def test_errors_cross_the_pipe_as_their_own_types() -> None:
     assert type(ring) is RingClosed and ring.transient
     other = through(ValueError("x"))
     assert type(other) is RemoteError and str(other) == "ValueError: x"
+
+
+def test_rank_processes_counts(monkeypatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    assert cli.rank_processes("0", 8) == 0
+    assert cli.rank_processes("3", 8) == 3
+    assert cli.rank_processes("auto", 2) == 2  # one per rank
+    assert cli.rank_processes("auto", 8) == 4  # at most one per CPU it may run on
+    assert cli.rank_processes("auto", 1) == 0  # a one-rank pod: threads
+    for bad in ("-1", "many", ""):
+        with pytest.raises(DatalaneError, match="--rank-processes must be 0"):
+            cli.rank_processes(bad, 8)
