@@ -25,6 +25,12 @@ Reported per recipe, over every rank's counted steps:
   idle share of the window;
 * the p50 and p99 wait, the rate each rank achieved, and the sidecar's CPU (cores) meanwhile.
 
+``--rank-processes N`` runs the sidecar's sessions in N rank worker processes (``auto``: one
+per rank; 0, the default: threads of one process); the sidecar's CPU then counts the whole
+process tree, and each worker's resident memory (from the Stats call, at the trial's end) is
+reported. ``--rate 1e9`` makes the ranks consume flat out: "achieved per rank" is then the
+sidecar's throughput (the process-mode comparison of docs/benchmarks.md).
+
 ``--search`` finds, per recipe, the highest rate per rank with under 1% of steps waited:
 doubling or halving from ``--rate`` until it brackets the edge, then bisecting to within
 ``--precision``. Results: a markdown table on stdout and ``bench/results/feed.json``.
@@ -93,6 +99,48 @@ def rank_child(args: argparse.Namespace) -> None:
 
 # -- one trial: a sidecar and N ranks at one rate ------------------------------------------------
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and every live process under it (rank workers are children of
+    the sidecar's forkserver)."""
+    import scaling
+
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += scaling.proc_cpu(p)
+        except (OSError, ValueError, IndexError):  # ended meanwhile
+            continue
+        todo.extend(children.get(p, []))
+    return total
+
+
+def rank_workers(socket: str) -> dict[str, Any]:
+    """The sidecar's rank workers (pid, resident bytes) from its Stats call; {} in thread
+    mode."""
+    import grpc
+
+    from datalane.wire import datalane_pb2 as pb
+    from datalane.wire import datalane_pb2_grpc as pbg
+
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        reply = pbg.DataLaneStub(channel).Stats(pb.StatsRequest(), timeout=30)
+    workers: dict[str, Any] = json.loads(reply.json).get("rank_workers", {})
+    return workers
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a live process, in MiB."""
+    pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
@@ -122,7 +170,8 @@ def trial(args: argparse.Namespace, recipe: Path, rate: float) -> dict[str, Any]
     socket = str(work / "dl.sock")
     cmd = [sys.executable, "-m", "datalane_sidecar", "serve", "--socket", socket, "--recipe",
            str(recipe), "--workers", str(args.workers), "--prefetch", str(args.prefetch),
-           "--ranks-per-pod", str(args.ranks), "--log-level", "warning"]
+           "--ranks-per-pod", str(args.ranks), "--log-level", "warning",
+           "--rank-processes", args.rank_processes]
     if args.sidecar_cpus:
         cmd = scaling.pinned(cmd, [int(c) for c in args.sidecar_cpus.split(",")])
     me = [sys.executable, str(Path(__file__).resolve()), "--rank-child", "--socket", socket,
@@ -138,11 +187,15 @@ def trial(args: argparse.Namespace, recipe: Path, rate: float) -> dict[str, Any]
             if line.strip() != "READY":
                 raise SystemExit(f"rank {r} did not start: {line}{p.communicate()[1][-3000:]}")
         start = time.time() + 0.2
-        cpu0 = scaling.proc_cpu(sidecar.pid)
+        cpu0 = tree_cpu(sidecar.pid)
         for p in procs:
             assert p.stdin is not None
             p.stdin.write(f"{start}\n")
             p.stdin.flush()
+        time.sleep(args.warmup + args.seconds * 0.9)  # the workers' memory near the end
+        workers = {k: round(w["rss_bytes"] / (1 << 20), 1)
+                   for k, w in rank_workers(socket).items()}
+        server_mb = round(rss_mb(sidecar.pid), 1)
         ranks = []
         for r, p in enumerate(procs):
             out, err = p.communicate()
@@ -150,14 +203,17 @@ def trial(args: argparse.Namespace, recipe: Path, rate: float) -> dict[str, Any]
                 raise SystemExit(f"rank {r} failed ({p.returncode}):\n{err[-3000:]}")
             ranks.append(json.loads(out.strip().splitlines()[-1]))
         span = time.time() - start
-        sidecar_cores = (scaling.proc_cpu(sidecar.pid) - cpu0) / span
+        sidecar_cores = (tree_cpu(sidecar.pid) - cpu0) / span
     res = {"rate": rate, **summarize(ranks, args.ready_ms / 1e3),
-           "sidecar_cores": sidecar_cores, "load1": os.getloadavg()[0]}
+           "sidecar_cores": sidecar_cores, "load1": os.getloadavg()[0],
+           "rank_processes": args.rank_processes, "server_rss_mb": server_mb,
+           "worker_rss_mb": workers}
     ok = "ok  " if res["waited"] < TARGET_WAITED else "WAIT"
     print(f"  {ok} {recipe.stem:<13} {rate:>10,.0f} tokens/s/rank: {res['steps']} steps, "
           f"waited {res['waited']:.1%}, stalled {res['stalled']:.1%}, p50 {res['p50_ms']:.2f} "
           f"p99 {res['p99_ms']:.2f} ms, sidecar {sidecar_cores:.2f} cores, load "
-          f"{res['load1']:.1f}", file=sys.stderr)
+          f"{res['load1']:.1f}, achieved {res['achieved_per_rank']:,.0f} tokens/s/rank, "
+          f"RSS server {server_mb:.0f} MiB, workers {workers} MiB", file=sys.stderr)
     return res
 
 
@@ -215,6 +271,8 @@ def main() -> None:
                     help="a wait longer than this means the microbatch was not ready")
     ap.add_argument("--workers", type=int, default=2, help="the sidecar's map workers")
     ap.add_argument("--prefetch", type=int, default=8, help="the sidecar's --prefetch")
+    ap.add_argument("--rank-processes", default="0",
+                    help="the sidecar's --rank-processes (0: threads; N; auto)")
     ap.add_argument("--sidecar-cpus", default="", help="pin the sidecar, e.g. 0-3 as 0,1,2,3")
     ap.add_argument("--search", action="store_true", help="the highest sustained rate")
     ap.add_argument("--precision", type=float, default=0.25, help="the search's bracket")
@@ -248,7 +306,7 @@ def main() -> None:
     print(f"\n{started}, {platform.node()}, {os.cpu_count()} CPUs, load average "
           f"{load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end; {args.ranks} ranks, "
           f"microbatch {args.microbatch} x {TOKENS} tokens, {args.seconds:g} s counted per "
-          f"trial, sidecar --workers {args.workers}"
+          f"trial, sidecar --workers {args.workers} --rank-processes {args.rank_processes}"
           + (f" on CPUs {args.sidecar_cpus}" if args.sidecar_cpus else "") + "\n")
     print(table(results, args.ranks))
     print()

@@ -51,6 +51,14 @@ def _parser() -> argparse.ArgumentParser:
                             "read at once)); a stream past it is refused with "
                             "RESOURCE_EXHAUSTED. 0: max(256, ranks-per-pod x 8 x (1 + eval "
                             "streams)) (env DATALANE_MAX_STREAMS)")
+    serve.add_argument("--rank-processes", default=_env("DATALANE_RANK_PROCESSES", "0"),
+                       help="run the ranks' sessions in N worker processes (rank r in worker "
+                            "r %% N), each with its own map pool, so ranks do not share one "
+                            "interpreter lock; 0: threads of the server process (the default); "
+                            "auto: one per rank of the pod (--ranks-per-pod), at most one per "
+                            "CPU, 0 for a pod of one rank. Each worker holds a copy of the "
+                            "plan and its ranks' windows: see docs/architecture.md, "
+                            "The sidecar's processes (env DATALANE_RANK_PROCESSES)")
     serve.add_argument("--socket-mode", default=_env("DATALANE_SOCKET_MODE", "0600"),
                        choices=["0600", "0660"])
     serve.add_argument("--metrics-port", type=int,
@@ -65,6 +73,23 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("--socket", default=_env("DATALANE_SOCKET", DEFAULT_SOCKET))
     probe.add_argument("--timeout", type=float, default=2.0)
     return p
+
+
+def rank_processes(value: str, ranks_per_pod: int) -> int:
+    """The worker processes ``--rank-processes`` asks for (``auto``: one per rank of the pod,
+    at most one per CPU this process may run on; none for a pod of one rank)."""
+    if value == "auto":
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        return min(ranks_per_pod, cpus) if ranks_per_pod > 1 else 0
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise DatalaneError(f"--rank-processes must be 0, a number of processes or auto, "
+                            f"not {value!r}")
+    return count
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -84,7 +109,8 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = SidecarConfig(args.socket, args.recipe, args.store, options, args.pod,
                         args.ranks_per_pod, args.workers, args.prefetch,
                         int(args.socket_mode, 8), args.metrics_port, args.metrics_addr,
-                        args.max_streams)
+                        args.max_streams, rank_processes(args.rank_processes,
+                                                         args.ranks_per_pod))
     return serve(cfg)
 
 

@@ -125,21 +125,23 @@ class Metrics:
         self.queue_depth.set(depth)
 
     def refresh(self, sessions: list[Any]) -> None:
-        """Gauges that are read from the sessions (called on each scrape)."""
-        self.waited.set(sum(s.waited_seconds for s in sessions))
+        """Gauges that are read from the sessions (called on each scrape): each session's
+        ``gauges()``, one call per session (one message to a rank worker's process)."""
+        gauges = [s.gauges() for s in sessions]
+        self.waited.set(sum(g["waited_seconds"] for g in gauges))
         totals: dict[str, int] = {}
-        for s in sessions:
-            for reason, n in s.loader.counters().skipped.items():
+        for g in gauges:
+            for reason, n in g["skipped"].items():
                 totals[reason] = totals.get(reason, 0) + n
         for reason, n in totals.items():
             self.skipped.labels(reason=reason).set(n)
         if sessions:
-            recipe = sessions[0].loader.recipe
+            recipe = sessions[0].plan.recipe
             sources = recipe.sources
             taken = [0] * len(sources)
-            for s in sessions:
-                taken = [a + b for a, b in zip(taken, s.loader.mixture_tokens(), strict=True)]
-            step = max(s.loader.step for s in sessions)  # steps served so far
+            for g in gauges:
+                taken = [a + b for a, b in zip(taken, g["mixture_tokens"], strict=True)]
+            step = max(g["step"] for g in gauges)  # steps served so far
             schedule = self._schedule_of(recipe)
             now = schedule.weights(max(step - 1, 0))
             target = self._target_shares(schedule, step)

@@ -57,6 +57,7 @@ class SidecarConfig:
     metrics_port: int
     metrics_addr: str
     max_streams: int = 0  # 0: from the pod's ranks and the recipe's eval streams (admission.py)
+    rank_processes: int = 0  # 0: sessions are threads of this process; N: N rank workers
 
 
 def _check_socket_path(path: str) -> None:
@@ -170,7 +171,8 @@ def _serve(cfg: SidecarConfig, ready: threading.Event | None,
     service = DataLaneService(plan, Knobs(workers=cfg.workers), cfg.prefetch, store, cfg.pod,
                               cfg.ranks_per_pod, os.path.dirname(os.path.abspath(cfg.socket)),
                               metrics, shm_mode=cfg.socket_mode, started=laps,
-                              max_streams=cfg.max_streams or None)
+                              max_streams=cfg.max_streams or None,
+                              rank_processes=cfg.rank_processes)
     laps.lap("service")  # the eval streams' plans, the worker pool
     # one thread per admitted stream, checkpoint and open, and a reserve for Health: a call
     # past its limit is refused at once, so none waits for a thread (admission.py)
@@ -196,6 +198,7 @@ def _serve(cfg: SidecarConfig, ready: threading.Event | None,
     log.info("serving", extra={"socket": cfg.socket, "fingerprint": plan.fingerprint,
                                "lanes": recipe.lanes, "store": cfg.store or "",
                                "max_streams": service.admission.max_streams,
+                               "rank_processes": cfg.rank_processes,
                                "startup_seconds": laps.laps,
                                "since_start": round(laps.since_start(), 3)})
     if ready is not None:

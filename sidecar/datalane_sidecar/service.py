@@ -26,6 +26,14 @@ bad eval source stops the sidecar at start and not at the first evaluation). It 
 worker pool, starts at step 0, yields the stream's steps and then ends its Stream with OK; it
 is never checkpointed, writes no resume point and no ledger, and is replaced only by another
 Open of the same stream and rank: the rank's training session is never disturbed by it.
+
+Rank worker processes (``rank_processes`` > 0, ``--rank-processes``): the sessions live in
+worker processes (:mod:`datalane_sidecar.remote`), each standing here as a
+:class:`~datalane_sidecar.remote.RemoteSession` with the same interface, and each reader's ring
+is written by the worker; what a Stream message holds is made by
+:func:`datalane_sidecar.delivery.gather` wherever the session lives. A worker that dies closes
+its sessions as a restart would (their streams end UNAVAILABLE). Which steps' digests a
+checkpoint lists is decided by :mod:`datalane_sidecar.ledger`.
 """
 
 from __future__ import annotations
@@ -41,7 +49,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import numpy as np
 
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
@@ -59,7 +66,10 @@ from datalane.wire.shm import ShmWriter
 from datalane_sidecar.admission import Admission, default_max_streams
 from datalane_sidecar.boundaries import CheckpointText, lane_json
 from datalane_sidecar.checkpoints import PodCheckpoints
+from datalane_sidecar.delivery import RingClosed
+from datalane_sidecar.ledger import backfill_from, ledger_since, ledger_steps, next_since
 from datalane_sidecar.metrics import Metrics
+from datalane_sidecar.remote import RankProcesses, RankWorker, RemoteRing, RemoteSession
 from datalane_sidecar.session import Session
 from datalane_sidecar.timing import Laps
 
@@ -73,8 +83,6 @@ _SHM_MAX_SLOTS = 64
 
 _ATTACH_WAIT_SECONDS = 10.0  # for the boundary a live session's producer is computing
 _BACKFILL_WAIT_SECONDS = 600.0  # a checkpoint waits this long for a ledger being rebuilt
-_MAX_PER_DELIVERY = 16  # microbatches in one Stream message
-_INLINE_DELIVERY_BYTES = 1 << 20  # inline payload in one Stream message (bigger ones wait)
 
 
 def _ring_slots(slot_bytes: int) -> int:
@@ -101,7 +109,7 @@ class _Handle:
     """One reader's attachment to a session: what the session_id of an OpenReply names.
     The reader that opened the session has the session's own id."""
 
-    session: Session
+    session: Session | RemoteSession
     reader: int
     generation: int
 
@@ -110,7 +118,7 @@ class DataLaneService(pbg.DataLaneServicer):
     def __init__(self, plan: Plan, knobs: Knobs, prefetch: int, store: Any | None, pod: str,
                  ranks_per_pod: int, shm_dir: str, metrics: Metrics,
                  shm_mode: int = 0o600, started: Laps | None = None,
-                 max_streams: int | None = None) -> None:
+                 max_streams: int | None = None, rank_processes: int = 0) -> None:
         self.plan = plan
         self.knobs = knobs
         self.prefetch = prefetch
@@ -130,11 +138,14 @@ class DataLaneService(pbg.DataLaneServicer):
         self.admission = Admission(max_streams or default_max_streams(
             ranks_per_pod, len(plan.recipe.eval)))
         metrics.watch(self.admission)
-        self.sessions: dict[str, Session] = {}
+        # --rank-processes N: the sessions live in N worker processes (remote.py)
+        self.ranks = (RankProcesses(rank_processes, self.plans, knobs, prefetch,
+                                    self._worker_lost) if rank_processes > 0 else None)
+        self.sessions: dict[str, Session | RemoteSession] = {}
         # the metrics describe the training stream (its sources, its skipped records)
         metrics.sessions = lambda: [s for s in self.sessions.values() if not s.is_eval]
         self.handles: dict[str, _Handle] = {}  # what a client's session_id names
-        self.rings: dict[str, ShmWriter] = {}  # per handle
+        self.rings: dict[str, ShmWriter | RemoteRing] = {}  # per handle
         self.last_checkpoint: dict[str, int] = {}
         self.uncommitted: set[str] = set()  # sessions whose last checkpoint is not committed
         self.serving = True
@@ -218,11 +229,18 @@ class DataLaneService(pbg.DataLaneServicer):
         """A new session for the request's rank and stream; it replaces the rank's live one
         of that stream only once it was built (a refused request leaves it alone)."""
         t0 = time.perf_counter()
-        session = Session(hid, self.plans[stream], self.pool, self.knobs, request.rank,
-                          request.world_size, request.microbatch_size, start,
-                          request.skip_microbatches, self.prefetch, readers,
-                          self.stream_texts[stream], stream,
-                          eval_steps(self.plan.recipe, stream))
+        steps = eval_steps(self.plan.recipe, stream)
+        session: Session | RemoteSession
+        if self.ranks is not None:
+            session = self.ranks.open(hid, self.plans[stream], self.stream_texts[stream],
+                                      stream, request.rank, request.world_size,
+                                      request.microbatch_size, start,
+                                      request.skip_microbatches, readers, steps)
+        else:
+            session = Session(hid, self.plans[stream], self.pool, self.knobs, request.rank,
+                              request.world_size, request.microbatch_size, start,
+                              request.skip_microbatches, self.prefetch, readers,
+                              self.stream_texts[stream], stream, steps)
         try:
             ring = self._ring(request, session, hid)
         except BaseException:
@@ -302,15 +320,16 @@ class DataLaneService(pbg.DataLaneServicer):
                                            "replaced": len(replaced)})
         return self._reply(hid, live, step, ring)
 
-    def _ring(self, request: pb.OpenRequest, session: Session, hid: str) -> ShmWriter | None:
+    def _ring(self, request: pb.OpenRequest, session: Session | RemoteSession,
+              hid: str) -> ShmWriter | RemoteRing | None:
         if request.transport != pb.TRANSPORT_SHM:
             return None
         layout = session.layout  # slots of schema.slot_bytes(microbatch_size, seq_tokens)
-        return ShmWriter(os.path.join(self.shm_dir, f"datalane-{hid}.shm"),
-                         _ring_slots(layout.slot_bytes), layout, self.shm_mode)
+        return session.new_ring(hid, os.path.join(self.shm_dir, f"datalane-{hid}.shm"),
+                                _ring_slots(layout.slot_bytes), self.shm_mode)
 
-    def _reply(self, hid: str, session: Session, step: int,
-               ring: ShmWriter | None) -> pb.OpenReply:
+    def _reply(self, hid: str, session: Session | RemoteSession, step: int,
+               ring: ShmWriter | RemoteRing | None) -> pb.OpenReply:
         reply = pb.OpenReply(
             session_id=hid, protocol_version=PROTOCOL_VERSION, step=step,
             lane_start=session.lanes.start, lane_stop=session.lanes.stop,
@@ -324,7 +343,7 @@ class DataLaneService(pbg.DataLaneServicer):
             self.opened_at[hid] = time.monotonic()
         return reply
 
-    def _first_delivery(self, hid: str, session: Session) -> None:
+    def _first_delivery(self, hid: str, session: Session | RemoteSession) -> None:
         """Log and measure the first microbatch sent on handle ``hid`` (and the process's
         first: how long after its start a restarted sidecar served)."""
         with self._lock:
@@ -341,7 +360,7 @@ class DataLaneService(pbg.DataLaneServicer):
             extra["seconds_after_start"] = round(self.started.since_start(), 3)
         log.info("first microbatch sent", extra=extra)
 
-    def _start_ledger(self, session: Session) -> None:
+    def _start_ledger(self, session: Session | RemoteSession) -> None:
         """The next checkpoint's ledger starts at the newest committed step at or before the
         session's first step; when that is earlier (a restarted sidecar, a trainer resumed
         from its own position), the digests in between are rebuilt on the side."""
@@ -349,12 +368,11 @@ class DataLaneService(pbg.DataLaneServicer):
         if store is None:
             return
         try:
-            since = max((s for s in store.committed_steps() if s <= session.first_step),
-                        default=None)
+            since = backfill_from(store.committed_steps(), session.first_step)
         except DatalaneError as e:
             log.warning("cannot list committed checkpoints to start the ledger: %s", e)
             return
-        if since is None or since == session.first_step:
+        if since is None:
             return
         with self._lock:
             self.last_checkpoint[session.id] = since
@@ -377,6 +395,16 @@ class DataLaneService(pbg.DataLaneServicer):
             session.close()
         for ring in rings:
             ring.close()
+
+    def _worker_lost(self, worker: RankWorker) -> None:
+        """A rank worker process died: its sessions are closed like a restarted sidecar's
+        (their streams end UNAVAILABLE, a checkpoint finds no session), and the next Open of
+        their ranks starts a new worker."""
+        with self._lock:
+            lost = [sid for sid, s in self.sessions.items()
+                    if isinstance(s, RemoteSession) and s.worker is worker]
+        for sid in lost:
+            self._close(sid)
 
     def _handle(self, hid: str, context: grpc.ServicerContext) -> _Handle:
         with self._lock:
@@ -416,7 +444,6 @@ class DataLaneService(pbg.DataLaneServicer):
                 pass
 
         threading.Thread(target=acks, daemon=True).start()
-        layout = session.layout
         while context.is_active():
             # The stream is endless (after the data ends, steps are padding with `ended`
             # set), so it never finishes with OK: a trainer must not take a sidecar that
@@ -424,6 +451,8 @@ class DataLaneService(pbg.DataLaneServicer):
             if not self.serving:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "the sidecar is shutting down; "
                               "reconnect and re-open at your position")
+            if session.lost is not None:  # its rank worker died: as a sidecar restart
+                context.abort(grpc.StatusCode.UNAVAILABLE, session.lost)
             if session.id not in self.sessions:
                 context.abort(grpc.StatusCode.ABORTED,
                               f"session {session.id} of rank {session.rank} was closed (the "
@@ -434,55 +463,37 @@ class DataLaneService(pbg.DataLaneServicer):
                               f"{session.rank} was opened again (or closed); this stream "
                               f"ends")
             try:
-                item = session.next(reader, generation, timeout=0.2)
+                # the microbatches ready, placed in the reader's ring (or packed inline)
+                # where the session lives; more than one ride in a message when they can
+                items = session.gather(reader, generation, ring, timeout=0.2)  # type: ignore[arg-type]
+                if not items and session.exhausted(reader):
+                    return  # an eval stream's last microbatch was sent: the evaluation ends
+            except RingClosed as e:
+                if context.is_active():
+                    context.abort(grpc.StatusCode.UNAVAILABLE if not self.serving
+                                  else grpc.StatusCode.ABORTED, str(e))
+                return
             except DatalaneError as e:
+                if session.lost is not None:
+                    context.abort(grpc.StatusCode.UNAVAILABLE, session.lost)
+                if session.id not in self.sessions or hid not in self.handles:
+                    continue  # closed or replaced meanwhile (in its worker first): ABORTED
                 _abort(context, e)
                 return
-            if item is None:
-                if session.exhausted(reader):
-                    return  # an eval stream's last microbatch was sent: the evaluation ends
+            if not items:
                 continue
-            # more ready microbatches ride in the same message, as far as free slots (or an
-            # inline size budget) allow: one message per microbatch is what costs the most
-            items = [item]
-            budget = _INLINE_DELIVERY_BYTES - item.nbytes
-            while len(items) < _MAX_PER_DELIVERY and (
-                    ring.free_slots() > len(items) if ring is not None else budget > 0):
-                try:
-                    more = session.next(reader, generation, timeout=0)
-                except DatalaneError:
-                    break  # the error is raised again on the next call
-                if more is None:
-                    break
-                items.append(more)
-                budget -= more.nbytes
             delivery = pb.Delivery()
             for it in items:
-                msg = delivery.items.add(step=it.step, index=it.index,
-                                         sequences=it.rows, ended=it.ended,
-                                         step_tokens=it.step_tokens,
-                                         state_json=session.texts.text(it.after)
-                                         if it.after is not None else "")
+                msg = delivery.items.add(step=it.step, index=it.index, sequences=it.rows,
+                                         ended=it.ended, step_tokens=it.step_tokens,
+                                         state_json=it.state_json)
                 for lane, digest in it.lane_digests.items():
                     msg.lane_digests[lane] = digest
-                if ring is not None:
-                    slot = None
-                    while slot is None and context.is_active() and not ring.closed:
-                        slot = ring.acquire(timeout=0.2)
-                    if slot is None:
-                        if context.is_active():
-                            context.abort(grpc.StatusCode.UNAVAILABLE if not self.serving
-                                          else grpc.StatusCode.ABORTED,
-                                          f"session {session.id} was closed while it "
-                                          f"waited for a free shared-memory slot")
-                        return
-                    msg.slot = slot
-                    msg.offset = ring.write(slot, it.columns)
+                if it.slot is not None:
+                    msg.slot, msg.offset = it.slot, it.offset
                 else:
-                    msg.columns.extend(layout.pack(it.columns))
-                self.metrics.delivered(it.nbytes,
-                                       int(np.count_nonzero(it.columns["positions"] >= 0)),
-                                       session.queue_depth(reader), session.stream)
+                    msg.columns.extend(it.columns or ())
+                self.metrics.delivered(it.nbytes, it.tokens, it.depth, session.stream)
             session.sent_to(reader, generation, (items[-1].step, items[-1].index))
             if hid in self.opened_at:
                 self._first_delivery(hid, session)
@@ -511,14 +522,13 @@ class DataLaneService(pbg.DataLaneServicer):
             since = self.last_checkpoint.get(session.id, session.first_step)
             if session.id in self.uncommitted and self.store is not None:
                 # this pod's last object did not complete its step, but a later pod may
-                # have: the ledger then starts there, and older digests need not be carried
-                # (else the pod object of a pod that never commits grows with every step)
-                newer = [s for s in self._committed_steps() if since < s < request.step]
-                if newer:
-                    since = newer[-1]
-                    self.last_checkpoint[session.id] = since
+                # have: the ledger then starts there (ledger.ledger_since)
+                newer = ledger_since(since, request.step, self._committed_steps())
+                if newer != since:
+                    since = self.last_checkpoint[session.id] = newer
                     session.forget_before(since)
-            digests = session.digests_between(since, request.step)
+            steps = ledger_steps(since, request.step)
+            digests = session.digests_between(steps.start, steps.stop)
             with self._lock:
                 closed = not self.serving or session.id not in self.sessions
             if closed:
@@ -544,11 +554,16 @@ class DataLaneService(pbg.DataLaneServicer):
                 _abort(context, error, f"checkpoint of step {request.step} failed: ")
             context.abort(grpc.StatusCode.UNAVAILABLE,
                           f"checkpoint of step {request.step} failed: {saved.error}")
-        if saved.committed or self.store is None:
+        after = next_since(request.step, saved.committed, self.store is not None)
+        if after is not None:
             # the ledger of the next checkpoint starts here; until a commit, keep everything
-            self.last_checkpoint[session.id] = request.step
+            self.last_checkpoint[session.id] = after
             self.uncommitted.discard(session.id)
-            session.forget_before(request.step)
+            try:
+                session.forget_before(after)
+            except DatalaneError:  # its rank worker died since: the step was saved anyway
+                if session.lost is None:
+                    raise
         else:
             self.uncommitted.add(session.id)
         return pb.CheckpointReply(step=request.step, object=saved.object,
@@ -588,19 +603,17 @@ class DataLaneService(pbg.DataLaneServicer):
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsReply:
         with self._lock:
-            sessions = {sid: {"stream": s.stream, "rank": s.rank, "world_size": s.world_size,
-                              "lanes": [s.lanes.start, s.lanes.stop],
-                              "next_step": s.loader.step, "first_step": s.first_step,
-                              "queue_depth": s.queue_depth(),
-                              "acked": list(s.acked) if s.acked else None,
-                              "readers": s.readers, "attached": s.attached(),
-                              "reader_positions": s.reader_positions(),
-                              "kept_boundaries": s.kept_boundaries(),
-                              "waited_seconds": round(s.waited_seconds, 4),
-                              "counters": s.loader.counters().encode()}
-                        for sid, s in self.sessions.items()}
-        return pb.StatsReply(json=json.dumps({"fingerprint": self.plan.fingerprint,
-                                              "sessions": sessions}))
+            live = list(self.sessions.items())
+        sessions = {}
+        for sid, s in live:
+            try:
+                sessions[sid] = s.describe()
+            except DatalaneError:  # closed meanwhile (its rank worker died)
+                continue
+        out: dict[str, Any] = {"fingerprint": self.plan.fingerprint, "sessions": sessions}
+        if self.ranks is not None:  # each rank worker's pid and resident memory
+            out["rank_workers"] = self.ranks.describe()
+        return pb.StatsReply(json=json.dumps(out))
 
     # -- shutdown ----------------------------------------------------------------------------
     def drain(self) -> dict[int, dict[str, Any]]:
@@ -615,8 +628,8 @@ class DataLaneService(pbg.DataLaneServicer):
         for _, session in sessions:
             if session.is_eval:  # an evaluation starts again from its beginning
                 continue
-            step, consumed = session.acked or (session.first_step, session.first_skip)
             try:
+                step, consumed = session.acked or (session.first_step, session.first_skip)
                 out[session.rank] = {"state": json.loads(session.state_at(step, timeout=1.0)),
                                      "skip_microbatches": consumed,
                                      "world_size": session.world_size,
@@ -626,4 +639,6 @@ class DataLaneService(pbg.DataLaneServicer):
         for sid, _ in sessions:
             self._close(sid)
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.ranks is not None:
+            self.ranks.stop()
         return out

@@ -48,7 +48,9 @@ from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import rank_shape
 from datalane.spec.state import Checkpoint
 from datalane.wire.layout import Layout
+from datalane.wire.shm import ShmWriter
 from datalane_sidecar.boundaries import Boundary, CheckpointText
+from datalane_sidecar.delivery import Sent, gather
 from datalane_sidecar.fanout import Fanout
 
 __all__ = ["Prepared", "Session"]
@@ -154,6 +156,40 @@ class Session:
     @property
     def is_eval(self) -> bool:
         return self.stream != TRAIN
+
+    @property
+    def lost(self) -> str | None:
+        """Why the process that holds the session is gone; never, for a session here (a
+        :class:`~datalane_sidecar.remote.RemoteSession`'s worker may die)."""
+        return None
+
+    def new_ring(self, hid: str, path: str, slots: int, mode: int) -> ShmWriter:
+        """The shared-memory ring of handle ``hid``, written where the session lives."""
+        return ShmWriter(path, slots, self.layout, mode)
+
+    def gather(self, reader: int, generation: int, ring: ShmWriter | None,
+               timeout: float) -> list[Sent]:
+        """The reader's next Stream message's microbatches (:func:`delivery.gather`)."""
+        return gather(self, reader, generation, ring, timeout)
+
+    def describe(self) -> dict[str, Any]:
+        """The session as the Stats call shows it."""
+        return {"stream": self.stream, "rank": self.rank, "world_size": self.world_size,
+                "lanes": [self.lanes.start, self.lanes.stop],
+                "next_step": self.loader.step, "first_step": self.first_step,
+                "queue_depth": self.queue_depth(),
+                "acked": list(self.acked) if self.acked else None,
+                "readers": self.readers, "attached": self.attached(),
+                "reader_positions": self.reader_positions(),
+                "kept_boundaries": self.kept_boundaries(),
+                "waited_seconds": round(self.waited_seconds, 4),
+                "counters": self.loader.counters().encode()}
+
+    def gauges(self) -> dict[str, Any]:
+        """What the metrics read of the session on a scrape."""
+        return {"waited_seconds": self.waited_seconds, "step": self.loader.step,
+                "skipped": dict(self.loader.counters().skipped),
+                "mixture_tokens": list(self.loader.mixture_tokens())}
 
     def exhausted(self, reader: int) -> bool:
         """Whether a finite stream was made to its end and ``reader`` was sent all of it."""

@@ -1,13 +1,17 @@
 """The chaos run shared by the chaos tests: two ranks stream through a real sidecar with a
 store and checkpoint every few steps, while the sidecar is killed (SIGKILL) or stopped
 (SIGTERM: kubelet's, on every eviction and restart) at random points - some of them while
-rank 0 is inside ``checkpoint()`` - and started again. The run must end with the uninterrupted
-run's microbatches and step hashes, and the store's ledger must audit clean from the first
-committed step to the last."""
+rank 0 is inside ``checkpoint()`` - and started again; with rank worker processes
+(``--rank-processes``), a rank's worker is killed (SIGKILL) while the server goes on. The run
+must end with the uninterrupted run's microbatches and step hashes, and the store's ledger
+must audit clean from the first committed step to the last."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
 import threading
 import time
 import traceback
@@ -19,23 +23,40 @@ from datalane import load_recipe
 from datalane.client import SidecarLoader
 from datalane.spec.hashing import global_hash
 from datalane.store import CheckpointStore
+from datalane.wire import datalane_pb2 as pb
+from datalane.wire import datalane_pb2_grpc as pbg
 from tests.sidecar.test_edges import _reference, _same, _step_hashes
 
 PER_STEP = 4  # B = 16, world 2, microbatch 2
 PACE = 0.03  # seconds of "training" per microbatch
-KINDS = ("kill9", "sigterm", "kill9-in-checkpoint", "sigterm-in-checkpoint")
+KINDS = ("kill9", "sigterm", "kill9-in-checkpoint", "sigterm-in-checkpoint", "kill9-worker",
+         "kill9-worker-in-checkpoint")
+
+
+def kill9_worker(socket: str, rng: random.Random) -> int:
+    """SIGKILL one rank worker process of the sidecar on ``socket`` (its pids are in the
+    Stats reply); returns the pid."""
+    import grpc
+
+    with grpc.insecure_channel(f"unix://{os.path.abspath(socket)}") as channel:
+        reply = pbg.DataLaneStub(channel).Stats(pb.StatsRequest(), timeout=30)
+    workers = json.loads(reply.json)["rank_workers"]
+    pid = int(workers[rng.choice(sorted(workers))]["pid"])
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 def run_chaos(sidecar: Callable[..., Any], recipe_path: str, tmp_path: Path, *, steps: int,
-              every: int, faults: list[str], seed: int, within: int | None = None) -> None:
+              every: int, faults: list[str], seed: int, within: int | None = None,
+              flags: tuple[str, ...] = ()) -> None:
     """Run ``steps`` steps on 2 ranks checkpointing every ``every`` steps, with ``faults``
     (each one of :data:`KINDS`) at random points of the first ``within`` steps (default: all
     but the last two; a trainer drains what a stopped sidecar sent, up to a ring of
     microbatches, so it goes on while the sidecar restarts); assert the stream, the hashes,
-    the store."""
+    the store. ``flags``: more sidecar flags (``--rank-processes 2`` for the worker faults)."""
     assert all(f in KINDS for f in faults)
     store_uri = str(tmp_path / "store")
-    sc = sidecar(recipe_path, "--store", store_uri, "--ranks-per-pod", "2")
+    sc = sidecar(recipe_path, "--store", store_uri, "--ranks-per-pod", "2", *flags)
     recipe = load_recipe(recipe_path)
     got: dict[int, list[Any]] = {0: [], 1: []}
     errors: list[str] = []
@@ -82,6 +103,9 @@ def run_chaos(sidecar: Callable[..., Any], recipe_path: str, tmp_path: Path, *, 
         if fault.endswith("in-checkpoint"):
             in_checkpoint.wait(60)  # the next checkpoint rank 0 asks for (before the hold)
         time.sleep(rng.uniform(0, 0.2 if not fault.endswith("in-checkpoint") else 0.05))
+        if fault.startswith("kill9-worker"):
+            kill9_worker(sc.socket, rng)  # the server goes on: nothing to start
+            continue
         if fault.startswith("kill9"):
             sc.kill9()
         else:

@@ -307,11 +307,18 @@ class ChatTemplate:
     def __init__(self, source: TemplateSource, today: datetime) -> None:
         self._template = compile_template(_environment(today), source.text, source.origin)
         self.source = source
+        self.today = today
         self.sha256 = hashlib.sha256(source.text.encode("utf-8")).hexdigest()
         # Template.render copies the globals (a ChainMap) into every new context; building the
         # context from one prepared dict (shared=True) gives the same names for half the cost
         self._base: dict[str, Any] = {**dict(self._template.globals), **source.special_tokens,
                                       "tools": None, "documents": None}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its source and date, compiled again where it is loaded (the compiled
+        template holds functions that do not pickle): a sidecar's rank worker processes get
+        the server's plan this way (sidecar/datalane_sidecar/remote.py)."""
+        return ChatTemplate, (self.source, self.today)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         """The template's text for ``messages`` (already :func:`plain_message` copies).
