@@ -9,9 +9,9 @@ datapipelines (+ watch by kopf)            get, list, watch
 datapipelines/status                       patch
 customresourcedefinitions (kopf)           list, watch
 pytorchjobs (+ watch by kopf)              get, list, watch
-pods (watch by kopf)                       list, watch
+pods (watch by kopf)                       list, watch, delete (to roll an edited recipe)
 configmaps (the recipe)                    create, patch
-secrets (spec.checkpoint.secretRef)        get
+secrets (spec.checkpoint.secretRef)        get (only where the chart binds it, see below)
 events                                     create
 mutating/validatingwebhookconfigurations   get, patch (the chart's own, by name)
 leases (release namespace)                 create; get, update (the chart's Lease)
@@ -19,7 +19,10 @@ leases (release namespace)                 create; get, update (the chart's Leas
 
 Watching a list of namespaces (``--namespace``), the chart grants the namespaced rows only in
 those namespaces (a Role each); customresourcedefinitions and the webhook configurations stay
-cluster-wide.
+cluster-wide. Secrets are never readable cluster-wide: the chart binds its ClusterRole
+``<release>-datalane-secrets`` (``get``) in each watched namespace and each of
+``operator.secretNamespaces``; elsewhere :meth:`Kube.read_secret` raises
+:class:`SecretForbidden`, which the storage looks and the recipe-edit guard report.
 
 The synchronous ``kubernetes`` client runs in worker threads (:func:`asyncio.to_thread`);
 responses are decoded straight from JSON (``_preload_content=False``), which is much faster
@@ -57,10 +60,27 @@ from datalane_operator.names import (
 from datalane_operator.pipeline import Pipeline
 from datalane_operator.reconcile import Event
 
-__all__ = ["Kube", "load_configuration", "status_patch"]
+__all__ = ["Kube", "SecretForbidden", "load_configuration", "status_patch"]
 
 log = logging.getLogger("datalane.operator")
 _TIMEOUT = 30
+
+
+class SecretForbidden(PermissionError):
+    """The API server refused the operator a Secret (RBAC): its namespace is not one where
+    the chart lets the operator read Secrets."""
+
+    def __init__(self, namespace: str, name: str) -> None:
+        super().__init__(
+            f"the operator may not read Secret {name!r} (spec.checkpoint.secretRef) in "
+            f"namespace {namespace!r}: it reads Secrets only where the Helm chart grants it, "
+            f"the namespaces of operator.watchNamespaces and operator.secretNamespaces; add "
+            f"{namespace!r} to operator.secretNamespaces, or bind the chart's ClusterRole "
+            f"<release>-datalane-secrets to the operator's ServiceAccount there (kubectl "
+            f"create rolebinding datalane-secrets -n {namespace} --clusterrole="
+            f"<release>-datalane-secrets --serviceaccount=<release namespace>:<release>-"
+            f"datalane)")
+        self.namespace, self.name = namespace, name
 
 
 def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,8 +156,15 @@ class Kube:
         return list(self._json(resp).get("items") or [])
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
-        """The Secret's data, decoded; None if it does not exist. Never logged."""
-        out = await self._get(self.core.read_namespaced_secret, name, namespace)
+        """The Secret's data, decoded; None if it does not exist. Never logged. Raises
+        :class:`SecretForbidden` where the operator may not read Secrets (the chart grants
+        that only in the namespaces it binds ``<release>-datalane-secrets`` in)."""
+        try:
+            out = await self._get(self.core.read_namespaced_secret, name, namespace)
+        except ApiException as e:
+            if e.status == 403:
+                raise SecretForbidden(namespace, name) from None
+            raise
         if out is None:
             return None
         return {k: base64.b64decode(v).decode("utf-8", "replace")
@@ -174,6 +201,16 @@ class Kube:
             await self._call(self.core.patch_namespaced_config_map, name, pipeline.namespace,
                              {"metadata": body["metadata"], "data": body["data"]},
                              field_manager=FIELD_MANAGER)
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Delete one pod (its controller recreates it), only if it is still the pod ``uid``
+        (a pod recreated under the same name in the meantime is left alone); gone is fine."""
+        try:
+            await self._call(self.core.delete_namespaced_pod, name, namespace,
+                             body={"preconditions": {"uid": uid}} if uid else None)
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
 
     async def post_event(self, obj: Mapping[str, Any], event: Event) -> None:
         meta = obj.get("metadata") or {}

@@ -20,14 +20,15 @@ OPERATOR_RULES = {
     ("datalane.io", "datapipelines/status", ""): {"patch"},
     ("apiextensions.k8s.io", "customresourcedefinitions", ""): {"list", "watch"},
     ("kubeflow.org", "pytorchjobs", ""): {"get", "list", "watch"},
-    ("", "pods", ""): {"list", "watch"},
+    ("", "pods", ""): {"list", "watch", "delete"},
     ("", "configmaps", ""): {"create", "patch"},
-    ("", "secrets", ""): {"get"},
     ("", "events", ""): {"create"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "{name}"): {"get", "patch"},
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "{name}"): {
         "get", "patch"},
 }
+# Secrets: the ClusterRole <fullname>-secrets, bound only by RoleBindings per namespace.
+SECRET_RULES = {("", "secrets", ""): {"get"}}
 # The Role of leader election, in the release namespace only.
 LEASE_RULES = {
     ("coordination.k8s.io", "leases", ""): {"create"},

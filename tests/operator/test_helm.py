@@ -17,6 +17,7 @@ from .helmchart import (
     NAMESPACED_RULES,
     OPERATOR_RULES,
     ROOT,
+    SECRET_RULES,
     by_kind,
     helm,
     render,
@@ -39,7 +40,7 @@ def test_chart_crd_is_the_generated_one() -> None:
 def test_default_render() -> None:
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(["ServiceAccount", "ServiceAccount", "ClusterRole",
+    assert kinds == sorted(["ServiceAccount", "ServiceAccount", "ClusterRole", "ClusterRole",
                             "ClusterRoleBinding", "Service", "Deployment",
                             "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
                             "Role", "RoleBinding", "Role", "RoleBinding", "Job",
@@ -166,9 +167,13 @@ def test_two_replicas_a_lease_and_upgrades_that_keep_one_serving() -> None:
     assert not by_kind(render("operator.enabled=false"), "PodDisruptionBudget")
 
 
+def cluster_roles(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
+
+
 def test_rbac_is_least_privilege() -> None:
     docs = render()
-    (role,) = by_kind(docs, "ClusterRole")
+    role = cluster_roles(docs)["dl-datalane"]
     assert rules_of(role, "dl-datalane") == OPERATOR_RULES
     hook_role = next(r for r in by_kind(docs, "Role")
                      if r["metadata"]["name"] == "dl-datalane-certs")
@@ -181,7 +186,7 @@ def test_rbac_is_least_privilege() -> None:
 
 def test_watched_namespaces_get_roles_not_cluster_wide_secrets() -> None:
     docs = render("operator.watchNamespaces={team-a,team-b}")
-    (role,) = by_kind(docs, "ClusterRole")
+    role = cluster_roles(docs)["dl-datalane"]
     assert rules_of(role, "dl-datalane") == CLUSTER_RULES  # no secrets, configmaps, pods
     roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")
              if r["metadata"]["name"] == "dl-datalane"}
@@ -190,6 +195,9 @@ def test_watched_namespaces_get_roles_not_cluster_wide_secrets() -> None:
         assert rules_of(role, "dl-datalane") == NAMESPACED_RULES
     bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")
                 if b["metadata"]["name"] == "dl-datalane"}
+    secret_bindings = {b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")
+                       if b["metadata"]["name"] == "dl-datalane-secrets"}
+    assert secret_bindings == {"team-a", "team-b"}  # Secrets readable where it watches
     assert sorted(bindings) == ["team-a", "team-b"]
     for binding in bindings.values():
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -218,7 +226,35 @@ def test_watched_namespaces_get_roles_not_cluster_wide_secrets() -> None:
     # watching every namespace: one ClusterRole, no namespaced Role of the operator
     docs = render()
     assert not [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "dl-datalane"]
-    assert rules_of(by_kind(docs, "ClusterRole")[0], "dl-datalane") == OPERATOR_RULES
+    assert rules_of(cluster_roles(docs)["dl-datalane"], "dl-datalane") == OPERATOR_RULES
+
+
+def test_secrets_are_read_only_where_a_role_binding_grants_it() -> None:
+    """Watching every namespace, the operator still reads Secrets only in the namespaces of
+    operator.secretNamespaces: a ClusterRole of the one rule, bound by a RoleBinding in each,
+    never by a ClusterRoleBinding."""
+    for sets, where in (
+            ((), []),
+            (("operator.secretNamespaces={team-a,team-b}",), ["team-a", "team-b"]),
+            (("operator.watchNamespaces={team-a}", "operator.secretNamespaces={team-a,x}"),
+             ["team-a", "x"])):
+        docs = render(*sets)
+        roles = cluster_roles(docs)
+        assert sorted(roles) == ["dl-datalane", "dl-datalane-secrets"]
+        assert rules_of(roles["dl-datalane-secrets"], "-") == SECRET_RULES
+        assert not any(k[1] == "secrets" for k in rules_of(roles["dl-datalane"], "-"))
+        assert not any("secrets" in rule["resources"] for r in by_kind(docs, "Role")
+                       if r["metadata"]["name"] == "dl-datalane" for rule in r["rules"])
+        assert [b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")] == [
+            "dl-datalane"]
+        secret_bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")
+                           if b["metadata"]["name"] == "dl-datalane-secrets"}
+        assert sorted(secret_bindings) == where, sets
+        for b in secret_bindings.values():
+            assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                    "kind": "ClusterRole", "name": "dl-datalane-secrets"}
+            assert b["subjects"] == [{"kind": "ServiceAccount", "name": "dl-datalane",
+                                      "namespace": "datalane-system"}]
 
 
 def operator_policy(*sets: str) -> Policy:
