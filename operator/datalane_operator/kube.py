@@ -20,7 +20,7 @@ leases (release namespace)                 create; get, update (the chart's Leas
 Watching a list of namespaces (``--namespace``), the chart grants the namespaced rows only in
 those namespaces (a Role each); customresourcedefinitions and the webhook configurations stay
 cluster-wide. Secrets are never readable cluster-wide: the chart binds its ClusterRole
-``<release>-datalane-secrets`` (``get``) in each watched namespace and each of
+``<fullname>-secrets`` (``get``) in each watched namespace and each of
 ``operator.secretNamespaces``; elsewhere :meth:`Kube.read_secret` raises
 :class:`SecretForbidden`, which the storage looks and the recipe-edit guard report.
 
@@ -76,10 +76,8 @@ class SecretForbidden(PermissionError):
             f"namespace {namespace!r}: it reads Secrets only where the Helm chart grants it, "
             f"the namespaces of operator.watchNamespaces and operator.secretNamespaces; add "
             f"{namespace!r} to operator.secretNamespaces, or bind the chart's ClusterRole "
-            f"<release>-datalane-secrets to the operator's ServiceAccount there (kubectl "
-            f"create rolebinding datalane-secrets -n {namespace} --clusterrole="
-            f"<release>-datalane-secrets --serviceaccount=<release namespace>:<release>-"
-            f"datalane)")
+            f"<fullname>-secrets to the operator's ServiceAccount with a RoleBinding in "
+            f"{namespace!r} (docs/operator.md#rbac)")
         self.namespace, self.name = namespace, name
 
 
@@ -158,7 +156,7 @@ class Kube:
     async def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
         """The Secret's data, decoded; None if it does not exist. Never logged. Raises
         :class:`SecretForbidden` where the operator may not read Secrets (the chart grants
-        that only in the namespaces it binds ``<release>-datalane-secrets`` in)."""
+        that only in the namespaces it binds ``<fullname>-secrets`` in)."""
         try:
             out = await self._get(self.core.read_namespaced_secret, name, namespace)
         except ApiException as e:

@@ -148,7 +148,9 @@ def test_two_replicas_a_lease_and_upgrades_that_keep_one_serving() -> None:
     assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["DATALANE_OPERATOR_SIDECAR_PROTOCOLS"] == "file,memory,s3,s3a,gs,gcs"
     assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "python"
-    assert c["readinessProbe"] == {"tcpSocket": {"port": "webhook"}, "periodSeconds": 5}
+    # an endpoint of the webhook Service within a second of the port opening
+    assert c["readinessProbe"] == {"tcpSocket": {"port": "webhook"}, "periodSeconds": 1,
+                                   "failureThreshold": 3}
     anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     (pdb,) = by_kind(docs, "PodDisruptionBudget")

@@ -20,9 +20,8 @@ FORBIDDEN = ("the operator may not read Secret 's3-creds' (spec.checkpoint.secre
              "namespace 'team-c': it reads Secrets only where the Helm chart grants it, the "
              "namespaces of operator.watchNamespaces and operator.secretNamespaces; add "
              "'team-c' to operator.secretNamespaces, or bind the chart's ClusterRole "
-             "<release>-datalane-secrets to the operator's ServiceAccount there (kubectl create "
-             "rolebinding datalane-secrets -n team-c --clusterrole=<release>-datalane-secrets "
-             "--serviceaccount=<release namespace>:<release>-datalane)")
+             "<fullname>-secrets to the operator's ServiceAccount with a RoleBinding in "
+             "'team-c' (docs/operator.md#rbac)")
 
 
 class ForbiddingCore:
