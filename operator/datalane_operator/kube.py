@@ -19,10 +19,11 @@ leases (release namespace)                 create; get, update (the chart's Leas
 
 Watching a list of namespaces (``--namespace``), the chart grants the namespaced rows only in
 those namespaces (a Role each); customresourcedefinitions and the webhook configurations stay
-cluster-wide. Secrets are never readable cluster-wide: the chart binds its ClusterRole
-``<fullname>-secrets`` (``get``) in each watched namespace and each of
-``operator.secretNamespaces``; elsewhere :meth:`Kube.read_secret` raises
-:class:`SecretForbidden`, which the storage looks and the recipe-edit guard report.
+cluster-wide. Secrets are never readable, nor pods deletable, cluster-wide: the chart binds
+its ClusterRole ``<fullname>-opted-in`` (``get`` secrets, ``delete`` pods) in each watched
+namespace and each of ``operator.optedInNamespaces``; elsewhere :meth:`Kube.read_secret`
+raises :class:`SecretForbidden`, which the storage looks and the recipe-edit guard report,
+and :meth:`Kube.delete_pod` :class:`PodDeleteForbidden`, which the rollout reports.
 
 The synchronous ``kubernetes`` client runs in worker threads (:func:`asyncio.to_thread`);
 responses are decoded straight from JSON (``_preload_content=False``), which is much faster
@@ -60,7 +61,8 @@ from datalane_operator.names import (
 from datalane_operator.pipeline import Pipeline
 from datalane_operator.reconcile import Event
 
-__all__ = ["Kube", "SecretForbidden", "load_configuration", "status_patch"]
+__all__ = ["Kube", "PodDeleteForbidden", "SecretForbidden", "load_configuration",
+           "status_patch"]
 
 log = logging.getLogger("datalane.operator")
 _TIMEOUT = 30
@@ -74,11 +76,25 @@ class SecretForbidden(PermissionError):
         super().__init__(
             f"the operator may not read Secret {name!r} (spec.checkpoint.secretRef) in "
             f"namespace {namespace!r}: it reads Secrets only where the Helm chart grants it, "
-            f"the namespaces of operator.watchNamespaces and operator.secretNamespaces; add "
-            f"{namespace!r} to operator.secretNamespaces, or bind the chart's ClusterRole "
-            f"<fullname>-secrets to the operator's ServiceAccount with a RoleBinding in "
+            f"the namespaces of operator.watchNamespaces and operator.optedInNamespaces; add "
+            f"{namespace!r} to operator.optedInNamespaces, or bind the chart's ClusterRole "
+            f"<fullname>-opted-in to the operator's ServiceAccount with a RoleBinding in "
             f"{namespace!r} (docs/operator.md#rbac)")
         self.namespace, self.name = namespace, name
+
+
+class PodDeleteForbidden(PermissionError):
+    """The API server refused the operator a pod's deletion (RBAC), as for Secrets."""
+
+    def __init__(self, namespace: str) -> None:
+        super().__init__(
+            f"the operator may not delete pods in namespace {namespace!r}: it does only where "
+            f"the Helm chart grants it, the namespaces of operator.watchNamespaces and "
+            f"operator.optedInNamespaces; add {namespace!r} to operator.optedInNamespaces, or "
+            f"bind the chart's ClusterRole <fullname>-opted-in to the operator's "
+            f"ServiceAccount with a RoleBinding in {namespace!r} (docs/operator.md#rbac), or "
+            f"delete the pods yourself")
+        self.namespace = namespace
 
 
 def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
@@ -156,7 +172,7 @@ class Kube:
     async def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
         """The Secret's data, decoded; None if it does not exist. Never logged. Raises
         :class:`SecretForbidden` where the operator may not read Secrets (the chart grants
-        that only in the namespaces it binds ``<fullname>-secrets`` in)."""
+        that only in the namespaces it binds ``<fullname>-opted-in`` in)."""
         try:
             out = await self._get(self.core.read_namespaced_secret, name, namespace)
         except ApiException as e:
@@ -207,6 +223,8 @@ class Kube:
             await self._call(self.core.delete_namespaced_pod, name, namespace,
                              body={"preconditions": {"uid": uid}} if uid else None)
         except ApiException as e:
+            if e.status == 403:
+                raise PodDeleteForbidden(namespace) from None
             if e.status not in (404, 409):
                 raise
 

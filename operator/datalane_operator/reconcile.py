@@ -76,6 +76,15 @@ class Decision:
     def changed(self, previous: Mapping[str, Any] | None) -> bool:
         return dict(previous or {}) != self.status
 
+    def restart_refused(self, why: str) -> Decision:
+        """This decision when the pods it restarts may not be deleted (RBAC): ``PhaseRolled``
+        False with reason ``RestartForbidden`` and ``why``, a Warning event, no restart."""
+        conditions = [dict(c, reason="RestartForbidden", message=f"{c['message']}: {why}")
+                      if c.get("type") == ROLLED else c for c in self.status["conditions"]]
+        events = [e for e in self.events if e.reason != "RestartingPods"]
+        return Decision({**self.status, "conditions": conditions},
+                        [*events, Event("Warning", "RestartForbidden", why)])
+
 
 @dataclass(frozen=True)
 class PodCounts:

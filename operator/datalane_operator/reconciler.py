@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from datalane.spec.errors import ConfigError
 from datalane_operator.amend import Progress
-from datalane_operator.kube import SecretForbidden, status_patch
+from datalane_operator.kube import PodDeleteForbidden, SecretForbidden, status_patch
 from datalane_operator.pipeline import Pipeline, load_pipeline
-from datalane_operator.reconcile import decide, decide_invalid
+from datalane_operator.reconcile import Decision, decide, decide_invalid
 from datalane_operator.storage import Listing, StoreView, ledger_key_of, operator_store_options
 
 if TYPE_CHECKING:
@@ -138,13 +138,18 @@ async def look(rt: Runtime, key: Key) -> None:
 
 
 async def _restart(rt: Runtime, namespace: str, pods: list[dict[str, Any]],
-                   names: tuple[str, ...]) -> None:
+                   decision: Decision) -> Decision:
     """Delete the pods the decision names (before the status says so: a failed delete fails
-    the reconcile, and the next one decides again)."""
+    the reconcile, and the next one decides again); where RBAC refuses, the decision says so
+    instead."""
     uids = {str(p["metadata"]["name"]): str(p["metadata"].get("uid", "")) for p in pods}
-    for name in names:
-        log.info("restarting pod %s/%s: it serves an older recipe", namespace, name)
-        await rt.k().delete_pod(namespace, name, uids.get(name, ""))
+    try:
+        for name in decision.restart:
+            log.info("restarting pod %s/%s: it serves an older recipe", namespace, name)
+            await rt.k().delete_pod(namespace, name, uids.get(name, ""))
+    except PodDeleteForbidden as e:
+        return decision.restart_refused(str(e))
+    return decision
 
 
 async def reconcile(rt: Runtime, key: Key) -> None:
@@ -173,7 +178,7 @@ async def reconcile(rt: Runtime, key: Key) -> None:
         job = await kube.get_job(namespace, pipeline.spec.workload.name)
         pods = await kube.list_job_pods(namespace, pipeline.spec.workload.name) if job else []
         decision = decide(pipeline, job, pods, listing, previous, _stamp(rt.wallclock()))
-        await _restart(rt, namespace, pods, decision.restart)
+        decision = await _restart(rt, namespace, pods, decision)
     try:
         if decision.changed(previous):
             await kube.patch_status(namespace, name, status_patch(previous, decision.status))

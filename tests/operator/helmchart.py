@@ -20,15 +20,16 @@ OPERATOR_RULES = {
     ("datalane.io", "datapipelines/status", ""): {"patch"},
     ("apiextensions.k8s.io", "customresourcedefinitions", ""): {"list", "watch"},
     ("kubeflow.org", "pytorchjobs", ""): {"get", "list", "watch"},
-    ("", "pods", ""): {"list", "watch", "delete"},
+    ("", "pods", ""): {"list", "watch"},
     ("", "configmaps", ""): {"create", "patch"},
     ("", "events", ""): {"create"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "{name}"): {"get", "patch"},
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "{name}"): {
         "get", "patch"},
 }
-# Secrets: the ClusterRole <fullname>-secrets, bound only by RoleBindings per namespace.
-SECRET_RULES = {("", "secrets", ""): {"get"}}
+# Secrets and pod deletion: the ClusterRole <fullname>-opted-in, bound only by RoleBindings
+# per namespace.
+OPTED_IN_RULES = {("", "secrets", ""): {"get"}, ("", "pods", ""): {"delete"}}
 # The Role of leader election, in the release namespace only.
 LEASE_RULES = {
     ("coordination.k8s.io", "leases", ""): {"create"},

@@ -16,8 +16,8 @@ from .helmchart import (
     LEASE_RULES,
     NAMESPACED_RULES,
     OPERATOR_RULES,
+    OPTED_IN_RULES,
     ROOT,
-    SECRET_RULES,
     by_kind,
     helm,
     render,
@@ -198,7 +198,7 @@ def test_watched_namespaces_get_roles_not_cluster_wide_secrets() -> None:
     bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")
                 if b["metadata"]["name"] == "dl-datalane"}
     secret_bindings = {b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")
-                       if b["metadata"]["name"] == "dl-datalane-secrets"}
+                       if b["metadata"]["name"] == "dl-datalane-opted-in"}
     assert secret_bindings == {"team-a", "team-b"}  # Secrets readable where it watches
     assert sorted(bindings) == ["team-a", "team-b"]
     for binding in bindings.values():
@@ -231,30 +231,34 @@ def test_watched_namespaces_get_roles_not_cluster_wide_secrets() -> None:
     assert rules_of(cluster_roles(docs)["dl-datalane"], "dl-datalane") == OPERATOR_RULES
 
 
-def test_secrets_are_read_only_where_a_role_binding_grants_it() -> None:
-    """Watching every namespace, the operator still reads Secrets only in the namespaces of
-    operator.secretNamespaces: a ClusterRole of the one rule, bound by a RoleBinding in each,
-    never by a ClusterRoleBinding."""
+def test_secrets_and_pod_deletion_only_where_a_role_binding_grants_them() -> None:
+    """Watching every namespace, the operator still reads Secrets and deletes pods only in the
+    namespaces of operator.optedInNamespaces (and the watched ones): a ClusterRole of those two
+    rules, bound by a RoleBinding in each, never by a ClusterRoleBinding."""
     for sets, where in (
             ((), []),
-            (("operator.secretNamespaces={team-a,team-b}",), ["team-a", "team-b"]),
-            (("operator.watchNamespaces={team-a}", "operator.secretNamespaces={team-a,x}"),
+            (("operator.optedInNamespaces={team-a,team-b}",), ["team-a", "team-b"]),
+            (("operator.watchNamespaces={team-a}", "operator.optedInNamespaces={team-a,x}"),
              ["team-a", "x"])):
         docs = render(*sets)
         roles = cluster_roles(docs)
-        assert sorted(roles) == ["dl-datalane", "dl-datalane-secrets"]
-        assert rules_of(roles["dl-datalane-secrets"], "-") == SECRET_RULES
-        assert not any(k[1] == "secrets" for k in rules_of(roles["dl-datalane"], "-"))
-        assert not any("secrets" in rule["resources"] for r in by_kind(docs, "Role")
-                       if r["metadata"]["name"] == "dl-datalane" for rule in r["rules"])
+        assert sorted(roles) == ["dl-datalane", "dl-datalane-opted-in"]
+        assert rules_of(roles["dl-datalane-opted-in"], "-") == OPTED_IN_RULES
+        main = rules_of(roles["dl-datalane"], "-")
+        assert not any(k[1] == "secrets" for k in main)
+        assert "delete" not in main.get(("", "pods", ""), set())
+        namespaced = [rule for r in by_kind(docs, "Role") if r["metadata"]["name"] ==
+                      "dl-datalane" for rule in r["rules"]]
+        assert not any("secrets" in rule["resources"] for rule in namespaced)
+        assert not any("delete" in rule["verbs"] for rule in namespaced)
         assert [b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")] == [
             "dl-datalane"]
         secret_bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")
-                           if b["metadata"]["name"] == "dl-datalane-secrets"}
+                           if b["metadata"]["name"] == "dl-datalane-opted-in"}
         assert sorted(secret_bindings) == where, sets
         for b in secret_bindings.values():
             assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
-                                    "kind": "ClusterRole", "name": "dl-datalane-secrets"}
+                                    "kind": "ClusterRole", "name": "dl-datalane-opted-in"}
             assert b["subjects"] == [{"kind": "ServiceAccount", "name": "dl-datalane",
                                       "namespace": "datalane-system"}]
 
