@@ -290,7 +290,9 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
                              f"cannot list {listing.uri}: {listing.error}"))
     roll = Roll()
     if workload is not None and outcome is None:
-        roll = plan_roll(stamp_of(pipeline.recipe), pods, status["checkpoints"],
+        looked = (listing is not None and listing.ok) or "checkpoints" in prev
+        roll = plan_roll(stamp_of(pipeline.recipe), pods,
+                         status["checkpoints"] if looked else None,
                          prev.get("lastCommittedStep"), _cond(prev, ROLLED))
         if roll.problem is not None:
             problems.append(roll.problem)

@@ -20,6 +20,7 @@ store's committed steps and the previous status:
 * the newest committed step ``L`` is past ``P``: too late - the checkpoint at ``L`` was
   written under the old recipe after ``P``, a resume under the new one is refused; the pods
   are left alone (restarting them would stop the job) and the condition says so;
+* the store not looked at yet (a new leader whose status was lost): wait for the look;
 * no checkpoint committed yet: restart now (the job starts over under the new recipe, which
   is what admission promised for an edit before the first checkpoint);
 * ``L`` was committed since the previous reconcile (a fresh checkpoint: the cheapest moment,
@@ -35,7 +36,9 @@ apart than a storage look plus a pod's termination. A job that checkpoints faste
 or an operator that was away, can miss ``P``: the condition then reads
 ``CheckpointPastPhase`` (and ``Degraded``), and the job keeps serving the old recipe.
 
-Pods injected by an operator without stamps are never restarted. Pure functions; the caller
+Pods injected by an operator without stamps are never restarted; where the chart does not
+let the operator delete pods, the reconciler turns the restart into ``RestartForbidden``
+(:meth:`datalane_operator.reconcile.Decision.restart_refused`). Pure functions; the caller
 is :func:`datalane_operator.reconcile.decide`, and :mod:`datalane_operator.reconciler` deletes
 the pods it names.
 """
@@ -143,13 +146,15 @@ def _names(pods: Sequence[str]) -> str:
     return ", ".join(pods[:_NAMED]) + (f" and {more} more" if more > 0 else "")
 
 
-def plan_roll(current: Stamp, pods: Sequence[Mapping[str, Any]], committed: Sequence[int],
-              previous_step: int | None, previous: Mapping[str, Any] | None) -> Roll:
+def plan_roll(current: Stamp, pods: Sequence[Mapping[str, Any]],
+              committed: Sequence[int] | None, previous_step: int | None,
+              previous: Mapping[str, Any] | None) -> Roll:
     """Whether to restart the pods serving an older recipe now (see the module docstring).
 
-    ``committed``: the store's committed steps, ascending (the newest ones); ``previous_step``:
-    ``status.lastCommittedStep`` of the previous reconcile; ``previous``: the previous
-    ``PhaseRolled`` condition, if any."""
+    ``committed``: the store's committed steps, ascending (the newest ones); None when the
+    store has not been looked at yet (a new leader whose status was lost): then nothing is
+    restarted until it has; ``previous_step``: ``status.lastCommittedStep`` of the previous
+    reconcile; ``previous``: the previous ``PhaseRolled`` condition, if any."""
     stale = _stale(pods, current)
     if not stale:
         if not previous:
@@ -166,6 +171,10 @@ def plan_roll(current: Stamp, pods: Sequence[Mapping[str, Any]], committed: Sequ
     what = (f"phase {first[1]!r} (from step {first[0]})" if first
             else "the recipe (no phase differs)")
     who = f"{len(names)} pods serving an older recipe ({_names(names)})"
+    if committed is None:
+        return Roll((False, "WaitingForCheckpoint",
+                     f"{who}: waiting for a look at the checkpoint store, to restart them at a "
+                     f"checkpoint so that they resume under the recipe with {what}"))
     last = committed[-1] if committed else None
     if last is not None and first is not None and last > first[0]:
         text = (f"step {last} was committed by {who} after {what} began: a resume under the "

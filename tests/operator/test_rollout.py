@@ -33,7 +33,7 @@ def pods_of(pipeline: Pipeline, n: int = 2) -> list[dict[str, Any]]:
             for i in range(n)]
 
 
-def roll(committed: list[int], previous_step: int | None,
+def roll(committed: list[int] | None, previous_step: int | None,
          previous: dict[str, Any] | None = None, pods: list[dict[str, Any]] | None = None,
          ) -> tuple[tuple[bool, str, str] | None, tuple[str, ...]]:
     r = plan_roll(stamp_of(NEW.recipe), pods_of(OLD) if pods is None else pods, committed,
@@ -102,6 +102,19 @@ def test_no_checkpoint_yet_restarts_from_the_start() -> None:
                                f"restarting {WHO} before any checkpoint: the job starts over "
                                f"under the recipe with {ANNEALING}"),
                               ("llama-worker-0", "llama-worker-1"))
+
+
+def test_a_store_not_looked_at_yet_restarts_nothing() -> None:
+    # a new leader whose status was lost: it does not know whether a checkpoint exists
+    condition, restart = roll(None, None)
+    assert (condition, restart) == ((False, "WaitingForCheckpoint",
+                                     f"{WHO}: waiting for a look at the checkpoint store, to "
+                                     f"restart them at a checkpoint so that they resume under "
+                                     f"the recipe with {ANNEALING}"), ())
+    assert decide(NEW, job(workers=2), pods_of(OLD), None, {}, T0).restart == ()
+    # with the previous status's checkpoints (none committed), the job starts over
+    assert decide(NEW, job(workers=2), pods_of(OLD), None, {"checkpoints": []}, T0).restart == (
+        "llama-worker-0", "llama-worker-1")
 
 
 def test_a_checkpoint_past_the_phase_is_too_late() -> None:
