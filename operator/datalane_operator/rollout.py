@@ -19,7 +19,9 @@ store's committed steps and the previous status:
 * no pod serves an older recipe: nothing to do;
 * the newest committed step ``L`` is past ``P``: too late - the checkpoint at ``L`` was
   written under the old recipe after ``P``, a resume under the new one is refused; the pods
-  are left alone (restarting them would stop the job) and the condition says so;
+  are left alone (restarting them would stop the job) and the condition says so (an edit
+  cannot repair the stored recipe then: admission checks edits against it, not against the
+  recipe the store's checkpoints were written under);
 * the store not looked at yet (a new leader whose status was lost): wait for the look;
 * no checkpoint committed yet: restart now (the job starts over under the new recipe, which
   is what admission promised for an edit before the first checkpoint);
@@ -178,8 +180,9 @@ def plan_roll(current: Stamp, pods: Sequence[Mapping[str, Any]],
     last = committed[-1] if committed else None
     if last is not None and first is not None and last > first[0]:
         text = (f"step {last} was committed by {who} after {what} began: a resume under the "
-                f"current recipe is refused, so the pods were not restarted; edit spec.recipe "
-                f"so that what changed starts at step {last} or later")
+                f"current recipe is refused, so the pods were not restarted and keep the old "
+                f"one; no edit can fix spec.recipe now (edits are checked against it): "
+                f"recreate the DataPipeline with what changed starting at step {last} or later")
         return Roll((False, "CheckpointPastPhase", text),
                     problem=("CheckpointPastPhase", text))
     if last is None:

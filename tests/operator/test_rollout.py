@@ -120,8 +120,9 @@ def test_a_store_not_looked_at_yet_restarts_nothing() -> None:
 def test_a_checkpoint_past_the_phase_is_too_late() -> None:
     condition, restart = roll([450, 550], 450)
     text = (f"step 550 was committed by {WHO} after {ANNEALING} began: a resume under the "
-            f"current recipe is refused, so the pods were not restarted; edit spec.recipe so "
-            f"that what changed starts at step 550 or later")
+            f"current recipe is refused, so the pods were not restarted and keep the old one; "
+            f"no edit can fix spec.recipe now (edits are checked against it): recreate the "
+            f"DataPipeline with what changed starting at step 550 or later")
     assert (condition, restart) == ((False, "CheckpointPastPhase", text), ())
 
 
