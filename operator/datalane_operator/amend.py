@@ -13,10 +13,11 @@ cannot be read refuses the edit, saying why. Without a committed checkpoint yet,
 edit is admitted (a restart serves the run from step 0 under the new recipe).
 
 The sidecars read their recipe when they start, so an admitted edit reaches a pod when it
-restarts; the warnings say so, with the step a restart must come before. The job may commit
-a newer checkpoint between the webhook's look and the restart; a resume that the edit does
-not fit after all is refused by the sidecar with the same reason (its own check of the
-consumed prefix), never served.
+restarts: the operator restarts the pods at the job's next checkpoint, before the first
+changed phase starts (:mod:`datalane_operator.rollout`); the warnings say so. Should the job
+commit a checkpoint past that phase's start first, a resume that the edit does not fit is
+refused by the sidecar with the same reason (its own check of the consumed prefix), never
+served, and the operator leaves the pods alone.
 
 Pure functions, no I/O. Caller: :func:`datalane_operator.admission.review_pipeline`, given
 the progress by :mod:`datalane_operator.reconciler`.
@@ -95,13 +96,14 @@ def review_recipe_edit(old: Recipe, new: Recipe, progress: Progress | None, *,
     edited = _edited_phases(old, new)
     what = "; ".join(f"phase {name!r} (from step {start}) {verb}"
                      for verb, name, start in edited) or "the recipe changed"
-    earliest = min((start for verb, _, start in edited if verb != "removed"), default=None)
-    where = (f"they resume from the last committed checkpoint (step {step})"
-             if step is not None else "they start from step 0 (no checkpoint is committed yet)")
-    text = (f"spec.recipe edited ({what}): the sidecars of {running} serve the recipe they "
-            f"started with until their pods restart; then {where} under the new one. "
-            f"Restart all pods of the job together")
-    if earliest is not None:
-        text += (f", before it commits a checkpoint after step {earliest}: a resume from "
-                 f"there under the new recipe is refused")
-    return [text]
+    earliest = min((start for _, _, start in edited), default=None)
+    before = f", before step {earliest}," if earliest is not None else ""
+    if step is None:
+        when = ("the operator restarts them now, and they start from step 0 under the new one "
+                "(no checkpoint is committed yet)")
+    else:
+        when = (f"the operator restarts them when the job commits its next checkpoint (the "
+                f"newest is step {step}){before} and they resume there under the new one")
+    return [f"spec.recipe edited ({what}): the sidecars of {running} serve the recipe they "
+            f"started with until their pods restart; {when}; kubectl describe dp shows the "
+            f"condition PhaseRolled"]

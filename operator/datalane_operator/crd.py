@@ -124,7 +124,7 @@ def _condition() -> dict[str, Any]:
         "type": "object",
         "required": ["type", "status"],
         "properties": {
-            "type": {"type": "string", "description": "Ready or Degraded."},
+            "type": {"type": "string", "description": "Ready, Degraded or PhaseRolled."},
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string", "description": "One CamelCase word."},
             "message": {"type": "string", "maxLength": 32768},
@@ -175,7 +175,9 @@ def status_schema() -> dict[str, Any]:
             "conditions": {"type": "array", "items": _condition(),
                            "x-kubernetes-list-type": "map",
                            "x-kubernetes-list-map-keys": ["type"],
-                           "description": "Ready and Degraded, with reasons."},
+                           "description": "Ready and Degraded, with reasons; PhaseRolled "
+                                          "after an edit of spec.recipe (whether every pod "
+                                          "serves it)."},
         },
     }
 

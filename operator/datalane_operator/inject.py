@@ -18,6 +18,9 @@ controller created:
   that the kubelet expands into ``DATALANE_STORE_OPTIONS`` (``$(VAR)``), so both
   credentials stay out of the pod spec; ``spec.data.endpoint``/``region`` become the SDK's
   ``AWS_ENDPOINT_URL_S3``/``AWS_REGION``, which the sources read with no options;
+* the annotation ``datalane.io/recipe``: what the recipe it is injected with is (digests of
+  the composed recipe and of its phases), from which the operator knows, after an edit of
+  ``spec.recipe``, which pods to restart (:mod:`datalane_operator.rollout`);
 * the cluster policy's allow-list of filter predicate modules as
   ``DATALANE_PREDICATE_MODULES``, which the sidecar applies again before it imports any
   (:mod:`datalane.spec.codepolicy`);
@@ -52,6 +55,7 @@ from datalane.spec.errors import ConfigError
 from datalane.store.signing import LEDGER_KEY_ENV
 from datalane_operator.names import (
     ANN_INJECTED,
+    ANN_RECIPE,
     DATA_CREDENTIALS_MOUNT,
     JOB_NAME_LABEL,
     LABEL_PIPELINE,
@@ -66,6 +70,7 @@ from datalane_operator.names import (
     recipe_configmap_name,
 )
 from datalane_operator.pipeline import Pipeline
+from datalane_operator.rollout import stamp_text
 from datalane_operator.storage import scheme_of, sidecar_store_options
 from datalane_operator.workload import nproc_of_container
 
@@ -358,5 +363,6 @@ def mutate_pod(pod: Mapping[str, Any], pipeline: Pipeline, default_image: str,
     trainer["volumeMounts"] = mounts
     labels = meta.get("labels")
     meta["labels"] = {**(labels or {}), LABEL_PIPELINE: pipeline.name}
-    meta["annotations"] = {**(meta.get("annotations") or {}), ANN_INJECTED: image}
+    meta["annotations"] = {**(meta.get("annotations") or {}), ANN_INJECTED: image,
+                           ANN_RECIPE: stamp_text(pipeline.recipe)}
     return out

@@ -9,9 +9,9 @@ datapipelines (+ watch by kopf)            get, list, watch
 datapipelines/status                       patch
 customresourcedefinitions (kopf)           list, watch
 pytorchjobs (+ watch by kopf)              get, list, watch
-pods (watch by kopf)                       list, watch
+pods (watch by kopf)                       list, watch, delete (to roll an edited recipe)
 configmaps (the recipe)                    create, patch
-secrets (spec.checkpoint.secretRef)        get
+secrets (spec.checkpoint.secretRef)        get (only where the chart binds it, see below)
 events                                     create
 mutating/validatingwebhookconfigurations   get, patch (the chart's own, by name)
 leases (release namespace)                 create; get, update (the chart's Lease)
@@ -19,7 +19,11 @@ leases (release namespace)                 create; get, update (the chart's Leas
 
 Watching a list of namespaces (``--namespace``), the chart grants the namespaced rows only in
 those namespaces (a Role each); customresourcedefinitions and the webhook configurations stay
-cluster-wide.
+cluster-wide. Secrets are never readable, nor pods deletable, cluster-wide: the chart binds
+its ClusterRole ``<fullname>-opted-in`` (``get`` secrets, ``delete`` pods) in each watched
+namespace and each of ``operator.optedInNamespaces``; elsewhere :meth:`Kube.read_secret`
+raises :class:`SecretForbidden`, which the storage looks and the recipe-edit guard report,
+and :meth:`Kube.delete_pod` :class:`PodDeleteForbidden`, which the rollout reports.
 
 The synchronous ``kubernetes`` client runs in worker threads (:func:`asyncio.to_thread`);
 responses are decoded straight from JSON (``_preload_content=False``), which is much faster
@@ -57,10 +61,40 @@ from datalane_operator.names import (
 from datalane_operator.pipeline import Pipeline
 from datalane_operator.reconcile import Event
 
-__all__ = ["Kube", "load_configuration", "status_patch"]
+__all__ = ["Kube", "PodDeleteForbidden", "SecretForbidden", "load_configuration",
+           "status_patch"]
 
 log = logging.getLogger("datalane.operator")
 _TIMEOUT = 30
+
+
+class SecretForbidden(PermissionError):
+    """The API server refused the operator a Secret (RBAC): its namespace is not one where
+    the chart lets the operator read Secrets."""
+
+    def __init__(self, namespace: str, name: str) -> None:
+        super().__init__(
+            f"the operator may not read Secret {name!r} (spec.checkpoint.secretRef) in "
+            f"namespace {namespace!r}: it reads Secrets only where the Helm chart grants it, "
+            f"the namespaces of operator.watchNamespaces and operator.optedInNamespaces; add "
+            f"{namespace!r} to operator.optedInNamespaces, or bind the chart's ClusterRole "
+            f"<fullname>-opted-in to the operator's ServiceAccount with a RoleBinding in "
+            f"{namespace!r} (docs/operator.md#rbac)")
+        self.namespace, self.name = namespace, name
+
+
+class PodDeleteForbidden(PermissionError):
+    """The API server refused the operator a pod's deletion (RBAC), as for Secrets."""
+
+    def __init__(self, namespace: str) -> None:
+        super().__init__(
+            f"the operator may not delete pods in namespace {namespace!r}: it does only where "
+            f"the Helm chart grants it, the namespaces of operator.watchNamespaces and "
+            f"operator.optedInNamespaces; add {namespace!r} to operator.optedInNamespaces, or "
+            f"bind the chart's ClusterRole <fullname>-opted-in to the operator's "
+            f"ServiceAccount with a RoleBinding in {namespace!r} (docs/operator.md#rbac), or "
+            f"delete the pods yourself")
+        self.namespace = namespace
 
 
 def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,8 +170,15 @@ class Kube:
         return list(self._json(resp).get("items") or [])
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
-        """The Secret's data, decoded; None if it does not exist. Never logged."""
-        out = await self._get(self.core.read_namespaced_secret, name, namespace)
+        """The Secret's data, decoded; None if it does not exist. Never logged. Raises
+        :class:`SecretForbidden` where the operator may not read Secrets (the chart grants
+        that only in the namespaces it binds ``<fullname>-opted-in`` in)."""
+        try:
+            out = await self._get(self.core.read_namespaced_secret, name, namespace)
+        except ApiException as e:
+            if e.status == 403:
+                raise SecretForbidden(namespace, name) from None
+            raise
         if out is None:
             return None
         return {k: base64.b64decode(v).decode("utf-8", "replace")
@@ -174,6 +215,18 @@ class Kube:
             await self._call(self.core.patch_namespaced_config_map, name, pipeline.namespace,
                              {"metadata": body["metadata"], "data": body["data"]},
                              field_manager=FIELD_MANAGER)
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Delete one pod (its controller recreates it), only if it is still the pod ``uid``
+        (a pod recreated under the same name in the meantime is left alone); gone is fine."""
+        try:
+            await self._call(self.core.delete_namespaced_pod, name, namespace,
+                             body={"preconditions": {"uid": uid}} if uid else None)
+        except ApiException as e:
+            if e.status == 403:
+                raise PodDeleteForbidden(namespace) from None
+            if e.status not in (404, 409):
+                raise
 
     async def post_event(self, obj: Mapping[str, Any], event: Event) -> None:
         meta = obj.get("metadata") or {}

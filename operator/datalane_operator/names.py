@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "ANN_INJECTED",
+    "ANN_RECIPE",
     "DATA_CREDENTIALS_MOUNT",
     "DEFAULT_SOCKET_DIR",
     "FIELD_MANAGER",
@@ -70,6 +71,10 @@ namespaces labelled ``datalane.io/inject=enabled`` (set by the namespace's admin
 operator never patches namespaces), and a DataPipeline is created only there."""
 ANN_INJECTED = "datalane.io/injected"
 """On an injected pod: the sidecar image that was injected."""
+ANN_RECIPE = "datalane.io/recipe"
+"""On an injected pod: the recipe its sidecar was injected with (a digest of the composed
+recipe and of each phase, :mod:`datalane_operator.rollout`), so that the operator knows which
+pods serve an older recipe after an edit."""
 FIELD_MANAGER = "datalane-operator"
 
 SIDECAR_CONTAINER = "datalane-sidecar"

@@ -11,6 +11,9 @@ Conditions:
 
 * ``Ready`` - the workload exists, its data-parallel world size is at most the lanes, every pod
   carries the sidecar and is ready, and the checkpoint store can be listed;
+* ``PhaseRolled`` - only after an edit of ``spec.recipe``: whether every pod serves the
+  current recipe, or which pods the operator restarts at which checkpoint
+  (:mod:`~datalane_operator.rollout`; the decision names the pods to delete);
 * ``Degraded`` - something needs a human: ``SidecarFailed`` (a sidecar cannot start or keeps
   exiting: a glob that matches nothing, missing credentials, an unreachable store, a Secret
   or image that does not exist; the message is the sidecar's own, from its termination
@@ -18,7 +21,8 @@ Conditions:
   (the ranks do not fit ``spec.parallelism``), ``RanksPerPodUnknown``, ``SidecarMissing``
   (pods created before the pipeline), ``StorageUnavailable``, ``StoreAccessDenied`` (the
   cluster policy or the Secret does not let the operator act on the store: it was not
-  touched), ``InvalidSpec``.
+  touched), ``CheckpointPastPhase`` (a checkpoint past an edited phase's start was committed
+  under the old recipe), ``InvalidSpec``.
 
 ``status.worldSize`` is the data-parallel world size, ranks / (TP x PP x CP); ``ranks`` and
 ``ranksPerPod`` count torchrun's processes.
@@ -40,6 +44,8 @@ from datalane_operator.names import (
     recipe_configmap_name,
 )
 from datalane_operator.pipeline import Parallelism, Pipeline
+from datalane_operator.rollout import CONDITION as ROLLED
+from datalane_operator.rollout import Roll, plan_roll, stamp_of
 from datalane_operator.storage import Listing
 from datalane_operator.workload import Topology, check_workers, lanes_per_rank, topology_of
 
@@ -62,9 +68,22 @@ class Event:
 class Decision:
     status: dict[str, Any]
     events: list[Event] = field(default_factory=list)
+    restart: tuple[str, ...] = ()
+    """Pods to delete (the workload's controller recreates them): they serve an older recipe
+    and the job has just committed the checkpoint they resume from (:mod:`~datalane_operator.
+    rollout`)."""
 
     def changed(self, previous: Mapping[str, Any] | None) -> bool:
         return dict(previous or {}) != self.status
+
+    def restart_refused(self, why: str) -> Decision:
+        """This decision when the pods it restarts may not be deleted (RBAC): ``PhaseRolled``
+        False with reason ``RestartForbidden`` and ``why``, a Warning event, no restart."""
+        conditions = [dict(c, reason="RestartForbidden", message=f"{c['message']}: {why}")
+                      if c.get("type") == ROLLED else c for c in self.status["conditions"]]
+        events = [e for e in self.events if e.reason != "RestartingPods"]
+        return Decision({**self.status, "conditions": conditions},
+                        [*events, Event("Warning", "RestartForbidden", why)])
 
 
 @dataclass(frozen=True)
@@ -269,6 +288,14 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
         elif listing is not None:
             problems.append(("StorageUnavailable",
                              f"cannot list {listing.uri}: {listing.error}"))
+    roll = Roll()
+    if workload is not None and outcome is None:
+        looked = (listing is not None and listing.ok) or "checkpoints" in prev
+        roll = plan_roll(stamp_of(pipeline.recipe), pods,
+                         status["checkpoints"] if looked else None,
+                         prev.get("lastCommittedStep"), _cond(prev, ROLLED))
+        if roll.problem is not None:
+            problems.append(roll.problem)
     status = {k: v for k, v in status.items() if v is not None}
 
     # phase and conditions
@@ -300,8 +327,14 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
         _condition(prev, "Ready", *ready, gen, now),
         _condition(prev, "Degraded", *degraded, gen, now),
     ]
-    return Decision(status, _events(prev, status, listing, spec.checkpoint.keep, spec.workload,
-                                    spec.parallelism))
+    if roll.condition is not None:
+        status["conditions"].append(_condition(prev, ROLLED, *roll.condition, gen, now))
+    events = _events(prev, status, listing, spec.checkpoint.keep, spec.workload,
+                     spec.parallelism)
+    if roll.restart:
+        events.append(Event("Normal", "RestartingPods", roll.condition[2] if roll.condition
+                            else ""))
+    return Decision(status, events, roll.restart)
 
 
 def decide_invalid(pipeline_name: str, generation: int, error: str,

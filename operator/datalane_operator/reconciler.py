@@ -3,7 +3,9 @@ admission's read of a run's progress.
 
 * :func:`reconcile`: gather the world (the pipeline, its PyTorchJob and pods, the last store
   listing), let :func:`~datalane_operator.reconcile.decide` say what the status is, patch it
-  and post the events; write the recipe ConfigMap once per (uid, recipe).
+  and post the events; write the recipe ConfigMap once per (uid, recipe), always before
+  the decision restarts pods serving an older recipe (:mod:`~datalane_operator.rollout`), so
+  the recreated pods find the new one.
 * :func:`look`: list and garbage-collect the pipeline's store (:func:`look_at_store`), keep the
   listing for the next reconcile, then kick one.
 * :func:`store_progress`: the newest committed step, for the recipe-edit guard.
@@ -22,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from datalane.spec.errors import ConfigError
 from datalane_operator.amend import Progress
-from datalane_operator.kube import status_patch
+from datalane_operator.kube import PodDeleteForbidden, SecretForbidden, status_patch
 from datalane_operator.pipeline import Pipeline, load_pipeline
-from datalane_operator.reconcile import decide, decide_invalid
+from datalane_operator.reconcile import Decision, decide, decide_invalid
 from datalane_operator.storage import Listing, StoreView, ledger_key_of, operator_store_options
 
 if TYPE_CHECKING:
@@ -50,7 +52,10 @@ async def _store_view(rt: Runtime, pipeline: Pipeline) -> StoreView | str:
         return str(e)
     secret = None
     if access.secret is not None:
-        secret = await rt.k().read_secret(pipeline.namespace, access.secret)
+        try:
+            secret = await rt.k().read_secret(pipeline.namespace, access.secret)
+        except SecretForbidden as e:
+            return str(e)
         if secret is None:
             return (f"Secret {access.secret!r} (spec.checkpoint.secretRef) does not exist in "
                     f"namespace {pipeline.namespace!r}")
@@ -132,6 +137,21 @@ async def look(rt: Runtime, key: Key) -> None:
     rt.kick(key)
 
 
+async def _restart(rt: Runtime, namespace: str, pods: list[dict[str, Any]],
+                   decision: Decision) -> Decision:
+    """Delete the pods the decision names (before the status says so: a failed delete fails
+    the reconcile, and the next one decides again); where RBAC refuses, the decision says so
+    instead."""
+    uids = {str(p["metadata"]["name"]): str(p["metadata"].get("uid", "")) for p in pods}
+    try:
+        for name in decision.restart:
+            log.info("restarting pod %s/%s: it serves an older recipe", namespace, name)
+            await rt.k().delete_pod(namespace, name, uids.get(name, ""))
+    except PodDeleteForbidden as e:
+        return decision.restart_refused(str(e))
+    return decision
+
+
 async def reconcile(rt: Runtime, key: Key) -> None:
     namespace, name = key
     kube = rt.k()
@@ -158,6 +178,7 @@ async def reconcile(rt: Runtime, key: Key) -> None:
         job = await kube.get_job(namespace, pipeline.spec.workload.name)
         pods = await kube.list_job_pods(namespace, pipeline.spec.workload.name) if job else []
         decision = decide(pipeline, job, pods, listing, previous, _stamp(rt.wallclock()))
+        decision = await _restart(rt, namespace, pods, decision)
     try:
         if decision.changed(previous):
             await kube.patch_status(namespace, name, status_patch(previous, decision.status))

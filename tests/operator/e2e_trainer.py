@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--microbatch", type=int, default=2)
+    p.add_argument("--step-seconds", type=float, default=0.0,
+                   help="sleep after each step, as a step of training would take")
     args = p.parse_args(argv)
     from datalane.client.sidecar import SidecarLoader
 
@@ -41,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         if args.checkpoint_every and done % args.checkpoint_every == 0:
             print(json.dumps({"checkpoint": loader.checkpoint()}), flush=True)
+        if args.step_seconds:
+            time.sleep(args.step_seconds)
         if done == args.steps:
             break
     loader.close()

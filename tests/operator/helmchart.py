@@ -22,12 +22,14 @@ OPERATOR_RULES = {
     ("kubeflow.org", "pytorchjobs", ""): {"get", "list", "watch"},
     ("", "pods", ""): {"list", "watch"},
     ("", "configmaps", ""): {"create", "patch"},
-    ("", "secrets", ""): {"get"},
     ("", "events", ""): {"create"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "{name}"): {"get", "patch"},
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "{name}"): {
         "get", "patch"},
 }
+# Secrets and pod deletion: the ClusterRole <fullname>-opted-in, bound only by RoleBindings
+# per namespace.
+OPTED_IN_RULES = {("", "secrets", ""): {"get"}, ("", "pods", ""): {"delete"}}
 # The Role of leader election, in the release namespace only.
 LEASE_RULES = {
     ("coordination.k8s.io", "leases", ""): {"create"},

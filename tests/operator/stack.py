@@ -205,7 +205,7 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
     cluster.kubectl("label", "namespace", namespace, "--overwrite",
                     f"{names.NAMESPACE_OPT_IN_LABEL}={names.NAMESPACE_OPT_IN_VALUE}")
     values: dict[str, Any] = {
-        "operator": {"enabled": False},
+        "operator": {"enabled": False, "optedInNamespaces": [namespace]},
         "tls": {"mode": "secret"},
         "webhook": {"url": f"https://127.0.0.1:{url_port}",
                     "caBundle": base64.b64encode(tls.ca_pem).decode()},

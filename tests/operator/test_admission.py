@@ -245,10 +245,10 @@ def test_an_admitted_edit_says_when_the_running_pods_pick_it_up() -> None:
     assert v.allowed, v.message
     assert v.warnings == [
         "spec.recipe edited (phase 'anneal' (from step 500) appended): the sidecars of "
-        "PyTorchJob llama serve the recipe they started with until their pods restart; then "
-        "they resume from the last committed checkpoint (step 350) under the new one. Restart "
-        "all pods of the job together, before it commits a checkpoint after step 500: a resume "
-        "from there under the new recipe is refused"]
+        "PyTorchJob llama serve the recipe they started with until their pods restart; the "
+        "operator restarts them when the job commits its next checkpoint (the newest is step "
+        "350), before step 500, and they resume there under the new one; kubectl describe dp "
+        "shows the condition PhaseRolled"]
 
 
 def test_phases_starting_at_or_after_the_recorded_step_may_change_or_go() -> None:

@@ -16,6 +16,7 @@ from .helmchart import (
     LEASE_RULES,
     NAMESPACED_RULES,
     OPERATOR_RULES,
+    OPTED_IN_RULES,
     ROOT,
     by_kind,
     helm,
@@ -39,7 +40,7 @@ def test_chart_crd_is_the_generated_one() -> None:
 def test_default_render() -> None:
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(["ServiceAccount", "ServiceAccount", "ClusterRole",
+    assert kinds == sorted(["ServiceAccount", "ServiceAccount", "ClusterRole", "ClusterRole",
                             "ClusterRoleBinding", "Service", "Deployment",
                             "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
                             "Role", "RoleBinding", "Role", "RoleBinding", "Job",
@@ -147,7 +148,9 @@ def test_two_replicas_a_lease_and_upgrades_that_keep_one_serving() -> None:
     assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["DATALANE_OPERATOR_SIDECAR_PROTOCOLS"] == "file,memory,s3,s3a,gs,gcs"
     assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "python"
-    assert c["readinessProbe"] == {"tcpSocket": {"port": "webhook"}, "periodSeconds": 5}
+    # an endpoint of the webhook Service within a second of the port opening
+    assert c["readinessProbe"] == {"tcpSocket": {"port": "webhook"}, "periodSeconds": 1,
+                                   "failureThreshold": 3}
     anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     (pdb,) = by_kind(docs, "PodDisruptionBudget")
@@ -166,9 +169,13 @@ def test_two_replicas_a_lease_and_upgrades_that_keep_one_serving() -> None:
     assert not by_kind(render("operator.enabled=false"), "PodDisruptionBudget")
 
 
+def cluster_roles(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
+
+
 def test_rbac_is_least_privilege() -> None:
     docs = render()
-    (role,) = by_kind(docs, "ClusterRole")
+    role = cluster_roles(docs)["dl-datalane"]
     assert rules_of(role, "dl-datalane") == OPERATOR_RULES
     hook_role = next(r for r in by_kind(docs, "Role")
                      if r["metadata"]["name"] == "dl-datalane-certs")
@@ -181,7 +188,7 @@ def test_rbac_is_least_privilege() -> None:
 
 def test_watched_namespaces_get_roles_not_cluster_wide_secrets() -> None:
     docs = render("operator.watchNamespaces={team-a,team-b}")
-    (role,) = by_kind(docs, "ClusterRole")
+    role = cluster_roles(docs)["dl-datalane"]
     assert rules_of(role, "dl-datalane") == CLUSTER_RULES  # no secrets, configmaps, pods
     roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")
              if r["metadata"]["name"] == "dl-datalane"}
@@ -190,6 +197,9 @@ def test_watched_namespaces_get_roles_not_cluster_wide_secrets() -> None:
         assert rules_of(role, "dl-datalane") == NAMESPACED_RULES
     bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")
                 if b["metadata"]["name"] == "dl-datalane"}
+    secret_bindings = {b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")
+                       if b["metadata"]["name"] == "dl-datalane-opted-in"}
+    assert secret_bindings == {"team-a", "team-b"}  # Secrets readable where it watches
     assert sorted(bindings) == ["team-a", "team-b"]
     for binding in bindings.values():
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -218,7 +228,39 @@ def test_watched_namespaces_get_roles_not_cluster_wide_secrets() -> None:
     # watching every namespace: one ClusterRole, no namespaced Role of the operator
     docs = render()
     assert not [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "dl-datalane"]
-    assert rules_of(by_kind(docs, "ClusterRole")[0], "dl-datalane") == OPERATOR_RULES
+    assert rules_of(cluster_roles(docs)["dl-datalane"], "dl-datalane") == OPERATOR_RULES
+
+
+def test_secrets_and_pod_deletion_only_where_a_role_binding_grants_them() -> None:
+    """Watching every namespace, the operator still reads Secrets and deletes pods only in the
+    namespaces of operator.optedInNamespaces (and the watched ones): a ClusterRole of those two
+    rules, bound by a RoleBinding in each, never by a ClusterRoleBinding."""
+    for sets, where in (
+            ((), []),
+            (("operator.optedInNamespaces={team-a,team-b}",), ["team-a", "team-b"]),
+            (("operator.watchNamespaces={team-a}", "operator.optedInNamespaces={team-a,x}"),
+             ["team-a", "x"])):
+        docs = render(*sets)
+        roles = cluster_roles(docs)
+        assert sorted(roles) == ["dl-datalane", "dl-datalane-opted-in"]
+        assert rules_of(roles["dl-datalane-opted-in"], "-") == OPTED_IN_RULES
+        main = rules_of(roles["dl-datalane"], "-")
+        assert not any(k[1] == "secrets" for k in main)
+        assert "delete" not in main.get(("", "pods", ""), set())
+        namespaced = [rule for r in by_kind(docs, "Role") if r["metadata"]["name"] ==
+                      "dl-datalane" for rule in r["rules"]]
+        assert not any("secrets" in rule["resources"] for rule in namespaced)
+        assert not any("delete" in rule["verbs"] for rule in namespaced)
+        assert [b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")] == [
+            "dl-datalane"]
+        secret_bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")
+                           if b["metadata"]["name"] == "dl-datalane-opted-in"}
+        assert sorted(secret_bindings) == where, sets
+        for b in secret_bindings.values():
+            assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                    "kind": "ClusterRole", "name": "dl-datalane-opted-in"}
+            assert b["subjects"] == [{"kind": "ServiceAccount", "name": "dl-datalane",
+                                      "namespace": "datalane-system"}]
 
 
 def operator_policy(*sets: str) -> Policy:

@@ -8,7 +8,7 @@ import pytest
 
 from tests.cluster.harness import Cluster
 
-from .helmchart import CHART, CLUSTER_RULES, LEASE_RULES, OPERATOR_RULES
+from .helmchart import CHART, CLUSTER_RULES, LEASE_RULES, OPERATOR_RULES, OPTED_IN_RULES
 
 pytestmark = pytest.mark.cluster
 # granted to every authenticated user by the API server's default roles
@@ -50,7 +50,8 @@ def test_install_and_least_privilege(k8s_cluster: Cluster, k8s_namespace: str) -
                     for (g, r, n), v in OPERATOR_RULES.items()}
         assert can_i_list(k8s_cluster, sa) == expected
         # spot checks of what must stay out of reach
-        for verb, what in (("list", "secrets"), ("delete", "pods"), ("create", "pods"),
+        for verb, what in (("list", "secrets"), ("get", "secrets"), ("delete", "pods"),
+                           ("create", "pods"),
                            ("patch", "mutatingwebhookconfigurations/other"),
                            ("update", "pytorchjobs.kubeflow.org"),
                            ("delete", "datapipelines.datalane.io")):
@@ -100,7 +101,9 @@ def test_watched_namespaces_only(k8s_cluster: Cluster, k8s_namespace: str) -> No
             sa = f"system:serviceaccount:{k8s_namespace}:{fullname}"
             named = {(g, r, fullname if n == "{name}" else n): v
                      for (g, r, n), v in OPERATOR_RULES.items()}
-            assert can_i_list(k8s_cluster, sa, watched) == named
+            assert can_i_list(k8s_cluster, sa, watched) == {
+                k: named.get(k, set()) | OPTED_IN_RULES.get(k, set())
+                for k in named.keys() | OPTED_IN_RULES.keys()}
             assert can_i_list(k8s_cluster, sa, other) == {
                 (g, r, fullname if n == "{name}" else n): v
                 for (g, r, n), v in CLUSTER_RULES.items()}
