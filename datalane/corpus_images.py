@@ -10,7 +10,8 @@ file with an image-bytes column (``key``, ``image``, ``ext``, ``caption``). The 
 give the same bytes. :func:`hostile_images` gives the malformed images every decoder must
 set aside (truncated JPEG, a decompression bomb's header, a zero-size PNG, wrong magic, ...)
 with the bad-record reason each must get; ``make_image_corpus`` writes them to a shard of
-their own too, in ``hostile/`` (so that ``root/*.tar`` reads valid images only). Callers: tests/engine/images, bench/images.py.
+their own too, in ``hostile/`` (so that ``root/*.tar`` reads valid images only).
+Callers: tests/engine/images, bench/images.py.
 """
 
 from __future__ import annotations
