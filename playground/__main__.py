@@ -211,7 +211,7 @@ def serve(folder: Path) -> int:
 
 
 # -- up, down, logs ---------------------------------------------------------------------------
-def up(folder: Path, timeout: float = 900) -> int:
+def up(folder: Path, timeout: float = 3600) -> int:
     state = read_state(folder)
     if state is not None:
         _out(f"the playground runs (pid {state['pid']}); to use it:\n{export_line(folder)}")
@@ -230,7 +230,14 @@ def up(folder: Path, timeout: float = 900) -> int:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     (folder / "serve.pid").write_text(str(proc.pid))
     _out(f"[playground] starting (log: {log}) ...")
+    shown = 0
     while not (folder / "state.json").exists():
+        text = log.read_text(errors="replace")
+        for line in text[shown:].splitlines(keepends=True):  # serve's progress, as it goes
+            if line.endswith("\n") and line.startswith(("[playground]", "[images]")):
+                _out("  " + line.rstrip())
+            if line.endswith("\n"):
+                shown += len(line)
         if proc.poll() is not None or time.monotonic() - t0 > timeout:
             _out(log.read_text(errors="replace")[-6000:], err=True)
             _out("[playground] FAILED to start (the log above); `make playground-down` "

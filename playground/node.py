@@ -380,8 +380,8 @@ class PodWorker(ContainerRunner):
             self._stop_all(grace=min(grace, 30))
         self.close()
         with contextlib.suppress(ApiException):
-            self.core.delete_namespaced_pod(self.name, self.namespace, grace_period_seconds=0,
-                                            body={"preconditions": {"uid": self.uid}})
+            self.core.delete_namespaced_pod(self.name, self.namespace, body={
+                "gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}})
 
     def close(self) -> None:
         names = [n for n in self.containers if n != self.pause]
@@ -470,9 +470,9 @@ class NodeAgent:
                          f"deleted; stopping it")
                     threading.Thread(target=worker.terminate, daemon=True).start()
                 elif worker is None:
-                    self.core.delete_namespaced_pod(
+                    self.core.delete_namespaced_pod(  # (a body's options are the ones used)
                         pod["metadata"]["name"], pod["metadata"]["namespace"],
-                        grace_period_seconds=0, body={"preconditions": {"uid": uid}})
+                        body={"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
                 continue
             if worker is None and pod.get("status", {}).get("phase") in (None, "Pending"):
                 _log(f"pod {pod['metadata']['namespace']}/{pod['metadata']['name']}: starting")
