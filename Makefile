@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-torchtitan check test lint bench cluster images clean generate
+.PHONY: setup demo demo-torchtitan check test lint bench cluster images playground \
+	playground-down clean generate
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,7 +30,7 @@ generate: $(STAMP)
 	$(BIN)/python tools/generate.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check datalane sidecar operator tests bench tools
+	$(BIN)/ruff check datalane sidecar operator tests bench tools playground
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -57,6 +58,17 @@ cluster:
 images: $(STAMP)
 	bash images/setup.sh
 	$(BIN)/python images/build.py --tag e2e
+
+# A local cluster for the README's "On a cluster" section (docs/playground.md): the control
+# plane and the images from their caches (built when missing, as `make cluster` and
+# `make images` do), Kubeflow's training-operator, an S3 server and a node whose pods really
+# run in podman. Prints the KUBECONFIG line; `make playground-down` stops all of it.
+playground: $(STAMP)
+	bash images/setup.sh
+	$(BIN)/python -m playground up
+
+playground-down: $(STAMP)
+	$(BIN)/python -m playground down
 
 test: $(STAMP) lint cluster images
 	$(BIN)/python -m pytest -q

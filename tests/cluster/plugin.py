@@ -1,4 +1,5 @@
-"""pytest fixtures for the real control plane (see harness.py and docs/control-plane.md).
+"""pytest fixtures for the real control plane (see playground/cluster.py and
+docs/control-plane.md).
 
 Fixtures (one cluster per test run, started on first use):
   k8s_cluster        session  harness.Cluster: etcd, kube-apiserver, kube-controller-manager,
@@ -22,10 +23,7 @@ from typing import Any
 
 import pytest
 
-try:
-    from .harness import Cluster, ClusterOptions, ensure_binaries
-except ImportError:  # pragma: no cover - imported as a top-level module
-    from harness import Cluster, ClusterOptions, ensure_binaries  # type: ignore[no-redef]
+from playground.cluster import Cluster, ClusterOptions, ensure_binaries
 
 _CLUSTER_KEY = pytest.StashKey["Cluster"]()
 _counter = itertools.count()
@@ -33,7 +31,7 @@ _counter = itertools.count()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "cluster: needs the real Kubernetes control plane (tests/cluster/harness.py)"
+        "markers", "cluster: needs the real Kubernetes control plane (playground/cluster.py)"
     )
 
 

@@ -18,9 +18,10 @@ from datalane_operator import names
 from datalane_operator.inject import mutate_pod
 from datalane_operator.pipeline import load_pipeline
 
-from . import containers
+from playground import containers
+from playground.containers import ContainerRunner, cpu_cores, quantity_bytes
+
 from .builders import dp, pod
-from .containers import ContainerRunner, cpu_cores, quantity_bytes
 from .podrunner import ContainerConfigError
 
 SECRET = "wJalrXUtnFEMI-not-a-real-key"
