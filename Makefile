@@ -7,21 +7,32 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo demo-torchtitan check test lint bench cluster images playground \
 	playground-down clean generate
 
+# Everything (the dev extra: torch, TorchTitan, the test and lint tools; about 6.7 GB with CUDA
+# torch). pip shows its progress: a cold install takes minutes.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
 	touch $(STAMP)
+
+# Only what `datalane demo` imports (the demo extra: the engine, no torch, no test tools), with
+# a stamp of its own so a later `make test` still installs everything.
+DEMO_STAMP := $(VENV)/.installed-demo
+$(DEMO_STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[demo]'
+	touch $(DEMO_STAMP)
 
 setup: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/datalane demo
 
 # TorchTitan's debug llama3 on CPU (gloo): DP 2, DP 2 -> 1 and DP 1 -> 2 through its checkpointer,
 # the same global batch hash at every step (a few minutes on 2 cores).
 demo-torchtitan: $(STAMP)
-	$(BIN)/python -m datalane.demo_torchtitan
+	$(BIN)/python -m datalane.demos.torchtitan
 
 # Every file generated from the models (docs/recipe.md's reference, the CRD in crds/ and the
 # chart's copy, docs/operator.md's reference), in one command; tests/unit/test_generated.py

@@ -24,7 +24,8 @@ Each phase starts its ranks as processes (bench/elastic_rank.py) with ``MASTER_A
 ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE``. ``b``, ``d`` and the control are compared with
 ``a_datalane`` and ``c`` with ``a_usual``: per-step global-batch hash equality, the reference
 step that trained on the same sequences, the loss difference. Results go to ``--out`` (JSON)
-and the figure to ``--plot``::
+and the figure to ``--plot`` (docs/elastic-loss.png; ``--tiny`` leaves that committed figure
+alone and draws bench/results/elastic-loss-tiny.png)::
 
     .venv/bin/python bench/elastic_training.py            # ~9 min on 2 shared cores
     .venv/bin/python bench/elastic_training.py --tiny     # the CI smoke size: 2 ranks -> 1,
@@ -51,8 +52,8 @@ from typing import Any
 from elastic_report import compare, plot
 from elastic_usual import pack_corpus
 
-from datalane.corpus import make_corpus
 from datalane.spec.recipe import load_recipe
+from datalane.testing import make_corpus
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -104,7 +105,9 @@ def _schedule(name: str, loader: str, phases: list[Phase], common: list[str],
     return records, time.perf_counter() - t0
 
 
-def main() -> None:
+def options(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with ``--tiny``'s sizes applied. ``--tiny`` writes its figure to
+    bench/results/ unless told: docs/elastic-loss.png is the full run's, committed."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--resume-at", default="80,160", help="the resize steps (k,k2)")
@@ -123,12 +126,26 @@ def main() -> None:
                     help="CI smoke size: 8 steps on 2 ranks, 1 rank from step 4 (and 3 ranks, "
                          "1 from step 4), d_model 16, lr 3e-3")
     ap.add_argument("--workdir", help="corpus and checkpoints (default: a temporary dir)")
-    ap.add_argument("--out", default=str(HERE / "results" / "elastic_training.json"))
-    ap.add_argument("--plot", default=str(ROOT / "docs" / "elastic-loss.png"))
-    args = ap.parse_args()
+    ap.add_argument("--out", default=None,
+                    help="results JSON (default: bench/results/elastic_training[_tiny].json)")
+    ap.add_argument("--plot", default=None,
+                    help="the figure (default: docs/elastic-loss.png; with --tiny "
+                         "bench/results/elastic-loss-tiny.png)")
+    args = ap.parse_args(argv)
+    tiny = "_tiny" if args.tiny else ""
+    if args.out is None:
+        args.out = str(HERE / "results" / f"elastic_training{tiny}.json")
+    if args.plot is None:
+        args.plot = str(HERE / "results" / "elastic-loss-tiny.png" if args.tiny
+                        else ROOT / "docs" / "elastic-loss.png")
     if args.tiny:
         args.steps, args.resume_at, args.worlds, args.uneven_worlds = 8, "4", "2,1", "3,1"
         args.d_model, args.layers, args.lr = 16, 1, 3e-3
+    return args
+
+
+def main() -> None:
+    args = options()
     k = [int(v) for v in args.resume_at.split(",")]
     worlds = [int(v) for v in args.worlds.split(",")]
     uneven = [int(v) for v in args.uneven_worlds.split(",") if v.strip()]
@@ -195,6 +212,7 @@ def main() -> None:
         pairs.insert(1, ("a_datalane", "d_datalane"))
         labels = [f"{x}, {a}->{b}" for x, (a, b) in zip(labels, pairwise(uneven), strict=True)]
         resized += f" (b, c) and {'->'.join(map(str, uneven))} (d)"
+    Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     plot(curves, pairs, ("a_datalane", "control_datalane"),
          [(s, f"{x} ranks") for s, x in zip(k, labels, strict=True)], args.plot,
          f"TinyLM, {args.steps} steps, global batch {recipe.global_batch_size} x "

@@ -33,11 +33,12 @@ from datalane.spec import (
     merge_checkpoints,
     valid_world_sizes,
 )
+from datalane.spec.distribution import VERSION
 
 if TYPE_CHECKING:
     from datalane.engine import Loader, Microbatch, Plan, Step
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "Checkpoint",

@@ -5,12 +5,12 @@
     python bench/device/titan.py --device cpu --work DIR     # the CPU demo trainer (CI)
 
 Caller: ``bench/device/run.sh``. On ``cuda`` it runs TorchTitan's own training entry,
-``torchrun --nproc-per-node 1 -m torchtitan.train --module datalane.demo_torchtitan_rank
+``torchrun --nproc-per-node 1 -m torchtitan.train --module datalane.demos.torchtitan_rank
 --config llama3_debugmodel_datalane`` (TorchTitan 0.3.0's debug llama3 with
 ``DataLaneDataLoader`` as its dataloader, on the demo corpus at the debug size: 8 lanes, 16
-sequences of 64 tokens per step; see :mod:`datalane.demo_torchtitan_rank`); on ``cpu``, where
+sequences of 64 tokens per step; see :mod:`datalane.demos.torchtitan_rank`); on ``cpu``, where
 TorchTitan's ``Trainer`` cannot run, the same command line under ``-m
-datalane.demo_torchtitan_rank`` (TorchTitan's ``train_step`` on CPU, gloo). Each device:
+datalane.demos.torchtitan_rank`` (TorchTitan's ``train_step`` on CPU, gloo). Each device:
 
 1. trains ``--steps`` steps, its checkpointer saving every ``--interval`` steps;
 2. removes the checkpoints after step ``--interval`` and runs the same command again:
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from datalane.client.torchtitan import titan_global_batch_size
-from datalane.demo_torchtitan import (
+from datalane.demos.torchtitan import (
     GLOBAL_BATCH,
     LANES,
     LOCAL_BATCH,
@@ -54,9 +54,9 @@ _LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*([-0-9.eE+naninf]+)")
 def job(device: str, dump: Path, recipe: Path, steps: int, interval: int, tag: str,
         timeout: float) -> tuple[float, str]:
     """One torchrun job (1 process) to ``steps``; its seconds and its log."""
-    entry = "torchtitan.train" if device == "cuda" else "datalane.demo_torchtitan_rank"
+    entry = "torchtitan.train" if device == "cuda" else "datalane.demos.torchtitan_rank"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-           "-m", entry, "--module", "datalane.demo_torchtitan_rank",
+           "-m", entry, "--module", "datalane.demos.torchtitan_rank",
            "--config", "llama3_debugmodel_datalane", "--dump_folder", str(dump),
            "--hf_assets_path", str(recipe.parent), "--dataloader.recipe", str(recipe),
            "--training.steps", str(steps), "--checkpoint.interval", str(interval),

@@ -156,3 +156,9 @@ class InProcessLoader:
 
     def close(self) -> None:
         self._loader.close()
+
+    def __enter__(self) -> InProcessLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -27,9 +27,11 @@ import queue
 import re
 import sys
 import time
+import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from itertools import chain
+from socket import gethostname
 from typing import Any
 
 import grpc
@@ -43,7 +45,13 @@ from datalane.spec.integrity import parse_json
 from datalane.spec.lanes import lanes_of_rank
 from datalane.spec.schema import SampleSchema
 from datalane.spec.state import check_step
-from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION, STORE_ERROR_KEY, protocol_mismatch
+from datalane.wire import (
+    CLIENT_KEY,
+    NO_SESSION_KEY,
+    PROTOCOL_VERSION,
+    STORE_ERROR_KEY,
+    protocol_mismatch,
+)
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 from datalane.wire.layout import Layout
@@ -68,14 +76,32 @@ _OPTIONS = [("grpc.max_send_message_length", 256 << 20),
 
 
 _LIVE: weakref.WeakSet[SidecarLoader] = weakref.WeakSet()
+_NONCE = uuid.uuid4().hex[:12]
+
+
+def _client_id() -> str:
+    """This trainer process, as Open names it to the sidecar (CLIENT_KEY): a forked process
+    is another one."""
+    return f"{gethostname()}/{os.getpid()}/{_NONCE}"
 
 
 @atexit.register
 def _close_all() -> None:
     """Close the loaders a trainer left open, while gRPC still runs (atexit comes before the
     interpreter finalizes objects): a worker must exit, closed or not, or it keeps the job
-    Running and its GPUs held."""
+    Running and its GPUs held.
+
+    Their iterators are closed first, here: one still referenced at exit (a torch DataLoader's
+    iterator held by the trainer) would otherwise run its cleanup while the interpreter
+    finalizes, after the modules it uses were torn down, and print "Exception ignored in:
+    <generator object SidecarLoader._stream ...> ... 'NoneType' object has no attribute
+    'suppress'" on every exit."""
     for loader in list(_LIVE):
+        for iterator in list(loader._iterators):
+            try:
+                iterator.close()
+            except Exception:  # one running on another thread: it ends with its thread
+                pass
         try:
             loader.close()
         except Exception:  # exiting anyway: a close that fails must not keep the process
@@ -125,11 +151,15 @@ class SidecarLoader:
         self._lanes_total = 0
         self._layout: Layout | None = None
         self._generation = 0
-        self.per_step = 0
+        self._per_step = 0
+        # a session opened before the first iteration (to answer per_step) and the position
+        # it was opened at: the first iteration streams from it if the position is unchanged
+        self._early: tuple[pb.OpenReply, tuple[int, int, str | None]] | None = None
         self.reconnects = 0
         self.last_resume: dict[str, float] | None = None  # seconds of the last resume, by part
         self._active: tuple[Any, queue.Queue[pb.Ack | None]] | None = None
         self._parked = ""  # a session checkpoint() opened, that no stream reads from yet
+        self._iterators: weakref.WeakSet[Generator[Batch, None, None]] = weakref.WeakSet()
         _LIVE.add(self)
 
     def _health(self) -> pb.HealthReply:
@@ -150,6 +180,30 @@ class SidecarLoader:
         if theirs != PROTOCOL_VERSION:
             raise MismatchError(f"the sidecar at {self.socket}: "
                                 f"{protocol_mismatch(PROTOCOL_VERSION, theirs)}")
+
+    @property
+    def per_step(self) -> int:
+        """Microbatches of this rank in one step (the same on every rank), as the sidecar
+        serves them. Known before the first microbatch: the first read opens the session
+        (waiting up to ``open_timeout`` for the sidecar), and the first iteration streams
+        from that session."""
+        if not self._per_step:
+            deadline = time.monotonic() + self.open_timeout
+            while True:
+                try:
+                    self._connect(deadline)
+                    reply = self._open()
+                    break
+                except StorageError as e:
+                    if not e.transient or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.1)
+            self._early = (reply, self._position_key())
+        return self._per_step
+
+    def _position_key(self) -> tuple[int, int, str | None]:
+        pos = self.position
+        return pos.step, pos.consumed, pos.state_json
 
     @property
     def lanes_total(self) -> int:
@@ -221,7 +275,8 @@ class SidecarLoader:
         else:
             req.from_start = True
         try:
-            reply: pb.OpenReply = self._stub.Open(req, timeout=self.open_timeout)
+            reply: pb.OpenReply = self._stub.Open(req, timeout=self.open_timeout,
+                                                  metadata=((CLIENT_KEY, _client_id()),))
         except grpc.RpcError as e:
             raise _error(e) from None
         self._session = reply.session_id
@@ -242,7 +297,7 @@ class SidecarLoader:
             raise MismatchError(f"the sidecar at {self.socket} serves {reply.readers or 1} "
                                 f"reader(s) per session, not {self.readers}: it predates "
                                 f"shared sessions; upgrade it")
-        self.per_step = reply.microbatches_per_step
+        self._per_step = reply.microbatches_per_step
         if pos.state_json is None and self._resume_step is not None:
             pos.step = int(reply.step)
         pos.fingerprint = reply.fingerprint
@@ -268,6 +323,13 @@ class SidecarLoader:
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
+        """Microbatches from the position on, riding through sidecar restarts (see
+        :meth:`_iterate`); the iterator is closed at exit if the trainer left it open."""
+        iterator = self._iterate()
+        self._iterators.add(iterator)
+        return iterator
+
+    def _iterate(self) -> Generator[Batch, None, None]:
         """Microbatches from the position on, riding through sidecar restarts.
 
         A failure whose cause may pass (the sidecar restarting or draining, its session gone,
@@ -297,10 +359,15 @@ class SidecarLoader:
             progressed = False
             try:
                 t0 = time.monotonic()
-                self._connect(deadline)
-                t1 = time.monotonic()
-                reply = self._open()
-                t2 = time.monotonic()
+                early, self._early = self._early, None
+                if early is not None and early[1] == self._position_key():
+                    reply = early[0]  # opened by per_step, at this very position
+                    t1 = t2 = time.monotonic()
+                else:
+                    self._connect(deadline)
+                    t1 = time.monotonic()
+                    reply = self._open()
+                    t2 = time.monotonic()
                 self._parked = ""
                 # the stream is endless; if it finishes without an error anyway (a sidecar
                 # of an older version that stops serving), re-open at the position rather
@@ -378,7 +445,7 @@ class SidecarLoader:
         self._active = (calls, acks)
         held: int | None = None
         try:
-            last = ((self.steps - 1, self.per_step - 1) if self.steps is not None
+            last = ((self.steps - 1, self._per_step - 1) if self.steps is not None
                     else None)  # an eval stream's last microbatch
             for msg in chain.from_iterable(d.items for d in calls):  # deliveries hold several
                 if msg.sequences != layout.rows:
@@ -401,12 +468,12 @@ class SidecarLoader:
                     columns = layout.unpack(msg.columns, where)
                     if self.copy:
                         columns = {k: a.copy() for k, a in columns.items()}
-                if msg.index + 1 == self.per_step:  # the position, at least once per step
+                if msg.index + 1 == self._per_step:  # the position, at least once per step
                     acks.put(self._ack(pending, msg))
                     pending = []
                 batch = Batch(int(msg.step), msg.index, columns, msg.ended,
                               dict(msg.lane_digests), schema, int(msg.step_tokens))
-                self.position.advance(int(msg.step), msg.index, self.per_step,
+                self.position.advance(int(msg.step), msg.index, self._per_step,
                                       msg.state_json or None)
                 yield batch
                 if (batch.step, batch.index) == last:
@@ -425,7 +492,7 @@ class SidecarLoader:
         """An Ack releasing ``release`` and reporting the position once ``msg`` is handed out
         (so it never claims more than the trainer can have received)."""
         step, consumed = int(msg.step), msg.index + 1
-        if consumed >= self.per_step:
+        if consumed >= self._per_step:
             step, consumed = step + 1, 0
         return pb.Ack(release=release, has_position=True, step=step, consumed=consumed)
 
@@ -453,6 +520,7 @@ class SidecarLoader:
     def _end_session(self) -> None:
         """Close the stream and the sidecar's session of it (the connection stays)."""
         active, self._active = self._active, None
+        self._early = None
         if active is not None:
             calls, acks = active
             acks.put(None)

@@ -40,7 +40,7 @@ any other DP degree up to float-reduction order. A checkpoint saved in the middl
 step means TorchTitan's steps are not datalane's (a wrong ``global_batch_size``):
 :meth:`DataLaneDataLoader.state_dict` refuses it, naming the value to set.
 
-Callers: TorchTitan's ``Trainer`` (through its config), :mod:`datalane.demo_torchtitan_rank`.
+Callers: TorchTitan's ``Trainer`` (through its config), :mod:`datalane.demos.torchtitan_rank`.
 """
 
 from __future__ import annotations

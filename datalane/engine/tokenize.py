@@ -4,12 +4,20 @@ Documents are encoded without the tokenizer's own post-processing (``add_special
 off); BOS and EOS are added here by the recipe's policy, so the result never depends on how a
 tokenizer file happens to configure its template. Called from map tasks on worker threads
 (``encode_batch_fast`` releases the GIL and runs in Rust).
+
+A valid tokenizer may still not fit the data: one whose vocabulary lacks the text's characters
+maps it to its unknown token. :meth:`TokenizerHandle.check_unknown` looks at the first
+``UNKNOWN_SAMPLE`` tokens of each source and logs a warning (logger ``datalane.engine``) naming
+the source, the share and the token when most of them are the unknown one. It never changes
+the tokens.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import logging
+import threading
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -19,7 +27,12 @@ from datalane.engine.files import read_bytes
 from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.recipe import TokenizerSpec
 
-__all__ = ["TokenizerHandle"]
+__all__ = ["UNKNOWN_SAMPLE", "TokenizerHandle"]
+
+log = logging.getLogger("datalane.engine")
+
+UNKNOWN_SAMPLE = 4096  # tokens of a source that check_unknown judges it by
+UNKNOWN_WARN_SHARE = 0.5  # ... and the share of unknown tokens among them that it warns of
 
 
 @dataclass
@@ -32,6 +45,11 @@ class TokenizerHandle:
     bos_id: int | None
     eos_id: int | None
     pad_id: int
+    unk_id: int | None = None  # the model's unknown token (None: a model without one)
+    _unknown: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False,
+                                                 compare=False)  # source: (tokens, unknown)
+    _unknown_lock: threading.Lock = field(default_factory=threading.Lock, repr=False,
+                                          compare=False)
 
     @classmethod
     def load(cls, spec: TokenizerSpec) -> TokenizerHandle:
@@ -59,13 +77,38 @@ class TokenizerHandle:
         eos = token("eos_token", spec.eos_token) if spec.add_eos else None
         pad = (token("pad_token", spec.pad_token) if spec.pad_token is not None
                else token("eos_token", spec.eos_token))
-        return cls(spec, digest, tok, bos, eos, pad)
+        unk_name = getattr(tok.model, "unk_token", None)
+        unk = tok.token_to_id(unk_name) if isinstance(unk_name, str) else None
+        return cls(spec, digest, tok, bos, eos, pad, None if unk is None else int(unk))
 
-    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def check_unknown(self, tokens: np.ndarray, source: str) -> None:
+        """Count the unknown tokens among ``tokens`` (a batch of ``source``'s documents, BOS
+        and EOS excluded) until the source's first ``UNKNOWN_SAMPLE`` tokens were seen; warn
+        once if most of those are the unknown token. Called from map tasks on worker
+        threads."""
+        if self.unk_id is None or not source:
+            return
+        with self._unknown_lock:
+            seen, unknown = self._unknown.get(source, (0, 0))
+            if seen >= UNKNOWN_SAMPLE:
+                return
+            seen += int(tokens.size)
+            unknown += int(np.count_nonzero(tokens == self.unk_id))
+            self._unknown[source] = (seen, unknown)
+        if seen >= UNKNOWN_SAMPLE and unknown > UNKNOWN_WARN_SHARE * seen:
+            name = self.tokenizer.id_to_token(self.unk_id)
+            log.warning("source %r: %d of its first %d tokens (%.0f%%) are the unknown token "
+                        "%r (id %d): the tokenizer %s does not cover this text; is it the "
+                        "right tokenizer.json for the data?", source, unknown, seen,
+                        100 * unknown / seen, name, self.unk_id, self.spec.uri)
+
+    def encode(self, texts: list[str], source: str = "",
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Encode a batch: ``(tokens, offsets, raw_lengths)``.
 
         ``tokens[offsets[i]:offsets[i+1]]`` is document ``i`` with BOS/EOS applied;
         ``raw_lengths[i]`` counts its tokens without them (what token filters see).
+        ``source`` names the documents' source for :meth:`check_unknown` ("": unchecked).
         """
         encs = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
         n = len(encs)
@@ -73,6 +116,7 @@ class TokenizerHandle:
         total = int(lens.sum())
         flat = np.fromiter(chain.from_iterable([e.ids for e in encs]), dtype=np.int32,
                            count=total)
+        self.check_unknown(flat, source)
         extra = (self.bos_id is not None) + (self.eos_id is not None)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lens + extra, out=offsets[1:])

@@ -23,7 +23,14 @@ STORE_ERROR_KEY = "datalane-store-error"
 "permanent"): the sidecar already retried it within its bound, so the client raises it to
 the trainer instead of asking again (a sidecar restarting is UNAVAILABLE without it)."""
 
-__all__ = ["NO_SESSION_KEY", "PROTOCOL_VERSION", "STORE_ERROR_KEY", "protocol_mismatch"]
+CLIENT_KEY = "datalane-client"
+"""Invocation metadata of Open: which trainer process opens (host, pid and a nonce). The
+sidecar refuses an Open that would take a reader away from another process that is streaming
+it (tensor-parallel peers that forgot ``readers=``), and never one of the same process (a
+reconnect). A client that sends none is never refused for it."""
+
+__all__ = ["CLIENT_KEY", "NO_SESSION_KEY", "PROTOCOL_VERSION", "STORE_ERROR_KEY",
+           "protocol_mismatch"]
 
 
 def protocol_mismatch(client: int, sidecar: int) -> str:

@@ -37,7 +37,10 @@ def _env(flag: str, default: str | None = None) -> str | None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from datalane.spec.distribution import VERSION
+
     p = argparse.ArgumentParser(prog="datalane-operator")
+    p.add_argument("--version", action="version", version=f"datalane-operator {VERSION}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the operator and its admission webhooks")
     run.add_argument("--namespace", action="append", default=None,

@@ -24,7 +24,10 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from datalane.spec.distribution import VERSION
+
     p = argparse.ArgumentParser(prog="datalane-sidecar")
+    p.add_argument("--version", action="version", version=f"datalane-sidecar {VERSION}")
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the pod's lanes on a Unix socket")
     serve.add_argument("--socket", default=_env("DATALANE_SOCKET", DEFAULT_SOCKET))

@@ -59,7 +59,13 @@ from datalane.spec.integrity import parse_json
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import check_world_size
 from datalane.spec.state import Checkpoint, LaneState
-from datalane.wire import NO_SESSION_KEY, PROTOCOL_VERSION, STORE_ERROR_KEY, protocol_mismatch
+from datalane.wire import (
+    CLIENT_KEY,
+    NO_SESSION_KEY,
+    PROTOCOL_VERSION,
+    STORE_ERROR_KEY,
+    protocol_mismatch,
+)
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 from datalane.wire.shm import ShmWriter
@@ -152,6 +158,8 @@ class DataLaneService(pbg.DataLaneServicer):
         self.started = started or Laps()  # the process's start: first microbatches logged
         self.opened_at: dict[str, float] = {}  # handle -> when its Open replied (monotonic)
         self._first_sent = False  # the first microbatch of this process was sent
+        self.clients: dict[str, str] = {}  # handle -> the trainer process that opened it
+        self.streams: dict[str, grpc.ServicerContext] = {}  # handle -> its Stream call
         self._lock = threading.Lock()
         self._open_locks: dict[tuple[str, int], threading.Lock] = {}
 
@@ -211,14 +219,54 @@ class DataLaneService(pbg.DataLaneServicer):
             hid = uuid.uuid4().hex[:16]
             # one Open of a rank at a time: two readers opening at once must not each find no
             # session, build one, and replace the other's
+            client = next((str(v) for k, v in context.invocation_metadata() or ()
+                           if k == CLIENT_KEY), "")
             with self._rank_lock(stream, request.rank):
-                attached = self._attach(request, hid, start, readers, stream)
-                if attached is not None:
-                    return attached
-                return self._open(request, hid, start, readers, stream)
+                self._check_peers(request, readers, stream, client)
+                reply = (self._attach(request, hid, start, readers, stream)
+                         or self._open(request, hid, start, readers, stream))
+                if client:
+                    with self._lock:
+                        self.clients[reply.session_id] = client
+                return reply
         except DatalaneError as e:
             _abort(context, e)
             raise  # unreachable: abort raises
+
+    def _check_peers(self, request: pb.OpenRequest, readers: int, stream: str,
+                     client: str) -> None:
+        """Refuse an Open that would take a reader away from another trainer process that is
+        streaming it: its reader index, or the whole session if the readers differ. That is
+        tensor/context-parallel peers of one data-parallel rank that do not pass ``readers=``
+        (each would get part of the microbatches, the other's stream ABORTED)."""
+        if not client:
+            return
+        with self._lock:
+            for h in [h for h in self.clients if h not in self.handles]:
+                del self.clients[h]
+            peers = [x for h, x in self.handles.items()
+                     if (x.session.stream, x.session.rank) == (stream, request.rank)
+                     and self.clients.get(h, client) != client
+                     and h in self.streams and self.streams[h].is_active()]
+        for x in peers:
+            if x.session.readers != readers:
+                raise ConfigError(
+                    f"rank {request.rank} is read by another trainer process with readers="
+                    f"{x.session.readers}; this one asks readers={readers}: every process "
+                    f"that reads a data-parallel rank (its tensor/context-parallel peers) "
+                    f"passes the same readers= and its own reader= index")
+            if x.reader == request.reader:
+                raise ConfigError(
+                    f"reader {request.reader} of rank {request.rank} (readers={readers}) is "
+                    f"already read by another trainer process: tensor/context-parallel peers "
+                    f"that share a data-parallel rank pass readers= (how many share it) and "
+                    f"each its own reader= index (or mesh=, or $DATALANE_DP_READERS), else each "
+                    f"would get part of the microbatches")
+
+    def _stream_ended(self, hid: str, context: grpc.ServicerContext) -> None:
+        with self._lock:
+            if self.streams.get(hid) is context:
+                del self.streams[hid]
 
     def _rank_lock(self, stream: str, rank: int) -> threading.Lock:
         with self._lock:
@@ -432,6 +480,9 @@ class DataLaneService(pbg.DataLaneServicer):
         handle = self._handle(hid, context)
         session, reader, generation = handle.session, handle.reader, handle.generation
         ring = self.rings.get(hid)
+        with self._lock:
+            self.streams[hid] = context  # which readers are being read (_check_peers)
+        context.add_callback(lambda: self._stream_ended(hid, context))
 
         def acks() -> None:
             try:

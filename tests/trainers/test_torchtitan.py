@@ -25,7 +25,7 @@ from datalane import Loader, load_recipe
 from datalane.client import Batch, InProcessLoader
 from datalane.client.torch import DataLaneDataset, to_tensors
 from datalane.client.torchtitan import DataLaneDataLoader, to_titan
-from datalane.demo_torchtitan import mismatches, step_hashes
+from datalane.demos.torchtitan import mismatches, step_hashes
 from datalane.spec.errors import ConfigError
 from datalane.spec.hashing import global_hash
 from datalane.spec.schema import Column, text_schema
@@ -75,7 +75,7 @@ def test_torchtitans_config_parsing_selects_the_datalane_dataloader(repeat_recip
     from torchtitan.config import ConfigManager
 
     config = ConfigManager().parse_args([
-        "--module", "datalane.demo_torchtitan_rank", "--config", "llama3_debugmodel_datalane",
+        "--module", "datalane.demos.torchtitan_rank", "--config", "llama3_debugmodel_datalane",
         "--dataloader.recipe", repeat_recipe, "--dataloader.digest_log", str(tmp_path),
         "--training.seq_len", "128"])
     assert type(config.dataloader) is DataLaneDataLoader.Config
@@ -173,7 +173,7 @@ def test_demo_composes_lane_logs_into_step_hashes_and_flags_mismatches(tmp_path)
 
 @pytest.mark.slow
 def test_cpu_demo_resizes_a_torchtitan_job_and_keeps_every_global_batch(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "datalane.demo_torchtitan", "--short",
+    proc = subprocess.run([sys.executable, "-m", "datalane.demos.torchtitan", "--short",
                            "--workdir", str(tmp_path)], capture_output=True, text=True,
                           timeout=1200)
     out = proc.stdout

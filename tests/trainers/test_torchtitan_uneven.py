@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from datalane.client.torchtitan import DataLaneDataLoader, TitanBatch, titan_global_batch_size
-from datalane.demo_torchtitan import parse_legs
+from datalane.demos.torchtitan import parse_legs
 from datalane.spec.errors import ConfigError
 
 IGNORE = -100
@@ -107,7 +107,7 @@ def test_torchtitan_trains_the_same_on_1_3_and_4_ranks(tmp_path: Path) -> None:
     """A real TorchTitan train_step (CPU demo, torchrun, gloo) on 1, 3 and 4 ranks over 8 lanes
     and 4 -> 3 through TorchTitan's checkpointer: the same global batch at every step and the
     same loss up to float-reduction order."""
-    proc = subprocess.run([sys.executable, "-m", "datalane.demo_torchtitan", "--legs",
+    proc = subprocess.run([sys.executable, "-m", "datalane.demos.torchtitan", "--legs",
                            "1,3,4,4>3", "--steps", "4", "--resume-at", "2", "--workdir",
                            str(tmp_path)], capture_output=True, text=True, timeout=1500)
     out = proc.stdout

@@ -40,7 +40,7 @@ def kind_for(source: Source, tokenizer: TokenizerHandle, where: str) -> Document
     """The document kind of ``source``, configured (templates loaded, ConfigError if bad)."""
     name = kind_name(source)
     if name == "text":
-        return TextKind(tokenizer, source.text_field)
+        return TextKind(tokenizer, source.text_field, source.name)
     module, _, cls = KINDS[name].partition(":")
     factory: Any = getattr(importlib.import_module(module), cls)
     kind: DocumentKind = factory(getattr(source, name), tokenizer, f"{where}.{name}")

@@ -31,9 +31,11 @@ class TextKind(KindBase):
     columns: tuple[Column, ...] = ()
     bad_reasons = frozenset({"non_utf8", "not_text", "empty_text", "invalid_unicode"})
 
-    def __init__(self, tokenizer: TokenizerHandle, field: str = "text") -> None:
+    def __init__(self, tokenizer: TokenizerHandle, field: str = "text", source: str = "",
+                 ) -> None:
         self.tokenizer = tokenizer
         self.field = field
+        self.source = source  # its name, in the tokenizer's unknown-token warning
 
     def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
         if isinstance(value, bytes):
@@ -52,5 +54,5 @@ class TextKind(KindBase):
         return Rendered(value), None, None
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
-        flat, offsets, lengths = self.tokenizer.encode([d.text for d in docs])
+        flat, offsets, lengths = self.tokenizer.encode([d.text for d in docs], self.source)
         return {"input_ids": flat}, offsets, lengths

@@ -1,6 +1,6 @@
 """Write tests/data/chat/tokenizer.json: the demo BPE tokenizer plus the chat special tokens.
 
-The bundled ``datalane/demo_data/tokenizer.json`` knows ``<|bos|>``, ``<|eos|>`` and
+The bundled ``datalane/testing/tokenizer.json`` knows ``<|bos|>``, ``<|eos|>`` and
 ``<|pad|>``; the chat tests also need the control tokens of the two shipped templates
 (ChatML's ``<|im_start|>`` / ``<|im_end|>``, Llama 3's header and end-of-turn tokens). They are
 added as special tokens (never split, never normalized), which is how the real tokenizers of
@@ -16,7 +16,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
-SOURCE = ROOT / "datalane" / "demo_data" / "tokenizer.json"
+SOURCE = ROOT / "datalane" / "testing" / "tokenizer.json"
 OUT = Path(__file__).resolve().parent / "tokenizer.json"
 SPECIAL = [
     "<|im_start|>", "<|im_end|>",  # ChatML (Qwen, SmolLM)

@@ -4,7 +4,7 @@
 ``llama3_debugmodel`` with :class:`~datalane.client.torchtitan.DataLaneDataLoader` as its
 dataloader. On GPUs it runs under TorchTitan's trainer unchanged::
 
-    torchrun --nproc-per-node 8 -m torchtitan.train --module datalane.demo_torchtitan_rank \\
+    torchrun --nproc-per-node 8 -m torchtitan.train --module datalane.demos.torchtitan_rank \\
         --config llama3_debugmodel_datalane --dataloader.recipe recipe.yaml \\
         --hf_assets_path <folder with the recipe's tokenizer.json>
 
@@ -12,7 +12,7 @@ TorchTitan 0.3.0's ``Trainer`` cannot run without an accelerator: with none,
 ``torchtitan.tools.utils.device_type`` falls back to ``"cuda"`` and ``Trainer.__init__`` calls
 ``torch.cuda.set_device`` before anything a config can change ("Found no NVIDIA driver"); and
 its llama3 attention backends are GPU-only in training (FlexAttention has no CPU backward,
-varlen needs flash-attention kernels). So on CPU, ``python -m datalane.demo_torchtitan_rank``
+varlen needs flash-attention kernels). So on CPU, ``python -m datalane.demos.torchtitan_rank``
 (under torchrun, gloo) parses the same TorchTitan command line with TorchTitan's
 ``ConfigManager``, switches the attention to TorchTitan's own ``ScaledDotProductAttention``
 (plain causal) and runs :class:`CpuTrainer`: a ``Trainer`` whose ``__init__`` builds the
@@ -25,7 +25,7 @@ TorchTitan's), the ranks' gradients summed by an all-reduce after each step's la
 
 Rank 0 appends ``{"step", "loss", "grad_norm"}`` lines (TorchTitan's ``global_avg_loss`` and
 gradient norm) to ``<dump_folder>/loss.jsonl``. Caller:
-:mod:`datalane.demo_torchtitan` (one torchrun per leg).
+:mod:`datalane.demos.torchtitan` (one torchrun per leg).
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ class CpuTrainer(Trainer):  # type: ignore[misc]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``--module datalane.demo_torchtitan_rank --config llama3_debugmodel_datalane`` plus
+    """``--module datalane.demos.torchtitan_rank --config llama3_debugmodel_datalane`` plus
     any TorchTitan flags, as for ``torchtitan.train``; and ``--preempt-after K`` (not a
     TorchTitan flag): stop after step K (with ``--checkpoint.interval K`` it is saved)."""
     args = list(sys.argv[1:] if argv is None else argv)

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from datalane.demo import Progress, gather, lane_digests, print_comparison
+from datalane.demos.elastic import Progress, gather, lane_digests, print_comparison
 from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
 
@@ -118,10 +118,10 @@ def _phase(root: str, recipe: str, store: str, pods: int, steps: int, resume: in
 
 def run_sidecar_demo(folder: str | None, steps: int, store: str | None,
                      keep: bool = False) -> int:
-    from datalane.corpus import make_corpus
     from datalane.runner import run_world
     from datalane.spec.recipe import load_recipe
     from datalane.store import CheckpointStore
+    from datalane.testing import make_corpus
 
     root = folder or tempfile.mkdtemp(prefix="datalane-sidecar-demo-")
     try:

@@ -1,7 +1,7 @@
 """The TorchTitan demo: resize a TorchTitan job between DP degrees, same global batch every step.
 
-``python -m datalane.demo_torchtitan`` (``make demo-torchtitan``) trains TorchTitan's debug
-llama3 on CPU with gloo (see :mod:`datalane.demo_torchtitan_rank`) on a generated corpus of 8
+``python -m datalane.demos.torchtitan`` (``make demo-torchtitan``) trains TorchTitan's debug
+llama3 on CPU with gloo (see :mod:`datalane.demos.torchtitan_rank`) on a generated corpus of 8
 lanes, in legs of ``torchrun`` jobs (``--legs``, default ``2,2>1,1>2``):
 
 * ``DP2``: 2 ranks, uninterrupted, ``--steps`` steps;
@@ -42,9 +42,9 @@ from pathlib import Path
 import yaml
 
 from datalane.client.torchtitan import titan_global_batch_size
-from datalane.corpus import make_corpus
 from datalane.spec.errors import ConfigError
 from datalane.spec.hashing import global_hash
+from datalane.testing import make_corpus
 
 __all__ = ["Leg", "main", "mismatches", "parse_legs", "step_hashes"]
 
@@ -79,8 +79,8 @@ def torchrun(dp: int, steps: int, recipe: Path, dump: Path, part: int, log: Path
     """One TorchTitan job of ``dp`` ranks to step ``steps`` (or preempted after a checkpoint at
     ``preempt_after``); its wall time in seconds."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={dp}", "-m", "datalane.demo_torchtitan_rank",
-           "--module", "datalane.demo_torchtitan_rank", "--config", "llama3_debugmodel_datalane",
+           f"--nproc-per-node={dp}", "-m", "datalane.demos.torchtitan_rank",
+           "--module", "datalane.demos.torchtitan_rank", "--config", "llama3_debugmodel_datalane",
            "--dump_folder", str(dump), "--hf_assets_path", str(recipe.parent),
            "--training.steps", str(steps), "--dataloader.recipe", str(recipe),
            "--training.local_batch_size", str(LOCAL_BATCH), "--training.global_batch_size",
@@ -217,7 +217,7 @@ def run(work: Path, steps: int, resume_at: int, leg_dps: Sequence[tuple[int, ...
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m datalane.demo_torchtitan",
+    p = argparse.ArgumentParser(prog="python -m datalane.demos.torchtitan",
                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--steps", type=int, default=12, help="TorchTitan steps per leg")
     p.add_argument("--resume-at", type=int, default=5,

@@ -1,6 +1,6 @@
 """``datalane demo``: the elastic demo, one OS process per rank, no cluster.
 
-1. Write a small two-source corpus (:mod:`datalane.corpus`) and an 8-lane recipe.
+1. Write a small two-source corpus (:mod:`datalane.testing`) and an 8-lane recipe.
 2. Compute the uninterrupted reference in-process (one rank, every lane).
 3. Run 4 rank processes for ``k`` steps; each prints its lanes' window digests and saves its
    resume point. Merge the four states, resume on 2 processes for ``k`` steps, merge again,
@@ -151,9 +151,9 @@ def print_comparison(reference: dict[int, str], elastic: dict[int, tuple[int, st
 
 
 def run_demo(folder: str | None, steps: int, keep: bool = False) -> int:
-    from datalane.corpus import make_corpus
     from datalane.runner import run_world
     from datalane.spec.recipe import load_recipe
+    from datalane.testing import make_corpus
 
     if steps < 1:
         raise SystemExit("--steps must be at least 1")

@@ -1,0 +1,11 @@
+"""The demos: what ``datalane demo`` runs, with no cluster.
+
+* :mod:`~datalane.demos.elastic`: 4 rank processes, resumed on 2, then on 8 (``datalane demo``;
+  ``make demo``);
+* :mod:`~datalane.demos.sidecars`: the same through sidecar processes, Unix sockets and a
+  checkpoint store (``datalane demo --sidecars``);
+* :mod:`~datalane.demos.torchtitan` and its ranks :mod:`~datalane.demos.torchtitan_rank`:
+  TorchTitan's debug llama3 on CPU (``make demo-torchtitan``).
+
+Their corpus comes from :mod:`datalane.testing`.
+"""
