@@ -26,9 +26,11 @@ def recipe(phases):
 
 
 def session(r, step, taken):
-    loader = SimpleNamespace(recipe=r, step=step, counters=Counters,
-                             mixture_tokens=lambda: taken)
-    return SimpleNamespace(loader=loader, waited_seconds=0.0)
+    """What the metrics read of a session (in a rank worker's process too): its plan's recipe
+    and one ``gauges()`` call."""
+    return SimpleNamespace(plan=SimpleNamespace(recipe=r), gauges=lambda: {
+        "waited_seconds": 0.0, "step": step, "skipped": dict(Counters().skipped),
+        "mixture_tokens": list(taken)})
 
 
 def gauge(m: Metrics, name: str) -> dict[str, float]:
