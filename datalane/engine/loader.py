@@ -205,7 +205,12 @@ class Loader:
             w = s.next_window({n: a[k * rows:(k + 1) * rows] for n, a in columns.items()})
             windows.append(w)
             lane_digests[w.lane] = w.digest  # lane order, as the windows came
-        step_tokens = trained_tokens(columns)
+        step_tokens = 0  # the windows' trained targets, counted in the columns if need be
+        for w in windows:
+            if w.trained is None:
+                step_tokens = trained_tokens(columns)
+                break
+            step_tokens += w.trained
         step = Step(
             step=self._step,
             columns=columns,
