@@ -33,14 +33,17 @@ __all__ = ["LaneStream", "Window"]
 class Window(TextColumns):
     """One lane's share of one step: its sequences' columns, in schema order."""
 
-    __slots__ = ("_digest", "columns", "ended", "lane", "schema")
+    __slots__ = ("_digest", "columns", "ended", "lane", "schema", "trained")
 
     def __init__(self, lane: int, schema: SampleSchema, columns: dict[str, np.ndarray],
-                 ended: bool) -> None:
+                 ended: bool, trained: int | None = None) -> None:
         self.lane = lane
         self.schema = schema
         self.columns = columns
         self.ended = ended
+        # its trained targets (datalane.spec.targets), when the lane knows them without
+        # looking at the columns (None: count them)
+        self.trained = trained
         self._digest: bytes | None = None
 
     @property
@@ -89,6 +92,9 @@ class LaneStream:
         # a packer that can fill a whole window at once does (every column per token)
         bulk = self.packer.fills_windows and all(c.per_token for c in plan.schema)
         self._fill = self.packer.fill_window if bulk else None
+        # without a loss mask, a window's trained targets are its tokens less one per row
+        # that holds any (a row is its pieces then padding; its first token is no target)
+        self._unmasked = "loss_mask" not in plan.schema.names
         self.sequences = state.sequences if state is not None else 0
         self.ended = state.ended if state is not None else False
 
@@ -127,10 +133,14 @@ class LaneStream:
         columns = out if out is not None else {
             c.name: np.empty(c.shape(rows, size), dtype=c.np_dtype) for c in schema}
         if self._fill is not None and not self.ended:  # the packer fills the window in bulk
-            if self._fill(columns, rows) < rows:
+            before = self.counters.tokens
+            filled = self._fill(columns, rows)
+            if filled < rows:
                 self.ended = True
             self.sequences += rows
-            return Window(self.lane, schema, columns, self.ended)
+            trained = self.counters.tokens - before - filled if self._unmasked else None
+            return Window(self.lane, schema, columns, self.ended, trained)
+        trained = 0 if self.ended else None  # (a window of padding trains nothing)
         for r in range(rows):
             seq = None if self.ended else self.packer.next_sequence()
             if seq is None:
@@ -142,7 +152,7 @@ class LaneStream:
                 for name, a in columns.items():
                     a[r] = seq[name]
         self.sequences += rows
-        return Window(self.lane, schema, columns, self.ended)
+        return Window(self.lane, schema, columns, self.ended, trained)
 
     def state(self) -> LaneState:
         """The resume point between two steps (call it only after a whole window)."""

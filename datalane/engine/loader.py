@@ -12,7 +12,7 @@ checkpoints of a step restores any world size (:func:`datalane.spec.state.merge_
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from datalane.engine.pool import TaskPool
 from datalane.spec.codepolicy import CodePolicy
 from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import check_fingerprint
-from datalane.spec.hashing import global_hash, window_digest
+from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import lanes_of_rank, rank_shape
 from datalane.spec.recipe import Recipe
@@ -108,7 +108,6 @@ class Loader:
         self._streams: list[LaneStream] | None = None
         self._restore: Checkpoint | None = None
         self._step = 0
-        self._hashing: ThreadPoolExecutor | None = None
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -196,23 +195,22 @@ class Loader:
         schema = self.plan.schema
         rows = self.recipe.lane_batch
         size = self.recipe.sequence_tokens
-        # the lanes fill their rows of the step in place; while one lane packs, the digest of
-        # the lane before it is computed on the hashing thread (hashlib releases the GIL), and
-        # the last lane's digest here, meanwhile
+        # the lanes fill their rows of the step in place, and each window is hashed on this
+        # thread as it is filled (hashlib releases the GIL: the map workers run meanwhile)
         columns = {c.name: np.empty(c.shape(rows * len(streams), size), dtype=c.np_dtype)
                    for c in schema}
         windows = []
-        digests: list[Future[bytes]] = []
-        last = len(streams) - 1
+        lane_digests: dict[int, bytes] = {}
         for k, s in enumerate(streams):
             w = s.next_window({n: a[k * rows:(k + 1) * rows] for n, a in columns.items()})
             windows.append(w)
-            if k < last:
-                digests.append(self._hasher().submit(window_digest, schema, w.columns))
-        step_tokens = trained_tokens(columns)
-        mine = windows[-1].digest
-        lane_digests = {w.lane: d.result() for w, d in zip(windows, digests, strict=False)}
-        lane_digests[windows[-1].lane] = mine  # lane order, as the windows came
+            lane_digests[w.lane] = w.digest  # lane order, as the windows came
+        step_tokens = 0  # the windows' trained targets, counted in the columns if need be
+        for w in windows:
+            if w.trained is None:
+                step_tokens = trained_tokens(columns)
+                break
+            step_tokens += w.trained
         step = Step(
             step=self._step,
             columns=columns,
@@ -223,11 +221,6 @@ class Loader:
         )
         self._step += 1
         return step
-
-    def _hasher(self) -> ThreadPoolExecutor:
-        if self._hashing is None:
-            self._hashing = ThreadPoolExecutor(1, thread_name_prefix="datalane-hash")
-        return self._hashing
 
     def __iter__(self) -> Iterator[Step]:
         """Steps forever; after the data ends, steps are padding with ``ended`` set."""
@@ -268,9 +261,6 @@ class Loader:
 
     def close(self) -> None:
         self.close_streams()
-        if self._hashing is not None:
-            self._hashing.shutdown(wait=True)
-            self._hashing = None
         if self._own_pool:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
