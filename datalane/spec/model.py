@@ -59,10 +59,20 @@ def _is_optional(tp: Any) -> tuple[bool, Any]:
     return False, tp
 
 
+def _choices(tp: Any) -> tuple[Any, ...]:
+    """The arms of a union that is not just ``X | None`` (``int | Literal["auto"]``: a count
+    or a word); () for any other type."""
+    if get_origin(tp) in (Union, types.UnionType) and not _is_optional(tp)[0]:
+        return get_args(tp)
+    return ()
+
+
 def _type_name(tp: Any) -> str:
     optional, inner = _is_optional(tp)
     if optional:
         return f"{_type_name(inner)} or null"
+    if _choices(tp):
+        return " or ".join(_type_name(a) for a in _choices(tp))
     origin = get_origin(tp)
     if origin is Literal:
         return " | ".join(repr(a) for a in get_args(tp))
@@ -101,6 +111,13 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             return None
         raise ConfigError(f"{where} must be {_type_name(tp)}, got null")
     tp = inner
+    if _choices(tp):  # the first arm the value is
+        for arm in _choices(tp):
+            try:
+                return _convert(arm, value, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
     origin = get_origin(tp)
     if origin is Literal:
         choices = get_args(tp)
@@ -210,6 +227,8 @@ def _schema_of(tp: Any, meta: Mapping[str, Any]) -> dict[str, Any]:
     if origin is Literal:
         choices = list(get_args(inner))
         out = {"type": "string" if isinstance(choices[0], str) else "integer", "enum": choices}
+    elif _choices(inner):  # the bounds below apply to the numbers only (JSON Schema)
+        out = {"anyOf": [_schema_of(a, {}) for a in _choices(inner)]}
     elif origin is list:
         out = {"type": "array", "items": _schema_of(get_args(inner)[0], {})}
         if meta.get("min_items"):

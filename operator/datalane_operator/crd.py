@@ -12,7 +12,10 @@ schemas:
 * JSON Schema ``pattern`` is a search, the model's is a full match: patterns are anchored;
 * ``nullable`` stays (OpenAPI v3.0); a nullable ``enum`` is dropped and its choices go to the
   description, since the API server refuses null for an enum even when the enum lists it (the
-  admission webhook checks the choice); ``exclusiveMinimum`` stays boolean.
+  admission webhook checks the choice); ``exclusiveMinimum`` stays boolean;
+* a model field that is a count or a word (``int | Literal["auto"]``) is Kubernetes'
+  int-or-string, its words a pattern (which applies to strings only, as the bounds apply to
+  numbers only), named in the description.
 
 CEL rules add what a single field cannot say (``globalBatchSize % lanes == 0``, lanes fixed
 for the life of a run, name length). ``python -m datalane_operator crd`` prints the YAML
@@ -22,6 +25,7 @@ committed as ``crds/datapipelines.datalane.io.yaml``; a test fails when they dif
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import yaml
@@ -55,6 +59,13 @@ def structural(schema: dict[str, Any]) -> dict[str, Any]:
             words = ", ".join(f"`{v}`" for v in value)
             out["description"] = (f"{schema.get('description', '')} One of {words}, or null "
                                   f"(checked at admission).").strip()
+        elif key == "anyOf" and _int_or_words(value) is not None:
+            choices = _int_or_words(value) or []
+            out.update({"anyOf": [{"type": "integer"}, {"type": "string"}],
+                        "pattern": f"^(?:{'|'.join(re.escape(w) for w in choices)})$",
+                        "x-kubernetes-int-or-string": True})
+            named = ", ".join(f"`{w}`" for w in choices)
+            out["description"] = f"{schema.get('description', '')} An integer or {named}.".strip()
         elif key == "properties":
             out[key] = {name: structural(sub) for name, sub in value.items()}
         elif key == "items":
@@ -62,6 +73,16 @@ def structural(schema: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def _int_or_words(arms: list[dict[str, Any]]) -> list[str] | None:
+    """The words of a model's ``int | Literal[...]`` schema (``anyOf`` an integer and a
+    string enum), or None for any other ``anyOf``."""
+    types = sorted(a.get("type", "") for a in arms)
+    if types != ["integer", "string"]:
+        return None
+    (words,) = [a.get("enum") for a in arms if a.get("type") == "string"]
+    return list(words) if words else None
 
 
 def _quantity() -> dict[str, Any]:

@@ -148,6 +148,15 @@ class SidecarSpec:
                         default=8, ge=1, le=1024)
     metricsPort: int = doc("Port of the sidecar's Prometheus metrics; 0 turns them off.",
                            default=0, ge=0, le=65535)
+    rankProcesses: int | Literal["auto"] = doc(
+        "Processes the sidecar runs the ranks' sessions in (its --rank-processes; a knob: "
+        "never changes output). 0: threads of the sidecar's one process, sharing its "
+        "interpreter lock; N: N rank worker processes (data-parallel rank r in worker r % N), "
+        "each with its own map pool of `workers` threads; auto: one per data-parallel rank of "
+        "the pod, at most one per CPU the sidecar may run on (its affinity, not its CPU "
+        "limit), 0 for a pod of one rank. Each worker holds a copy of the plan and its ranks' "
+        "windows: give the sidecar memory for them (docs/operator.md, The sidecar's "
+        "processes).", default=0, ge=0, le=256)
 
 
 MAX_PARALLEL = 1 << 16

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from datalane_operator.crd import crd_manifest
+from datalane_operator.pipeline import QUANTITY
 
 __all__ = ["BEGIN", "END", "render_reference", "rewrite"]
 
@@ -21,7 +22,7 @@ END = "<!-- crd-reference:end -->"
 
 def _type(s: dict[str, Any]) -> str:
     if s.get("x-kubernetes-int-or-string"):
-        text = "quantity"
+        text = "quantity" if s.get("pattern") == f"^{QUANTITY}$" else "integer or string"
     elif "enum" in s:
         text = " \\| ".join(f"`{v}`" for v in s["enum"])
     elif s.get("type") == "array":

@@ -343,3 +343,12 @@ def test_the_edits_quoted_in_the_operator_guide_are_the_real_answers() -> None:
     refused = review_pipeline(early, new, progress=at)
     quoted = "phases[0] 'warmup' (starts at step 1000, before the resume step 42000): added"
     assert quoted in refused.message and quoted in text
+
+
+def test_rank_processes_is_checked_and_may_change_on_a_running_pipeline() -> None:
+    v = review_pipeline(dp(sidecar={"rankProcesses": "all"}))
+    assert not v.allowed
+    assert "spec.sidecar.rankProcesses must be integer or 'auto', got 'all'" in v.message
+    old = dp()
+    for value in (2, "auto", 0):  # a knob: the pods get it when they are next created
+        assert review_pipeline(dp(sidecar={"rankProcesses": value}), old).allowed, value

@@ -90,3 +90,13 @@ def test_parallelism_and_the_dp_status_fields() -> None:
     columns = crd_manifest()["spec"]["versions"][0]["additionalPrinterColumns"]
     ranks = next(c for c in columns if c["name"] == "Ranks")
     assert (ranks["jsonPath"], ranks["priority"]) == (".status.ranks", 1)  # -o wide
+
+
+def test_rank_processes_is_an_int_or_string_of_a_count_or_auto() -> None:
+    node = dict(openapi()["properties"]["spec"]["properties"]["sidecar"]["properties"][
+        "rankProcesses"])
+    assert node.pop("description").endswith(" An integer or `auto`.")
+    # the pattern applies to strings only and the bounds to integers only: 0-256 or "auto"
+    assert node == {"anyOf": [{"type": "integer"}, {"type": "string"}],
+                    "pattern": "^(?:auto)$", "x-kubernetes-int-or-string": True,
+                    "minimum": 0, "maximum": 256, "default": 0}

@@ -260,3 +260,55 @@ def test_parallel_injection_is_idempotent_and_the_sidecar_reads_it(monkeypatch) 
     for e in side["env"]:
         monkeypatch.setenv(e["name"], e.get("value", "llama-worker-0"))
     assert cli._parser().parse_args(side["command"][1:]).ranks_per_pod == 2
+
+
+# ---- spec.sidecar.rankProcesses: the sidecar's --rank-processes ----
+
+
+@pytest.mark.parametrize(("value", "env", "workers"), [
+    (None, "0", 0),  # unset: threads, as before
+    (0, "0", 0),
+    (3, "3", 3),
+    ("auto", "auto", 2),  # one per data-parallel rank of the pod (2 ranks, 4 CPUs)
+])
+def test_rank_processes_reach_the_sidecar(monkeypatch: pytest.MonkeyPatch, value: Any,
+                                          env: str, workers: int) -> None:
+    from datalane_sidecar import cli
+
+    sidecar = {} if value is None else {"rankProcesses": value}
+    side = sidecar_of(inject(pod(nproc="2", gpus=2), sidecar=sidecar))
+    assert env_of(side)["DATALANE_RANK_PROCESSES"] == env
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    for e in side["env"]:
+        monkeypatch.setenv(e["name"], e.get("value", "llama-worker-0"))
+    args = cli._parser().parse_args(side["command"][1:])
+    assert cli.rank_processes(args.rank_processes, args.ranks_per_pod) == workers
+
+
+def test_rank_processes_auto_in_a_tensor_parallel_pod_counts_data_parallel_ranks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from datalane_sidecar import cli
+
+    # 4 ranks, TP 2: the sidecar serves 2 DP ranks, so auto is 2 workers, not 4
+    side = sidecar_of(inject(pod(nproc="4", gpus=4), parallelism={"tensor": 2},
+                             sidecar={"rankProcesses": "auto"}))
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(16)))
+    env = env_of(side)
+    assert cli.rank_processes(env["DATALANE_RANK_PROCESSES"],
+                              int(env["DATALANE_RANKS_PER_POD"])) == 2
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (-1, "spec.sidecar.rankProcesses -1 must be >= 0"),
+    (257, "spec.sidecar.rankProcesses 257 must be <= 256"),
+    ("many", "spec.sidecar.rankProcesses must be integer or 'auto', got 'many'"),
+    ("2", "spec.sidecar.rankProcesses must be integer or 'auto', got '2'"),
+    ("Auto", "spec.sidecar.rankProcesses must be integer or 'auto', got 'Auto'"),
+    (True, "spec.sidecar.rankProcesses must be integer or 'auto', got True"),
+    (1.5, "spec.sidecar.rankProcesses must be integer or 'auto', got 1.5"),
+    (None, "spec.sidecar.rankProcesses must be integer or 'auto', got null"),
+])
+def test_a_bad_rank_processes_is_refused_naming_it(value: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_pipeline(dp(sidecar={"rankProcesses": value}))
+    assert str(e.value) == message

@@ -168,16 +168,30 @@ def test_every_iteration_is_one_evaluation_and_restart_goes_back_to_step_0(
                 refused()
 
 
-def test_an_evaluation_rides_through_a_sidecar_restart(sidecar: Any,
-                                                       eval_recipe_path: str) -> None:
-    sc = sidecar(eval_recipe_path)
-    want = _bytes(_in_process(eval_recipe_path, 1, 2, 1))
+def test_an_evaluation_rides_through_a_sidecar_restart(sidecar: Any, corpus: DemoCorpus,
+                                                       eval_files: str,  # noqa: F811
+                                                       tmp_path: Path) -> None:
+    """The sidecar is killed inside step 1 and started again: the evaluation goes on at its
+    exact position. The stream is long enough that part of it must come after the restart,
+    in either sidecar mode (threads or rank processes) and however fast the sidecar is: over
+    shared memory the sidecar places a microbatch only in a free slot of the reader's ring,
+    so when the client holds microbatch ``kill_at`` at most a ring (``_SHM_MAX_SLOTS``) plus
+    the ``kill_at`` slots it released can have been sent."""
+    from datalane_sidecar.service import _SHM_MAX_SLOTS
+
+    kill_at, per_step = 6, 4  # rank 1 of 2, microbatch 1: 4 microbatches a step
+    steps = (_SHM_MAX_SLOTS + kill_at) // per_step + 2  # the later steps are padding
+    path = tmp_path / "long-eval-recipe.yaml"
+    path.write_text(yaml.safe_dump(eval_recipe_dict(corpus, eval_files, steps=steps)))
+    sc = sidecar(str(path))
+    want = _bytes(_in_process(str(path), 1, 2, 1))
+    assert len(want) == steps * per_step > _SHM_MAX_SLOTS + kill_at
     got: list[Any] = []
-    with SidecarLoader(sc.socket, rank=1, world_size=2, microbatch_size=1,
+    with SidecarLoader(sc.socket, rank=1, world_size=2, microbatch_size=1, transport="shm",
                        stream="heldout") as loader:
         for batch in loader:
             got.append(batch)
-            if len(got) == 6:  # inside step 1 (4 microbatches a step)
+            if len(got) == kill_at:  # inside step 1
                 sc.kill9()
                 sc.start()
         assert loader.reconnects >= 1
