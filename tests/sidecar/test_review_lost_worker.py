@@ -45,9 +45,9 @@ def test_an_open_replaces_a_session_whose_rank_worker_died(repeat_recipe, tmp_pa
                          TRAIN, 0, 2, 2, 1, 0, None, None,
                          {"first_step": 0, "per_step": 4, "lanes": (0, 4)})
     service.sessions[dead.id] = dead
-    with serve_in_process(service, tmp_path) as sock:
-        with SidecarLoader(sock, rank=0, world_size=2, microbatch_size=2, transport="inline",
-                           open_timeout=20) as loader:
-            it = iter(loader)
-            got = [next(it).copy() for _ in range(4)]
+    with serve_in_process(service, tmp_path) as sock, SidecarLoader(
+            sock, rank=0, world_size=2, microbatch_size=2, transport="inline",
+            open_timeout=20) as loader:
+        it = iter(loader)
+        got = [next(it).copy() for _ in range(4)]
     _same(got, _reference(recipe, 0, 2, 2, 4))
