@@ -22,6 +22,9 @@ class _Process:
     def join(self, timeout: float | None = None) -> None:
         return None
 
+    def kill(self) -> None:
+        self.exitcode = -9
+
 
 class _BadPipe:
     """A pipe whose next answer does not unpickle."""
