@@ -65,4 +65,5 @@ def test_a_reply_that_does_not_unpickle_fails_the_calls_instead_of_hanging() -> 
             result.result(timeout=60)
     except TimeoutError:
         pytest.fail("the call still waits 60 s after the pipe reader died: it never returns")
+    reader.join(10)  # on_lost runs after the futures failed
     assert w.lost is not None and lost == [w]
