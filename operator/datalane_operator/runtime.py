@@ -180,6 +180,10 @@ class Runtime:
         self.leading = True
         self.generations.clear()
         self.recipes.clear()
+        # what a previous term saw of the stores is stale (another leader ran meanwhile): the
+        # reconciles before this term's first look use the status, as a fresh leader's do
+        self.listings.clear()
+        self.storage_errors.clear()
         for (namespace, _job), store in list((self.pipelines or {}).items()):
             for found in store:
                 key = (namespace, str(found["metadata"]["name"]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from datalane.spec.errors import DatalaneError
 from datalane.spec.evals import TRAIN
 from datalane.spec.phases import Schedule
 
@@ -127,7 +128,14 @@ class Metrics:
     def refresh(self, sessions: list[Any]) -> None:
         """Gauges that are read from the sessions (called on each scrape): each session's
         ``gauges()``, one call per session (one message to a rank worker's process)."""
-        gauges = [s.gauges() for s in sessions]
+        gauges, answered = [], []
+        for s in sessions:
+            try:
+                gauges.append(s.gauges())
+            except DatalaneError:  # closed in its rank worker meanwhile, or the worker died
+                continue
+            answered.append(s)
+        sessions = answered
         self.waited.set(sum(g["waited_seconds"] for g in gauges))
         totals: dict[str, int] = {}
         for g in gauges:

@@ -116,6 +116,14 @@ class RankWorker:
             except (EOFError, OSError):
                 self._gone()
                 return
+            except Exception as e:  # an answer that does not unpickle: the pipe is out of
+                # step, nothing later can be trusted; a reader that ended here silently left
+                # every call in flight, and every later one, waiting forever
+                log.error("rank worker %d: unreadable answer on its pipe: %s", self.index, e)
+                with contextlib.suppress(OSError, ValueError):
+                    self.process.kill()
+                self._gone()
+                return
             with self._lock:
                 future = self._calls.pop(call, None)
             if future is None:

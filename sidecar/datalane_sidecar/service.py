@@ -75,7 +75,13 @@ from datalane_sidecar.checkpoints import PodCheckpoints
 from datalane_sidecar.delivery import RingClosed
 from datalane_sidecar.ledger import backfill_from, ledger_since, ledger_steps, next_since
 from datalane_sidecar.metrics import Metrics
-from datalane_sidecar.remote import RankProcesses, RankWorker, RemoteRing, RemoteSession
+from datalane_sidecar.remote import (
+    RankProcesses,
+    RankWorker,
+    RemoteRing,
+    RemoteSession,
+    WorkerLost,
+)
 from datalane_sidecar.session import Session
 from datalane_sidecar.timing import Laps
 
@@ -305,6 +311,9 @@ class DataLaneService(pbg.DataLaneServicer):
                 self.rings[hid] = ring
         for sid in old:
             self._close(sid)
+        if session.lost is not None:  # its worker died after _worker_lost listed the sessions
+            self._close(hid)
+            raise WorkerLost(session.lost)
         t1 = time.perf_counter()
         if start is not None and stream == TRAIN:  # an eval stream has no ledger
             self.metrics.replay_seconds.observe(built)
@@ -333,6 +342,8 @@ class DataLaneService(pbg.DataLaneServicer):
         if live is None or (live.world_size, live.microbatch_size, live.readers) != (
                 request.world_size, request.microbatch_size, readers):
             return None
+        if live.lost is not None:  # its rank worker died (registered after _worker_lost
+            return None            # looked): replaced by a new session, never attached to
         if start is None:
             step, sources = 0, len(live.plan.recipe.sources)
             lanes = {k: lane_json(LaneState.initial(k, sources)) for k in live.lanes}

@@ -212,3 +212,34 @@ def test_refusals_are_logged_at_info_and_other_errors_stay() -> None:
     for other in (record("Webhook %r failed permanently: %s", "made-up", "boom"),
                   record("Handler 'pipeline-event' failed with an exception.")):
         assert RefusalsAreInfo().filter(other) and other.levelno == logging.ERROR
+
+
+def test_a_leader_elected_again_does_not_reconcile_on_its_previous_terms_listing() -> None:
+    """Review: a replica that led, lost the Lease and leads again must not decide on the store
+    listing it kept from its previous term (the store moved on under the other leader): its
+    first reconciles run before its first look, and with an old listing they set
+    lastCommittedStep backwards and plan_roll sees a 'fresh' old checkpoint (restart now)
+    where the real newest one may be past the phase (CheckpointPastPhase: leave the pods)."""
+    from datalane_operator.storage import Listing
+
+    seen: list[Any] = []
+    never = asyncio.Event()
+
+    async def fake_reconcile(rt: Any, key: tuple[str, str]) -> None:
+        seen.append(rt.storage_errors.get(key) or rt.listings.get(key))
+
+    async def slow_look(rt: Any, key: tuple[str, str]) -> None:
+        await never.wait()  # the new term's look has not answered yet
+
+    async def scenario() -> None:
+        key = ("ml", "pretrain")
+        rt = Runtime(leading=True, reconcile=fake_reconcile, look_at=slow_look)
+        rt.pipelines = {("ml", "llama"): [{"metadata": {"name": "pretrain", "generation": 3}}]}
+        rt.listings[key] = Listing("s3://b/run", [100, 200])  # what its first term saw
+        rt.stop_leading()
+        rt.start_leading()  # an hour later: the store holds steps up to 900 by now
+        await asyncio.sleep(0.01)
+        assert seen == [None], f"reconciled on the previous term's listing {seen}"
+        rt.stop_leading()
+
+    asyncio.run(scenario())

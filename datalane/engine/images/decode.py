@@ -4,7 +4,10 @@ The first step of an image document (docs/vlm.md, Decoding). :func:`decode` is p
 stateless: it reads no global setting of Pillow that it could be changed by (the pixel bound is
 its own, checked on the header's size after :func:`PIL.Image.open` and before a pixel is
 decoded, not Pillow's process-wide ``Image.MAX_IMAGE_PIXELS``), so it gives the same pixels for
-the same bytes on any thread. An image that cannot be used raises :class:`BadImage` with one of
+the same bytes on any thread; the two process-wide settings Pillow does read
+(``ImageFile.LOAD_TRUNCATED_IMAGES``, a ``MAX_IMAGE_PIXELS`` under the bound) are refused with
+a ConfigError instead of changing the result. An image that cannot be used raises
+:class:`BadImage` with one of
 the reasons of :data:`datalane.spec.limits.IMAGE_REASONS`; the caller (the image document kind,
 the bench, the tests) turns it into a bad record. Callers: :mod:`datalane.engine.images.pipeline`,
 bench/images.py.
@@ -16,7 +19,7 @@ import io
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from datalane.spec.errors import ConfigError
 from datalane.spec.limits import (
@@ -106,6 +109,23 @@ def _to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")
 
 
+def _check_pillow_globals(limits: ImageLimits) -> None:
+    """Pillow reads two process-wide settings while opening and loading: with
+    ``ImageFile.LOAD_TRUNCATED_IMAGES`` a truncated image decodes to grey-filled pixels
+    instead of failing, and ``Image.MAX_IMAGE_PIXELS`` under ``limits.max_pixels`` drops
+    (or, with warnings as errors, fails) images this bound keeps. Either would make the same
+    bytes give another result in this process than in the sidecar: refused, naming it."""
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise ConfigError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True in this process (set by "
+                          "some library or script): truncated images would decode to filled "
+                          "pixels here and fail elsewhere; set it back to False")
+    bound = Image.MAX_IMAGE_PIXELS
+    if bound is not None and bound < limits.max_pixels:
+        raise ConfigError(f"PIL.Image.MAX_IMAGE_PIXELS is {bound!r} in this process, under "
+                          f"images.max_pixels {limits.max_pixels:,}: images between the two "
+                          f"would be dropped here only; raise it or set it to None")
+
+
 def decode(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Image:
     """The RGB pixels of the encoded image ``data`` (JPEG, PNG or WebP; an animation's first
     frame). Raises :class:`BadImage`: ``image_too_large`` over ``limits`` (bytes checked
@@ -133,6 +153,7 @@ def decode(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Image:
         if scans > limits.max_scans:
             raise BadImage(IMAGE_TOO_LARGE, f"a JPEG of {scans:,} scans, over the limit of "
                                             f"{limits.max_scans:,}")
+    _check_pillow_globals(limits)
     try:
         im = Image.open(io.BytesIO(data), formats=[fmt])
     except Exception as e:  # any exception on hostile bytes is a bad image, by contract
