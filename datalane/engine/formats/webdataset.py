@@ -8,6 +8,13 @@ member whose extension ends in ``json`` is parsed as JSON (so a chat source can 
 conversations from ``.json`` members). A sample without that member is a ``missing_field``
 record; two members of one sample with the same extension a ``malformed_sample``.
 
+A source whose kind reads a record's parts together (``vision``: an image member, one of
+``jpg|jpeg|png|webp``, and a caption member; its configuration's ``document_parts``) gets a
+configured copy (:meth:`WebDataset.for_source`) that keeps every member of those extensions and
+decodes a sample to ``{part: bytes}``: a part without a member is ``missing_field``, a part
+in two members (``.jpg`` and ``.png``) ``malformed_sample``, one over the record bound
+``too_large``.
+
 A record's position is the byte offset of the sample's first tar header, so a document is
 re-read (and a lane resumed) by one seek. Plain tars are indexed at plan time by walking their
 512-byte headers (seeking over the members' data) and cut at sample boundaries into ranges of

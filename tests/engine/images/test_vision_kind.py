@@ -217,3 +217,26 @@ def test_the_generated_corpus_gives_the_same_windows_for_any_workers_and_world(
 
     want = [process(data, ImageRule()).tokens for _, data in corpus_images(image_corpus)]
     assert sorted(runs) == sorted(want)
+
+
+def test_the_hostile_shard_is_counted_by_reason(image_corpus: ImageCorpus) -> None:
+    """Every hostile image of the corpus (``hostile/``, ``.img`` members) is a bad record of the
+    reason hostile.json gives it; the valid but awkward ones (CMYK, 16-bit grey, palette,
+    EXIF-rotated, animated WebP) are documents."""
+    import json
+    from collections import Counter
+
+    with open(Path(image_corpus.hostile).parent / "hostile.json") as f:
+        reasons: dict[str, str | None] = json.load(f)
+    recipe = load_recipe({
+        "lanes": 1, "global_batch_size": 1, "seq_len": 8191,
+        "tokenizer": {"uri": image_corpus.tokenizer}, "packing": {"algorithm": "bestfit"},
+        "sources": [{"name": "hostile", "uris": [image_corpus.hostile],
+                     "vision": {"image_field": ["img"]}}]})
+    with Loader(recipe, 0, 1) as loader:
+        while not loader.next_step().ended:
+            pass
+        counters = loader.counters()
+    bad = Counter(r for r in reasons.values() if r is not None)
+    assert counters.skipped == dict(bad)
+    assert counters.kept == sum(r is None for r in reasons.values()) == 6
