@@ -173,14 +173,18 @@ def test_a_tokenizer_without_the_vision_tokens_is_refused(shard) -> None:
         Plan.build(_recipe([str(path)], 150, tokenizer=tokenizer_path()))
 
 
-def _windows(corpus: ImageCorpus, world: int, workers: int) -> list[list[dict[str, bytes]]]:
-    """Each step's columns of every lane, lane by lane (world ranks concatenated)."""
-    recipe = load_recipe({
-        "lanes": 2, "global_batch_size": 4, "seq_len": 2047,
+def _corpus_recipe(corpus: ImageCorpus, batch: int = 4, seq_len: int = 2047) -> Recipe:
+    return load_recipe({
+        "lanes": 2, "global_batch_size": batch, "seq_len": seq_len,
         "tokenizer": {"uri": corpus.tokenizer}, "packing": {"algorithm": "bestfit"},
         "shuffle": {"block_size": 4},
         "sources": [{"name": "pairs", "uris": [f"{corpus.root}/*.tar"], "vision": {},
                      "chunk_rows": 5}]})
+
+
+def _windows(corpus: ImageCorpus, world: int, workers: int) -> list[list[dict[str, bytes]]]:
+    """Each step's columns of every lane, lane by lane (world ranks concatenated)."""
+    recipe = _corpus_recipe(corpus)
     loaders = [Loader(recipe, r, world, Knobs(workers=workers)) for r in range(world)]
     out: list[list[dict[str, bytes]]] = []
     try:
@@ -217,6 +221,27 @@ def test_the_generated_corpus_gives_the_same_windows_for_any_workers_and_world(
 
     want = [process(data, ImageRule()).tokens for _, data in corpus_images(image_corpus)]
     assert sorted(runs) == sorted(want)
+
+
+def test_a_restored_lane_continues_exactly(image_corpus: ImageCorpus) -> None:
+    """Resumed after each step, the loader gives the steps the unbroken one gave: the
+    bestfit carry-over's documents are re-read by reference (their image parts again)."""
+    recipe = _corpus_recipe(image_corpus, 2, 1279)  # the largest image: 1,152 placeholders
+    with Loader(recipe) as loader:
+        whole, states = [], []
+        while True:
+            states.append(loader.state_dict())
+            step = loader.next_step()
+            whole.append(step.columns["input_ids"].tobytes())
+            if step.ended:
+                break
+    assert len(whole) >= 5 and loader.counters().skipped == {}
+    for k in range(1, len(whole)):
+        with Loader(recipe) as again:
+            again.load_state_dict(states[k])
+            got = [again.next_step().columns["input_ids"].tobytes()
+                   for _ in range(len(whole) - k)]
+        assert got == whole[k:], f"resumed at step {k}"
 
 
 def test_the_hostile_shard_is_counted_by_reason(image_corpus: ImageCorpus) -> None:
