@@ -27,7 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ImageCorpus", "hostile_images", "make_image_corpus", "synthetic_image"]
+__all__ = ["VISION_TOKENS", "ImageCorpus", "hostile_images", "make_image_corpus",
+           "synthetic_image", "write_vision_tokenizer"]
+
+#: Qwen's vision special tokens (torchtitan/models/qwen3_5/__init__.py), which
+#: :func:`write_vision_tokenizer` adds to datalane's bundled tokenizer.
+VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>",
+                 "<|endoftext|>")
 
 _EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
 _WORDS = ("a", "red", "blue", "green", "small", "large", "bright", "dark", "square", "circle",
@@ -41,6 +47,7 @@ class ImageCorpus:
     shards: list[str]  # WebDataset tar shards of the valid images, in order
     parquet: str  # the same images and captions in one Parquet file
     hostile: str  # a WebDataset shard of hostile images in hostile/ (reasons in hostile.json)
+    tokenizer: str  # datalane's bundled tokenizer with the vision tokens (VISION_TOKENS)
     keys: list[str]
     sizes: list[tuple[int, int]]  # (width, height) of each image, in key order
     encoded_bytes: int  # the valid images' encoded bytes, in all
@@ -154,6 +161,20 @@ def _tar(path: str, members: list[tuple[str, bytes]]) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
+def write_vision_tokenizer(path: str) -> str:
+    """Write datalane's bundled tokenizer with :data:`VISION_TOKENS` added (as special tokens,
+    never split) to ``path``; returns ``path``. The same bytes every time."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from datalane.corpus import tokenizer_path
+
+    tok = Tokenizer.from_file(tokenizer_path())
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in VISION_TOKENS])
+    tok.save(path)
+    return path
+
+
 def _caption(rng: random.Random) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 24)))
 
@@ -203,4 +224,5 @@ def make_image_corpus(root: str, images: int = 64, seed: int = 29, per_shard: in
                    for m in ((f"{n}.img", data), (f"{n}.txt", n.encode()))])
     with open(os.path.join(root, "hostile", "hostile.json"), "w") as f:
         json.dump({n: reason for n, (_, reason) in samples.items()}, f, indent=1, sort_keys=True)
-    return ImageCorpus(root, shards, parquet, hostile, keys, sizes, total)
+    tokenizer = write_vision_tokenizer(os.path.join(root, "tokenizer.json"))
+    return ImageCorpus(root, shards, parquet, hostile, tokenizer, keys, sizes, total)

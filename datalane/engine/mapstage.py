@@ -70,6 +70,9 @@ class MapResult:
     # indexes of the records set aside (status not None), ascending
     bounds: list[int]
     set_aside: list[int]
+    #: a kind that ``attaches``: each record's rendered value (vision: its image's patches),
+    #: None for records set aside; None for other kinds
+    attached: list[Any] | None = None
 
     @property
     def tokens(self) -> np.ndarray:
@@ -95,8 +98,11 @@ class MapStage:
 
     def __init__(self, field: str, filters: Filters, kind: DocumentKind,
                  columns: Sequence[Column] = _TEXT_COLUMNS,
-                 policy: CodePolicy | None = None) -> None:
+                 policy: CodePolicy | None = None, longest: int | None = None) -> None:
+        """``longest``: a kind whose documents are never split (vision) sets a document of
+        more tokens aside as ``too_long`` (a sequence's tokens, seq_len + 1)."""
         self.field = field
+        self.longest = longest
         self.filters = filters
         self.kind = kind
         self.columns = tuple(columns)  # the schema's document columns, input_ids first
@@ -144,7 +150,14 @@ class MapStage:
                 keep = list(range(n))
         if got is None:
             keep = self._render(records, formats, status, detail, docs)
-        return self._finish(n, keep, got, docs, status, detail)
+        result = self._finish(n, keep, got, docs, status, detail)
+        if self.kind.attaches:
+            attached: list[Any] = [None] * n
+            for k, i in enumerate(keep):
+                if status[i] is None:
+                    attached[i] = docs[k].value
+            result.attached = attached
+        return result
 
     def _render(self, records: list[Record], formats: Sequence[Format],
                 status: list[str | None], detail: list[str | None],
@@ -187,6 +200,11 @@ class MapStage:
                     status[i] = "min_tokens"
                 elif f.max_tokens is not None and length > f.max_tokens:
                     status[i] = "max_tokens"
+                elif self.longest is not None and int(offs[k + 1] - offs[k]) > self.longest:
+                    status[i] = "too_long"
+                    detail[i] = (f"the document's {int(offs[k + 1] - offs[k])} tokens do not "
+                                 f"fit a sequence of {self.longest}, and its kind's documents "
+                                 f"are never split")
             kept = np.array([status[i] is None for i in keep], dtype=bool)
             doc_lens = np.diff(offs)
             columns = {}

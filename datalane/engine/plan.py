@@ -110,7 +110,10 @@ class Plan:
         policy = policy if policy is not None else CodePolicy.from_env()
         policy.check_recipe(self.recipe)
         columns = self.schema.document_columns()
-        return [MapStage(sp.spec.field, sp.filters, sp.kind, columns, policy)
+        whole = self.recipe.sequence_tokens  # for kinds whose documents are never split
+        return [MapStage(sp.spec.field, sp.filters, sp.kind, columns, policy,
+                         whole if getattr(sp.spec.kind_config, "whole_documents", False)
+                         else None)
                 for sp in self.sources]
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from datalane.spec.seams import engine_path
 
-__all__ = ["COMPRESSIONS", "DECLARED", "FORMATS", "FORMAT_NAMES", "TOKEN_FORMATS",
-           "UNSUPPORTED", "FormatSpec", "compression_of", "declared", "directory_formats",
-           "format_reference", "infer_format", "unsupported_compression"]
+__all__ = ["COMPRESSIONS", "DECLARED", "FORMATS", "FORMAT_NAMES", "PART_FORMATS",
+           "TOKEN_FORMATS", "UNSUPPORTED", "FormatSpec", "compression_of", "declared",
+           "directory_formats", "format_reference", "infer_format", "unsupported_compression"]
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 #: Compressions datalane refuses by name (reading them as text would give garbage records).
@@ -37,6 +37,9 @@ class FormatSpec:
     name: str  # what a recipe's ``format:`` names (and the engine's registry key)
     extensions: tuple[str, ...]  # that infer it, under any compression suffix; may be none
     token_ids: bool = False  # records are token ids and nothing else: a source sets ``tokens``
+    #: reads several fields of a record together, for a kind whose configuration names
+    #: ``document_parts`` (a vision source's image and caption members)
+    parts: bool = False
     #: what the reference calls a dataset directory of this format (``MDS``), or None when the
     #: format has none; an inferred directory is tried by each such format in ``probe`` order
     directory: str | None = None
@@ -75,7 +78,8 @@ DECLARED: tuple[FormatSpec, ...] = (
     FormatSpec("mds", (".mds",), directory="MDS", probe=0),
     # a Lance dataset directory (pylance: pip install 'datalane[lance]')
     FormatSpec("lance", (".lance",), directory="Lance", probe=2),
-    FormatSpec("webdataset", (".tar",)),  # WebDataset tars: samples of members sharing a key
+    # WebDataset tars: samples of members sharing a key (a vision source reads two of them)
+    FormatSpec("webdataset", (".tar",), parts=True),
     # Arrow IPC files, as Hugging Face datasets' save_to_disk writes them
     FormatSpec("hf", (".arrow",), directory="HF", probe=1),
 )
@@ -87,6 +91,8 @@ PROTOCOL_EXTRAS = {"hf": "huggingface_hub: pip install 'datalane[hf]'"}
 FORMAT_NAMES = tuple(f.name for f in DECLARED)
 #: Formats whose records are token ids and nothing else: a source of them sets ``tokens``.
 TOKEN_FORMATS = frozenset(f.name for f in DECLARED if f.token_ids)
+#: Formats that read a document's parts from several fields of a record (vision sources).
+PART_FORMATS = frozenset(f.name for f in DECLARED if f.parts)
 
 
 def declared(name: str) -> FormatSpec:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Literal
 
 from datalane.spec.seams import engine_path
 
-__all__ = ["DECLARED", "PACKER_NAMES", "PackerName", "PackerSpec", "packing_reference"]
+__all__ = ["DECLARED", "PACKER_NAMES", "WHOLE_PACKERS", "PackerName", "PackerSpec",
+           "packing_reference"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,9 @@ class PackerSpec:
 
     name: str  # what ``packing.algorithm`` names (and the engine's registry key)
     summary: str  # what it does, for the recipe reference
+    #: a document of at most a sequence's tokens always lands whole in one sequence (what a
+    #: kind whose documents may not be split, vision, needs)
+    whole: bool = False
     #: ``module:attribute`` of the engine's class ("": ``datalane.engine.packers.<name>``,
     #: attribute ``PACKER``)
     implementation: str = ""
@@ -36,9 +40,11 @@ class PackerSpec:
 DECLARED: tuple[PackerSpec, ...] = (
     PackerSpec("wrap", "concatenate documents and cut"),
     PackerSpec("bestfit", "documents never cross sequences (longer ones are split), placed by "
-                          "best fit into a bounded set of open sequences"),
+                          "best fit into a bounded set of open sequences", whole=True),
 )
 PACKER_NAMES = tuple(p.name for p in DECLARED)
+#: Packers that never split a document that fits a sequence.
+WHOLE_PACKERS = tuple(p.name for p in DECLARED if p.whole)
 
 if TYPE_CHECKING:
     PackerName = str

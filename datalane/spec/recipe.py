@@ -19,13 +19,20 @@ from typing import Any, Literal
 from datalane.spec import model
 from datalane.spec.chat import ChatSpec
 from datalane.spec.errors import ConfigError
-from datalane.spec.formats import FORMAT_NAMES, TOKEN_FORMATS, format_reference, infer_format
+from datalane.spec.formats import (
+    FORMAT_NAMES,
+    PART_FORMATS,
+    TOKEN_FORMATS,
+    format_reference,
+    infer_format,
+)
 from datalane.spec.integrity import MAX_DEPTH, check_depth, parse_json, parse_text, read_bytes
 from datalane.spec.lanes import nearest_multiples
 from datalane.spec.model import doc
-from datalane.spec.packing import PACKER_NAMES, PackerName, packing_reference
+from datalane.spec.packing import PACKER_NAMES, WHOLE_PACKERS, PackerName, packing_reference
 from datalane.spec.phases import Phase, check_phases
 from datalane.spec.tokens import TokensSpec
+from datalane.spec.vision import VisionSpec
 
 __all__ = [
     "Filters",
@@ -130,6 +137,11 @@ class Source:
         "tokenizer's vocabulary, never tokenized again) instead of text; required for the "
         "`megatron` and `flatbin` formats; null: plain text in `text_field`.",
         default=None, omit_default=True)
+    vision: VisionSpec | None = doc(
+        "Read the source as image-caption pairs (WebDataset: an image member and a caption "
+        "member per sample): each document is the image's placeholder tokens, then its "
+        "caption; the image's patches travel with it (docs/vlm.md). Needs `packing.algorithm: "
+        "bestfit`; null: plain text in `text_field`.", default=None, omit_default=True)
 
     @property
     def kind_config(self) -> Any:
@@ -148,10 +160,25 @@ class Source:
         config = self.kind_config
         return str(config.document_field) if config is not None else self.text_field
 
+    @property
+    def kind_field(self) -> str:
+        """The name of the field holding the kind's configuration (``chat``, ...), or
+        ``text``."""
+        config = self.kind_config
+        return next((f.name for f in dataclasses.fields(self)
+                     if config is not None and getattr(self, f.name) is config), "text")
+
     def validate(self, where: str) -> None:
+        named = {self.format} if self.format is not None else {
+            infer_format(u) for u in self.uris}
+        if hasattr(self.kind_config, "document_parts"):
+            other = sorted(f for f in named if f is not None and f not in PART_FORMATS)
+            if other:
+                raise ConfigError(
+                    f"{_at(where, self.kind_field)}: a {self.kind_field} document is read from "
+                    f"several fields of a record at once, which the {other[0]} format does "
+                    f"not do; use {' or '.join(sorted(PART_FORMATS))} files")
         if self.tokens is None:
-            named = {self.format} if self.format is not None else {
-                infer_format(u) for u in self.uris}
             ids_only = sorted(f for f in named if f in TOKEN_FORMATS)
             if ids_only:
                 raise ConfigError(
@@ -297,6 +324,14 @@ class Recipe:
                 raise ConfigError(f"{_at(where, f'sources[{i}].name')} {src.name!r} is used by "
                                   f"another source; names must be unique")
             seen.add(src.name)
+        for i, src in enumerate(self.sources):
+            if getattr(src.kind_config, "whole_documents", False) and \
+                    self.packing.algorithm not in WHOLE_PACKERS:
+                raise ConfigError(
+                    f"{_at(where, f'sources[{i}].{src.kind_field}')}: its documents must never "
+                    f"be split across sequences, but {_at(where, 'packing.algorithm')} "
+                    f"{self.packing.algorithm!r} cuts documents anywhere; use "
+                    f"{' or '.join(repr(p) for p in WHOLE_PACKERS)}")
         check_phases(self, where)
         validate_streams(self, where)
 

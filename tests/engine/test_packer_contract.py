@@ -17,7 +17,7 @@ import pytest
 
 from datalane.engine.documents.base import Run
 from datalane.engine.packers import PACKERS
-from datalane.spec.packing import DECLARED, PACKER_NAMES
+from datalane.spec.packing import DECLARED, PACKER_NAMES, WHOLE_PACKERS
 from tests.stages.test_packers import SIZE, Feed, packer_of, run
 
 LENGTHS = [5, 3, 6, 2, 7, 19, 1, 4, 8, 11, 2, 2, 6, 3, 9, 1, 5, 16, 8, 1]
@@ -40,6 +40,18 @@ def test_every_token_appears_exactly_once(algorithm: str, masks: bool) -> None:
         assert covered == list(range(n)), (
             f"{algorithm}: document {k} of {n} tokens comes out as pieces {mine}")
     assert {doc for doc, _, _ in pieces} == set(range(len(LENGTHS)))
+
+
+@pytest.mark.parametrize("algorithm", WHOLE_PACKERS)
+def test_a_whole_packer_never_splits_a_document_that_fits(algorithm: str) -> None:
+    """A packer declared ``whole`` (what a vision source needs: an image's placeholder run
+    may not cross sequences) puts every document of at most ``SIZE`` tokens in one piece."""
+    assert WHOLE_PACKERS == ("bestfit",)
+    pieces = [p for seq in run(packer_of(algorithm, Feed(LENGTHS), bins=3)[0]) for p in seq]
+    for k, n in enumerate(LENGTHS):
+        mine = sorted((start, stop) for doc, start, stop in pieces if doc == k)
+        if n <= SIZE:
+            assert mine == [(0, n)], f"{algorithm}: document {k} of {n} tokens split: {mine}"
 
 
 @pytest.mark.parametrize("masks", [False, True])

@@ -17,15 +17,20 @@ from typing import Any
 import numpy as np
 
 from datalane.corpus import tokenizer_path
+from datalane.corpus_images import hostile_images
 
 __all__ = ["FIXTURES", "KindFixture"]
 
 CHAT = Path(__file__).resolve().parent.parent / "data" / "chat"
+#: datalane's bundled tokenizer with Qwen's vision tokens
+#: (:func:`datalane.corpus_images.write_vision_tokenizer`)
+VISION_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "vision" / "tokenizer.json"
 
 
 @dataclass(frozen=True)
 class KindFixture:
-    source: dict[str, Any]  # the recipe source's kind settings (``{"chat": {...}}``; {}: text)
+    source: dict[str, Any]  # the recipe source's kind settings (``{"chat": {...}}``; {}: text;
+    # and ``uris`` where the kind needs a format that can read it)
     tokenizer: str
     good: list[Any]
     bad: Any
@@ -34,6 +39,19 @@ class KindFixture:
 def _turns(k: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"question {k}?"},
             {"role": "assistant", "content": "answer " * (k % 4 + 1)}]
+
+
+def _image(k: int) -> bytes:
+    """A small JPEG of 48 x (40 + 8k) pixels."""
+    import io
+
+    from PIL import Image
+
+    from datalane.corpus_images import synthetic_image
+
+    buf = io.BytesIO()
+    Image.fromarray(synthetic_image(k, 48, 40 + 8 * k)).save(buf, "JPEG")
+    return buf.getvalue()
 
 
 FIXTURES: dict[str, KindFixture] = {
@@ -48,4 +66,9 @@ FIXTURES: dict[str, KindFixture] = {
     "tokens": KindFixture({"tokens": {}}, tokenizer_path(),
                           [np.array(ids) for ids in ([1, 2, 3], [7], [100, 200, 300, 400, 5])],
                           np.array([1, -3])),
+    # as a WebDataset source decodes them: the image member's and the caption member's bytes
+    "vision": KindFixture({"uris": ["x.tar"], "vision": {}}, str(VISION_TOKENIZER),
+                          [{"image": _image(k), "text": f"caption {k} ".encode() * k}
+                           for k in range(3)],
+                          {"image": hostile_images()["truncated_jpeg"][0], "text": b"a cat"}),
 }

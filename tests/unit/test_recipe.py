@@ -367,11 +367,14 @@ def test_schema_is_strict_and_describes_every_field() -> None:
     objects = dict(_objects(schema))
     assert set(objects) == {"recipe", "recipe.tokenizer", "recipe.sources[]",
                             "recipe.sources[].filters", "recipe.sources[].chat",
-                            "recipe.sources[].tokens",
+                            "recipe.sources[].tokens", "recipe.sources[].vision",
+                            "recipe.sources[].vision.resize", "recipe.sources[].vision.limits",
                             "recipe.filters", "recipe.packing", "recipe.shuffle",
                             "recipe.eval[]", "recipe.eval[].sources[]",
                             "recipe.eval[].sources[].filters", "recipe.eval[].sources[].chat",
-                            "recipe.eval[].sources[].tokens", "recipe.phases[]"}
+                            "recipe.eval[].sources[].tokens", "recipe.eval[].sources[].vision",
+                            "recipe.eval[].sources[].vision.resize",
+                            "recipe.eval[].sources[].vision.limits", "recipe.phases[]"}
     for path, obj in objects.items():
         assert obj["additionalProperties"] is False, path
         assert obj["description"].strip(), path

@@ -22,7 +22,11 @@ import numpy as np
 
 from datalane.spec.schema import Column
 
-__all__ = ["Doc", "DocumentKind", "KindBase", "Rendered", "Run", "Tokenized"]
+__all__ = ["LOSS_MASK", "Doc", "DocumentKind", "KindBase", "Rendered", "Run", "Tokenized"]
+
+#: The loss-mask column (chat, vision): 1 where the trainer learns the token. Documents of
+#: other kinds in the same recipe get the default 1 (trained on every token); padding gets 0.
+LOSS_MASK = Column("loss_mask", "uint8", pad=0, default=1)
 
 Tokenized = tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]
 """``(flat columns, offsets (n+1,), raw lengths (n,))``: document ``i`` is
@@ -48,6 +52,9 @@ class DocumentKind(Protocol):
     has_text: bool
     #: whether :meth:`tokenize_values` checks and tokenizes a whole task's values at once
     tokenizes_values: bool
+    #: whether a rendered document's ``value`` (vision: its image's patches) is kept with the
+    #: map result, one entry per document (:attr:`MapResult.attached`)
+    attaches: bool
 
     def identity(self) -> dict[str, Any]:
         """What the fingerprint must cover beyond the recipe (a template's hash); {} if none."""
@@ -73,6 +80,7 @@ class KindBase:
     columns: tuple[Column, ...] = ()
     has_text: bool = True
     tokenizes_values: bool = False
+    attaches: bool = False
 
     def identity(self) -> dict[str, Any]:
         return {}

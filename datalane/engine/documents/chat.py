@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import KindBase, Rendered, Tokenized
+from datalane.engine.documents.base import LOSS_MASK, KindBase, Rendered, Tokenized
 from datalane.engine.documents.chat_template import (
     ChatTemplate,
     find_template,
@@ -55,9 +55,6 @@ from datalane.spec.schema import Column
 __all__ = ["LOSS_MASK", "ROLES", "ChatKind"]
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
-#: The column chat adds: 1 where the trainer learns the token. Documents of other kinds in the
-#: same recipe get the default 1 (trained on every token); padding gets 0.
-LOSS_MASK = Column("loss_mask", "uint8", pad=0, default=1)
 
 
 class ChatKind(KindBase):

@@ -12,7 +12,7 @@ from datalane.engine.documents.base import KindBase, Rendered, Tokenized
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.schema import Column
 
-__all__ = ["TextKind", "unencodable"]
+__all__ = ["TextKind", "text_value", "unencodable"]
 
 
 def unencodable(text: str) -> str | None:
@@ -23,6 +23,24 @@ def unencodable(text: str) -> str | None:
     except UnicodeEncodeError as e:
         return f"holds the lone surrogate U+{ord(text[e.start]):04X} at character {e.start}"
     return None
+
+
+def text_value(value: Any, label: str) -> tuple[str | None, str, str]:
+    """``(text, "", "")`` for a string or UTF-8 bytes a tokenizer takes, else ``(None, reason,
+    detail)`` (``non_utf8``, ``not_text``, ``invalid_unicode``), ``label`` naming the value in
+    the detail (``field 'text'``). Callers: the text and vision kinds."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return None, "non_utf8", f"invalid UTF-8 at byte {e.start} of the value"
+    if not isinstance(value, str):
+        return None, "not_text", f"{label} holds {type(value).__name__}"
+    if not value.isascii():
+        problem = unencodable(value)
+        if problem is not None:
+            return None, "invalid_unicode", f"{label} {problem}"
+    return value, "", ""
 
 
 class TextKind(KindBase):
@@ -38,20 +56,12 @@ class TextKind(KindBase):
         self.source = source  # its name, in the tokenizer's unknown-token warning
 
     def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
-        if isinstance(value, bytes):
-            try:
-                value = value.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return None, "non_utf8", f"invalid UTF-8 at byte {e.start} of the value"
-        if not isinstance(value, str):
-            return None, "not_text", f"field {self.field!r} holds {type(value).__name__}"
-        if not value:
+        text, reason, detail = text_value(value, f"field {self.field!r}")
+        if text is None:
+            return None, reason, detail
+        if not text:
             return None, "empty_text", f"field {self.field!r} is empty"
-        if not value.isascii():
-            problem = unencodable(value)
-            if problem is not None:
-                return None, "invalid_unicode", f"field {self.field!r} {problem}"
-        return Rendered(value), None, None
+        return Rendered(text), None, None
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
         flat, offsets, lengths = self.tokenizer.encode([d.text for d in docs], self.source)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from datalane.engine.formats.base import MISSING, Format, FormatBase, FormatReader
 from datalane.engine.seams import load_declared
-from datalane.spec.formats import DECLARED, FormatSpec
+from datalane.spec.errors import ConfigError
+from datalane.spec.formats import DECLARED, PART_FORMATS, FormatSpec
 
 if TYPE_CHECKING:
     from datalane.spec.recipe import Source
@@ -40,6 +41,13 @@ def format_named(name: str) -> Format:
 
 def format_for(name: str, source: Source | None) -> Format:
     """The format ``name`` as ``source`` reads it (:meth:`Format.for_source`: a configured
-    copy, or ConfigError when the source cannot read it at all)."""
+    copy, or ConfigError when the source cannot read it at all: a kind that reads a record's
+    parts together, vision, from a format that does not declare ``parts``)."""
     fmt = FORMATS[name]
-    return fmt if source is None else fmt.for_source(source)
+    if source is None:
+        return fmt
+    if name not in PART_FORMATS and hasattr(source.kind_config, "document_parts"):
+        raise ConfigError(f"source {source.name!r}: a {source.kind_field} document is read "
+                          f"from several fields of a record at once, which the {name} format "
+                          f"does not do; use {' or '.join(sorted(PART_FORMATS))} files")
+    return fmt.for_source(source)

@@ -8,6 +8,13 @@ member whose extension ends in ``json`` is parsed as JSON (so a chat source can 
 conversations from ``.json`` members). A sample without that member is a ``missing_field``
 record; two members of one sample with the same extension a ``malformed_sample``.
 
+A source whose kind reads a record's parts together (``vision``: an image member, one of
+``jpg|jpeg|png|webp``, and a caption member; its configuration's ``document_parts``) gets a
+configured copy (:meth:`WebDataset.for_source`) that keeps every member of those extensions and
+decodes a sample to ``{part: bytes}``: a part without a member is ``missing_field``, a part
+in two members (``.jpg`` and ``.png``) ``malformed_sample``, one over the record bound
+``too_large``.
+
 A record's position is the byte offset of the sample's first tar header, so a document is
 re-read (and a lane resumed) by one seek. Plain tars are indexed at plan time by walking their
 512-byte headers (seeking over the members' data) and cut at sample boundaries into ranges of
@@ -34,7 +41,7 @@ import re
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -43,6 +50,9 @@ from datalane.engine.files import SourceFile
 from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Ref
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES, TOO_LARGE
+
+if TYPE_CHECKING:
+    from datalane.spec.recipe import Source
 
 __all__ = ["WEBDATASET", "TarMember", "WdsSample", "scan_samples", "split_key"]
 
@@ -250,25 +260,33 @@ def scan_samples(sf: SourceFile) -> tuple[np.ndarray, int]:
 @dataclass(frozen=True)
 class WdsSample:
     """A raw record: the selected member's bytes (None: no such member, or one too large to
-    read) and the sample's extensions, in member order."""
+    read) and the sample's extensions, in member order. A reader of parts (a vision source)
+    keeps every selected member: ``parts`` maps each extension read to its bytes (None: over
+    ``MAX_RECORD_BYTES``, its size in ``sizes``)."""
 
     key: str
     data: bytes | None
     extensions: tuple[str, ...]
     duplicate: str | None = None
     oversize: int | None = None  # the selected member's size, when over MAX_RECORD_BYTES
+    parts: dict[str, bytes | None] | None = None
+    sizes: dict[str, int] | None = None
 
 
 class WebDatasetReader:
-    """Samples of one source's tars (the member whose extension is the source's field)."""
+    """Samples of one source's tars (the member whose extension is the source's field, or
+    every member whose extension is one of ``wanted``)."""
 
-    def __init__(self, files: list[SourceFile], field: str) -> None:
+    def __init__(self, files: list[SourceFile], field: str,
+                 wanted: frozenset[str] | None = None) -> None:
         self._files = files
         self._ext = field.lower()
+        self._wanted = wanted
 
     def _samples(self, file: int, pos: int, stop: int) -> Iterator[tuple[int, WdsSample]]:
         """Samples starting at ``pos`` (a sample boundary) before byte ``stop`` (-1: all)."""
         sf = self._files[file]
+        wanted = self._wanted
         f, tape = _open(sf, pos)
         with f:
             key: str | None = None
@@ -277,27 +295,42 @@ class WebDatasetReader:
             exts: list[str] = []
             dup: str | None = None
             over: int | None = None
+            parts: dict[str, bytes | None] = {}
+            sizes: dict[str, int] = {}
+
+            def sample() -> WdsSample:
+                assert key is not None
+                if wanted is None:
+                    return WdsSample(key, data, tuple(exts), dup, over)
+                return WdsSample(key, None, tuple(exts), dup, None, parts, sizes)
+
             for m in _members(tape, sf.size if sf.compression is None else None):
                 got = split_key(m.name)
                 if got is None:
                     continue
                 if got[0] != key:
                     if key is not None:
-                        yield start, WdsSample(key, data, tuple(exts), dup, over)
+                        yield start, sample()
                     if 0 <= stop <= m.offset:
                         return
                     key, start, data, exts, dup, over = got[0], m.offset, None, [], None, None
+                    parts, sizes = {}, {}
                 ext = got[1]
                 if ext in exts and dup is None:
                     dup = ext
-                if ext == self._ext and ext not in exts:
+                if wanted is not None:
+                    if ext in wanted and ext not in exts:
+                        sizes[ext] = m.size
+                        parts[ext] = (None if m.size > MAX_RECORD_BYTES
+                                      else tape.read_at(m.data, m.size))
+                elif ext == self._ext and ext not in exts:
                     if m.size > MAX_RECORD_BYTES:
                         over = m.size  # never read: the walk seeks (or streams) past it
                     else:
                         data = tape.read_at(m.data, m.size)
                 exts.append(ext)
             if key is not None:
-                yield start, WdsSample(key, data, tuple(exts), dup, over)
+                yield start, sample()
 
     def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
         return self._samples(chunk.file, chunk.start if start is None else start, chunk.stop)
@@ -322,9 +355,18 @@ class WebDatasetReader:
 
 
 class WebDataset(FormatBase):
+    """WebDataset tars; :meth:`for_source` configures a copy that reads a kind's parts."""
+
     name = "webdataset"
     unit = "byte"
     bad_reasons = frozenset({"missing_field", "malformed_sample", "malformed_json", TOO_LARGE})
+
+    def __init__(self, parts: dict[str, tuple[str, ...]] | None = None) -> None:
+        self._parts = parts
+
+    def for_source(self, source: Source) -> WebDataset:
+        parts = getattr(source.kind_config, "document_parts", None)
+        return WebDataset(dict(parts)) if parts else self
 
     def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
             chunk_rows: int | None) -> list[Chunk]:
@@ -342,13 +384,18 @@ class WebDataset(FormatBase):
         return [Chunk(index, a, b) for a, b in itertools.pairwise(bounds)]
 
     def reader(self, files: list[SourceFile], field: str) -> WebDatasetReader:
-        return WebDatasetReader(files, field)
+        if self._parts is None:
+            return WebDatasetReader(files, field)
+        wanted = frozenset(e for exts in self._parts.values() for e in exts)
+        return WebDatasetReader(files, field, wanted)
 
     def decode(self, raw: Any, field: str) -> Decoded:
         sample: WdsSample = raw
         if sample.duplicate is not None:
             return None, "malformed_sample", (f"sample {sample.key!r} has two members with the "
                                               f"extension {sample.duplicate!r}")
+        if self._parts is not None:
+            return self._decode_parts(sample)
         if sample.oversize is not None:
             return None, TOO_LARGE, (f"sample {sample.key!r}: its .{field.lower()} member holds "
                                      f"{sample.oversize} bytes, more than the "
@@ -356,10 +403,44 @@ class WebDataset(FormatBase):
         if sample.data is None:
             return None, "missing_field", (f"sample {sample.key!r} has no .{field.lower()} "
                                            f"member")
-        if not field.lower().endswith("json"):
-            return sample.data, None, None
+        return self._value(sample.data, field.lower())
+
+    def _decode_parts(self, sample: WdsSample) -> Decoded:
+        """``{part: value}``: for each part, the bytes of the one member holding it (parsed
+        when its extension ends in ``json``)."""
+        assert self._parts is not None
+        found = sample.parts or {}
+        out: dict[str, Any] = {}
+        for part, exts in self._parts.items():
+            present = [e for e in exts if e in found]
+            names = ", ".join(f".{e}" for e in exts)
+            if not present:
+                return None, "missing_field", (f"sample {sample.key!r} has no {part} member "
+                                               f"({names})")
+            if len(present) > 1:
+                return None, "malformed_sample", (
+                    f"sample {sample.key!r} has {len(present)} {part} members "
+                    f"({', '.join(f'.{e}' for e in present)}); it may hold one")
+            ext = present[0]
+            data = found[ext]
+            if data is None:
+                size = (sample.sizes or {}).get(ext, 0)
+                return None, TOO_LARGE, (f"sample {sample.key!r}: its .{ext} member holds "
+                                         f"{size} bytes, more than the {MAX_RECORD_BYTES} a "
+                                         f"record may hold")
+            value, reason, detail = self._value(data, ext)
+            if reason is not None:
+                return None, reason, f"sample {sample.key!r}, .{ext}: {detail}"
+            out[part] = value
+        return out, None, None
+
+    @staticmethod
+    def _value(data: bytes, ext: str) -> Decoded:
+        """A member's value: its bytes, or parsed JSON for an extension ending in ``json``."""
+        if not ext.endswith("json"):
+            return data, None, None
         try:
-            return json.loads(sample.data), None, None
+            return json.loads(data), None, None
         except UnicodeDecodeError as e:
             return None, "malformed_json", f"invalid UTF-8 at byte {e.start} of the JSON member"
         except RecursionError:

@@ -1,0 +1,128 @@
+"""Image-caption documents: an image's placeholder run, then its caption (docs/vlm.md).
+
+The field value is what a format reads for a vision source's parts (:mod:`datalane.spec.vision`):
+``{"image": bytes, "text": bytes | str}``. :class:`VisionKind` renders the caption (UTF-8,
+trailing whitespace stripped: what the filters see) and runs the image through
+:func:`datalane.engine.images.process` on the worker thread: decode within the recipe's limits,
+resize, patchify. The rendered document's ``value`` is the image's :class:`Patches` (uint8, one
+frame: ``repeat_frames=False``, the client repeats it), kept with the map result
+(``attaches``) so that the per-image columns can be built from it.
+
+**Tokens** (as TorchTitan's ``insert_vision_placeholders``, the image first as in a CC12M
+pair): ``[BOS] vision_start image_token x N vision_end caption [EOS]`` where
+``N = t * h * w / merge_size**2`` and BOS / EOS follow the recipe's ``tokenizer.add_bos`` /
+``add_eos``; the caption is tokenized alone with ``add_special_tokens`` off (TorchTitan encodes
+the joined string, in which the added vision tokens split the caption off the same way). The
+ids of the three vision tokens come from the recipe's tokenizer by the names the source gives
+(Qwen's by default); a tokenizer without them is a ConfigError. ``loss_mask`` is 0 on the
+three vision tokens and 1 elsewhere (TorchTitan's labels -100 on them). A document's raw length
+(what token filters see) is its placeholder run plus its caption tokens, without BOS and EOS.
+
+**Bad records** (the ``bad_records`` policy applies; each detail names the problem): the image
+reasons of :data:`datalane.spec.limits.IMAGE_REASONS` (one bad image sets the document aside,
+as TorchTitan drops the sample), ``non_utf8`` / ``not_text`` / ``invalid_unicode`` for a
+caption that is no text, ``vision_token_in_text`` for a caption holding one of the vision
+tokens' text (it would add a placeholder the image does not have; the model refuses a run of
+the wrong length).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from datalane.engine.documents.base import LOSS_MASK, KindBase, Rendered, Tokenized
+from datalane.engine.documents.text import text_value
+from datalane.engine.images import BadImage, ImageLimits, ImageRule, PatchRule, ResizeRule, process
+from datalane.engine.tokenize import TokenizerHandle
+from datalane.spec.errors import ConfigError
+from datalane.spec.limits import IMAGE_REASONS
+from datalane.spec.schema import Column
+from datalane.spec.vision import VisionSpec
+
+__all__ = ["VisionKind", "image_rule"]
+
+
+def image_rule(spec: VisionSpec) -> ImageRule:
+    """The engine's :class:`ImageRule` of a source's ``vision`` settings."""
+    size = tuple(spec.resize.size) if spec.resize.size is not None else None
+    return ImageRule(
+        limits=ImageLimits(spec.limits.max_bytes, spec.limits.max_pixels, spec.exif_transpose,
+                           spec.limits.max_scans),
+        resize=ResizeRule(spec.patch_size, spec.merge_size, spec.resize.min_pixels,
+                          spec.resize.max_pixels, size),  # type: ignore[arg-type]
+        patches=PatchRule(spec.patch_size, spec.temporal_patch_size, spec.merge_size,
+                          spec.order))
+
+
+class VisionKind(KindBase):
+    """Renders image-caption pairs; thread-safe, stateless after construction."""
+
+    columns: tuple[Column, ...] = (LOSS_MASK,)
+    bad_reasons = IMAGE_REASONS | {"non_utf8", "not_text", "invalid_unicode",
+                                   "vision_token_in_text"}
+    attaches = True
+
+    def __init__(self, spec: VisionSpec, tokenizer: TokenizerHandle,
+                 where: str = "vision") -> None:
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.rule = image_rule(spec)
+        tok = tokenizer.tokenizer
+
+        def token(name: str) -> int:
+            text = getattr(spec, name)
+            tid = tok.token_to_id(text)
+            if tid is None:
+                raise ConfigError(f"{where}.{name} {text!r} is not in the vocabulary of "
+                                  f"{tokenizer.spec.uri}")
+            return int(tid)
+
+        self.image_id = token("image_token")
+        self.start_id = token("vision_start_token")
+        self.end_id = token("vision_end_token")
+        self._texts = (spec.image_token, spec.vision_start_token, spec.vision_end_token)
+
+    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+        if not isinstance(value, dict) or "image" not in value or "text" not in value:
+            return None, "not_text", (f"the record holds {type(value).__name__}, not an image "
+                                      f"and a caption")
+        caption, reason, detail = text_value(value["text"], "the caption")
+        if caption is None:
+            return None, reason, detail
+        for text in self._texts:
+            if text in caption:
+                return None, "vision_token_in_text", (f"the caption holds the vision token "
+                                                      f"{text!r}")
+        try:
+            patches = process(value["image"], self.rule, repeat_frames=False)
+        except BadImage as e:
+            return None, e.reason, e.detail
+        return Rendered(caption.rstrip(), None, patches), None, None
+
+    def tokenize(self, docs: list[Rendered]) -> Tokenized:
+        flat, offsets, lengths = self.tokenizer.encode([d.text for d in docs])
+        n = len(docs)
+        runs = np.fromiter((d.value.tokens + 2 for d in docs), dtype=np.int64, count=n)
+        out_offsets = offsets.copy()
+        out_offsets[1:] += np.cumsum(runs)
+        total = int(out_offsets[-1])
+        ids = np.empty(total, dtype=np.int32)
+        mask = np.ones(total, dtype=np.uint8)
+        head = 1 if self.tokenizer.bos_id is not None else 0
+        for k in range(n):
+            lo, run = int(out_offsets[k]), int(runs[k])
+            src = int(offsets[k])
+            ids[lo:lo + head] = flat[src:src + head]
+            at = lo + head
+            ids[at] = self.start_id
+            ids[at + 1:at + run - 1] = self.image_id
+            ids[at + run - 1] = self.end_id
+            mask[at:at + run] = 0
+            rest = int(offsets[k + 1]) - src - head
+            ids[at + run:at + run + rest] = flat[src + head:src + head + rest]
+        return {"input_ids": ids, "loss_mask": mask}, out_offsets, lengths + runs
+
+
+KIND = VisionKind

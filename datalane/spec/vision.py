@@ -1,0 +1,131 @@
+"""The vision part of a source: image-caption pairs, each rendered as an image placeholder run
+plus its caption's tokens (docs/vlm.md).
+
+A vision source's records hold an encoded image (JPEG, PNG or WebP, recognised by its magic
+bytes) and its caption: the members ``image_field`` / ``text_field`` of a WebDataset sample.
+Each image is decoded within ``limits``, resized by ``resize`` (TorchTitan's pixel budget,
+Qwen3.5's values by default) and cut into patches; its document is ``vision_start_token``,
+``image_token`` once per merged patch (``grid_t * grid_h * grid_w / merge_size**2``),
+``vision_end_token``, then the caption (trailing whitespace stripped) with the recipe
+tokenizer's BOS / EOS, as TorchTitan's ``insert_vision_placeholders`` builds it. The three
+vision tokens have ``loss_mask`` 0. :class:`VisionSpec` is the recipe's ``sources[i].vision``;
+the engine side is :mod:`datalane.engine.documents.vision`.
+
+**Whole documents.** A placeholder run must never be split across sequences (the model
+requires one contiguous run per image), so a vision document is never cut: the recipe's packer
+must keep documents whole (``packing.algorithm: bestfit``; ``wrap`` is refused), and a
+document longer than a sequence (``seq_len + 1`` tokens) is set aside as ``too_long``, as
+TorchTitan drops a sample over ``seq_len``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from datalane.spec.errors import ConfigError
+from datalane.spec.limits import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MAX_JPEG_SCANS
+from datalane.spec.model import doc
+
+__all__ = ["ImageLimitsSpec", "ResizeSpec", "VisionSpec"]
+
+
+@dataclass(frozen=True)
+class ResizeSpec:
+    """How an image is sized: a fixed size, or a pixel budget (TorchTitan's rule)."""
+
+    min_pixels: int = doc("Smallest pixel count after resizing (Qwen3.5: 65,536).",
+                          default=65536, ge=1)
+    max_pixels: int = doc("Largest pixel count after resizing (Qwen3.5: 16,777,216).",
+                          default=16777216, ge=1)
+    size: list[int] | None = doc(
+        "A fixed `[height, width]` every image is resized to, both multiples of "
+        "`patch_size x merge_size`; null: the pixel budget.", default=None)
+
+    def check(self, where: str, factor: int) -> None:
+        if self.min_pixels > self.max_pixels:
+            raise ConfigError(f"{where}.min_pixels {self.min_pixels:,} is over "
+                              f"{where}.max_pixels {self.max_pixels:,}")
+        if self.max_pixels < factor * factor:
+            raise ConfigError(f"{where}.max_pixels {self.max_pixels:,} is under one merged "
+                              f"patch of {factor} x {factor} pixels")
+        if self.size is not None and (len(self.size) != 2
+                                      or any(v < 1 or v % factor for v in self.size)):
+            raise ConfigError(f"{where}.size {self.size!r} is not [height, width], both "
+                              f"positive multiples of {factor} (patch_size x merge_size)")
+
+
+@dataclass(frozen=True)
+class ImageLimitsSpec:
+    """Bounds on one image, checked before it is decoded; only lower than the defaults."""
+
+    max_bytes: int = doc("Most encoded bytes of one image.", default=MAX_IMAGE_BYTES, ge=1,
+                         le=MAX_IMAGE_BYTES)
+    max_pixels: int = doc("Most pixels (width x height) an image's header may declare.",
+                          default=MAX_IMAGE_PIXELS, ge=1, le=MAX_IMAGE_PIXELS)
+    max_scans: int = doc("Most scans of a (progressive) JPEG.", default=MAX_JPEG_SCANS, ge=1,
+                         le=MAX_JPEG_SCANS)
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """An image-caption source: each record's image becomes a run of placeholder tokens before
+    its caption; the image's patches travel with the document."""
+
+    #: the kind's documents may never be split across sequences (spec.recipe checks the packer)
+    whole_documents: ClassVar[bool] = True
+
+    image_field: list[str] = doc(
+        "WebDataset: the extensions of the member holding the image (a sample has exactly one "
+        "of them); the bytes are decoded by their magic bytes (JPEG, PNG, WebP), never by the "
+        "name (default: jpg, jpeg, png, webp).", factory=lambda: ["jpg", "jpeg", "png", "webp"],
+        min_items=1)
+    text_field: str = doc("WebDataset: the extension of the member holding the caption "
+                          "(UTF-8 text).", default="txt", pattern=r"[^.|+]+")
+    patch_size: int = doc("Side of a vision patch in pixels (Qwen3.5: 16).", default=16,
+                          ge=1, le=1024)
+    temporal_patch_size: int = doc("Frames per patch; a still image is repeated to fill them "
+                                   "(Qwen3.5: 2).", default=2, ge=1, le=16)
+    merge_size: int = doc("Patches merged per side into one token (Qwen3.5: 2).", default=2,
+                          ge=1, le=16)
+    order: Literal["block", "raster"] = doc(
+        "Patch order: `block` (the merge_size**2 patches of a token adjacent, as Qwen3.5 "
+        "reads them) or `raster`.", default="block")
+    resize: ResizeSpec = doc("The resize rule.", factory=ResizeSpec)
+    limits: ImageLimitsSpec = doc("Bounds on one image.", factory=ImageLimitsSpec)
+    exif_transpose: bool = doc(
+        "Turn each image as its EXIF orientation says (off, as TorchTitan's loader).",
+        default=False)
+    image_token: str = doc("The placeholder token, repeated once per merged patch.",
+                           default="<|image_pad|>", pattern=r".+")
+    vision_start_token: str = doc("The token before an image's placeholders.",
+                                  default="<|vision_start|>", pattern=r".+")
+    vision_end_token: str = doc("The token after an image's placeholders.",
+                                default="<|vision_end|>", pattern=r".+")
+
+    def validate(self, where: str) -> None:
+        at = where or "vision"
+        for i, ext in enumerate(self.image_field):
+            if not ext or any(c in ext for c in "./|+") or ext != ext.lower():
+                raise ConfigError(f"{at}.image_field[{i}] {ext!r} is not a lowercase member "
+                                  f"extension without '.', '/', '|' or '+'")
+        if len(set(self.image_field)) != len(self.image_field) or \
+                self.text_field in self.image_field:
+            raise ConfigError(f"{at}.image_field {self.image_field!r} names an extension twice "
+                              f"or the text_field {self.text_field!r}")
+        self.resize.check(f"{at}.resize", self.patch_size * self.merge_size)
+        names = (self.image_token, self.vision_start_token, self.vision_end_token)
+        if len(set(names)) != 3:
+            raise ConfigError(f"{at}: image_token, vision_start_token and vision_end_token "
+                              f"{names!r} must be three different tokens")
+
+    @property
+    def document_field(self) -> str:
+        """The fields a record's document is in, as errors name them (``jpg|png+txt``)."""
+        return "|".join(self.image_field) + "+" + self.text_field
+
+    @property
+    def document_parts(self) -> dict[str, tuple[str, ...]]:
+        """The parts a format reads together for one document: part -> the fields it may be
+        in (one of them per record)."""
+        return {"image": tuple(self.image_field), "text": (self.text_field,)}
