@@ -81,6 +81,18 @@ class TokenizerHandle:
         unk = tok.token_to_id(unk_name) if isinstance(unk_name, str) else None
         return cls(spec, digest, tok, bos, eos, pad, None if unk is None else int(unk))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a plan sent to a sidecar's rank worker) without its lock; the unknown-token
+        counts start again where it is loaded, as they would in a new process."""
+        state = self.__dict__.copy()
+        del state["_unknown_lock"]
+        state["_unknown"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._unknown_lock = threading.Lock()
+
     def check_unknown(self, tokens: np.ndarray, source: str) -> None:
         """Count the unknown tokens among ``tokens`` (a batch of ``source``'s documents, BOS
         and EOS excluded) until the source's first ``UNKNOWN_SAMPLE`` tokens were seen; warn

@@ -45,3 +45,25 @@ def test_a_fitting_tokenizer_is_not_warned_about(write_recipe) -> None:
     proc = _run(write_recipe())
     assert proc.returncode == 0, proc.stderr
     assert "unknown token" not in proc.stderr
+
+
+def test_a_tokenizer_handle_pickles_for_a_rank_worker(tmp_path) -> None:
+    """A sidecar's rank worker gets the plans pickled: the handle travels without its lock and
+    with no counts (a new process counts again), and encodes the same ids where it lands."""
+    import pickle
+
+    import numpy as np
+
+    from datalane.engine.tokenize import TokenizerHandle
+    from datalane.spec.recipe import TokenizerSpec
+    from datalane.testing import tokenizer_path
+
+    handle = TokenizerHandle.load(TokenizerSpec(uri=str(tokenizer_path())))
+    handle._unknown["web"] = (8, 8)
+    copy = pickle.loads(pickle.dumps(handle))
+    assert copy._unknown == {} and handle._unknown == {"web": (8, 8)}
+    assert copy._unknown_lock is not handle._unknown_lock
+    copy.check_unknown(np.zeros(8, dtype=np.int32), "web")
+    texts = ["the quick brown fox", "jumps over"]
+    assert all(np.array_equal(a, b) for a, b in zip(copy.encode(texts), handle.encode(texts),
+                                                    strict=True))
