@@ -91,7 +91,10 @@ _ELSEWHERE = {
     "datalane-sidecar probe": "a running sidecar: tests/sidecar/conftest.py probes each",
     "datalane demo --sidecars": "minutes: tests/sidecar/test_sidecar.py runs it",
     "datalane audit s3://": "an S3 store: tests/store (moto's S3)",
-    "helm": "a cluster: tests/operator", "kubectl": "a cluster: tests/operator",
+    "helm": "a cluster: tests/playground runs the cluster section verbatim",
+    "kubectl": "a cluster: tests/playground runs the cluster section verbatim",
+    "make playground": "a cluster: tests/playground/test_readme_cluster.py",
+    "export KUBECONFIG": "the playground's: tests/playground/test_readme_cluster.py",
 }
 
 

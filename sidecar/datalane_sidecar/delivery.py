@@ -93,7 +93,13 @@ def gather(session: Session, reader: int, generation: int, ring: ShmWriter | Non
                     tokens=int(np.count_nonzero(item.columns["positions"] >= 0)),
                     depth=session.queue_depth(reader))
         if ring is not None and slot is not None:
-            sent.slot, sent.offset = slot, ring.write(slot, item.columns)
+            try:
+                sent.slot, sent.offset = slot, ring.write(slot, item.columns)
+            except ValueError as e:  # mmap closed or invalid: closed after the slot was taken
+                if not ring.closed:
+                    raise
+                raise RingClosed(f"session {session.id} was closed while a microbatch was "
+                                 f"written to its shared-memory slot") from e
         else:
             sent.columns = session.layout.pack(item.columns)
         budget -= item.nbytes
