@@ -80,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def rank_processes(value: str, ranks_per_pod: int) -> int:
     """The worker processes ``--rank-processes`` asks for (``auto``: one per rank of the pod,
-    at most one per CPU this process may run on; none for a pod of one rank)."""
+    at most one per CPU this process may run on; none for a pod of one rank). A count is
+    capped at the pod's ranks: a worker no rank is dealt to would only hold memory."""
     if value == "auto":
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
@@ -92,7 +93,7 @@ def rank_processes(value: str, ranks_per_pod: int) -> int:
     if count < 0:
         raise DatalaneError(f"--rank-processes must be 0, a number of processes or auto, "
                             f"not {value!r}")
-    return count
+    return min(count, max(ranks_per_pod, 1))  # rank r runs in worker r % N: more would idle
 
 
 def _serve(args: argparse.Namespace) -> int:

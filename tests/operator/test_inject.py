@@ -268,7 +268,8 @@ def test_parallel_injection_is_idempotent_and_the_sidecar_reads_it(monkeypatch) 
 @pytest.mark.parametrize(("value", "env", "workers"), [
     (None, "0", 0),  # unset: threads, as before
     (0, "0", 0),
-    (3, "3", 3),
+    (3, "3", 2),  # capped at the pod's 2 data-parallel ranks
+    (1, "1", 1),
     ("auto", "auto", 2),  # one per data-parallel rank of the pod (2 ranks, 4 CPUs)
 ])
 def test_rank_processes_reach_the_sidecar(monkeypatch: pytest.MonkeyPatch, value: Any,

@@ -160,6 +160,8 @@ def test_rank_processes_counts(monkeypatch) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
     assert cli.rank_processes("0", 8) == 0
     assert cli.rank_processes("3", 8) == 3
+    assert cli.rank_processes("8", 2) == 2  # capped at the pod's ranks (about 90 MiB each)
+    assert cli.rank_processes("1", 1) == 1
     assert cli.rank_processes("auto", 2) == 2  # one per rank
     assert cli.rank_processes("auto", 8) == 4  # at most one per CPU it may run on
     assert cli.rank_processes("auto", 1) == 0  # a one-rank pod: threads
