@@ -41,14 +41,17 @@ from pathlib import Path
 
 import numpy as np
 
-from datalane.corpus import tokenizer_path
-from datalane.corpus_images import ImageCorpus, make_image_corpus
+from datalane.corpus_images import (
+    VISION_TOKENS,
+    ImageCorpus,
+    make_image_corpus,
+    write_vision_tokenizer,
+)
 from datalane.engine.images import ImageRule, PatchRule, normalize, normalize_table, process
 from datalane.engine.images.resize import target_size
 
 RULE = ImageRule()
-QWEN_TOKENS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>",
-               "<|endoftext|>"]
+QWEN_TOKENS = list(VISION_TOKENS)
 
 
 def _row(name: str, seconds: float, images: int, tokens: int, out_bytes: int) -> dict[str, object]:
@@ -196,11 +199,7 @@ def bench_wds(corpus: ImageCorpus, workers: int) -> dict[str, object]:
 
 def _qwen_tokenizer(folder: str) -> str:
     """datalane's bundled tokenizer with Qwen's five vision special tokens added."""
-    from tokenizers import AddedToken, Tokenizer
-
-    tok = Tokenizer.from_file(tokenizer_path())
-    tok.add_special_tokens([AddedToken(t, special=True) for t in QWEN_TOKENS])
-    tok.save(os.path.join(folder, "tokenizer.json"))
+    write_vision_tokenizer(os.path.join(folder, "tokenizer.json"))
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|endoftext|>",
                    "add_bos_token": False, "add_eos_token": False}, f)

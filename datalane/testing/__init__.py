@@ -21,6 +21,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 __all__ = ["ChatCorpus", "DemoCorpus", "make_chat_corpus", "make_corpus", "tokenizer_path"]
 
@@ -51,6 +52,16 @@ def _document(rng: random.Random, vocab: list[str], lo: int, hi: int) -> str:
         n += len(w) + 1
     return " ".join(parts)[:target]
 
+
+
+def _write_recipe(root: str, recipe: dict[str, Any]) -> str:
+    """``root/recipe.yaml`` holding ``recipe`` in key order; returns its path."""
+    import yaml
+
+    path = os.path.join(root, "recipe.yaml")
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(recipe, f, sort_keys=False)
+    return path
 
 @dataclass(frozen=True)
 class DemoCorpus:
@@ -100,11 +111,7 @@ def make_corpus(root: str, web_docs: int = 2000, seed: int = 17, lanes: int = 8)
         ],
         "shuffle": {"block_size": 64},
     }
-    path = os.path.join(root, "recipe.yaml")
-    import yaml
-
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(recipe, f, sort_keys=False)
+    path = _write_recipe(root, recipe)
     return DemoCorpus(root, os.path.join(root, "web", "*.parquet"),
                       os.path.join(root, "code", "*.jsonl"), tok, path)
 
@@ -173,10 +180,6 @@ def make_chat_corpus(root: str, conversations: int = 800, seed: int = 23,
         "packing": {"algorithm": "bestfit"},
         "shuffle": {"block_size": 32},
     }
-    path = os.path.join(root, "recipe.yaml")
-    import yaml
-
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(recipe, f, sort_keys=False)
+    path = _write_recipe(root, recipe)
     return ChatCorpus(root, os.path.join(root, "chat", "*.jsonl"),
                       os.path.join(root, "text", "*.jsonl"), tok_path, path)
