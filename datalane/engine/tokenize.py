@@ -100,6 +100,8 @@ class TokenizerHandle:
         threads."""
         if self.unk_id is None or not source:
             return
+        if self._unknown.get(source, (0, 0))[0] >= UNKNOWN_SAMPLE:
+            return  # judged already: no lock on every later map task
         with self._unknown_lock:
             seen, unknown = self._unknown.get(source, (0, 0))
             if seen >= UNKNOWN_SAMPLE:
