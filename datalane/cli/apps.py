@@ -16,7 +16,13 @@ from collections.abc import Callable
 
 from datalane.spec.distribution import VERSION, missing_extra
 
-__all__ = ["operator", "sidecar"]
+__all__ = ["APPS", "operator", "sidecar"]
+
+#: launcher name -> (the app's command module, the command, the extra it needs)
+APPS: dict[str, tuple[str, str, str]] = {
+    "sidecar": ("datalane_sidecar.cli", "datalane-sidecar", "sidecar"),
+    "operator": ("datalane_operator.cli", "datalane-operator", "operator"),
+}
 
 
 def _launch(module: str, command: str, extra: str) -> int:
@@ -36,9 +42,9 @@ def _launch(module: str, command: str, extra: str) -> int:
 
 def sidecar() -> int:
     """``datalane-sidecar`` (``datalane_sidecar.cli``; the ``sidecar`` extra)."""
-    return _launch("datalane_sidecar.cli", "datalane-sidecar", "sidecar")
+    return _launch(*APPS["sidecar"])
 
 
 def operator() -> int:
     """``datalane-operator`` (``datalane_operator.cli``; the ``operator`` extra)."""
-    return _launch("datalane_operator.cli", "datalane-operator", "operator")
+    return _launch(*APPS["operator"])

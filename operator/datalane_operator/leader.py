@@ -121,6 +121,7 @@ class LeaderElector:
         self.transitions = 0  # how many times this replica became the leader
         self._seen: Observed | None = None
         self._renewed = 0.0  # monotonic time of our last successful renewal
+        self._released = False  # release() was called: never lead again
 
     # -- API calls, off the event loop ----------------------------------------------------
     async def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
@@ -178,6 +179,8 @@ class LeaderElector:
     # -- the loop -------------------------------------------------------------------------
     async def step(self) -> None:
         """One round: read, decide, write; then start or stop leading as it turned out."""
+        if self._released:
+            return
         now = time.monotonic()
         ok = False
         try:
@@ -196,6 +199,8 @@ class LeaderElector:
         except Exception as e:
             log.warning("leader election: cannot read or write Lease %s/%s: %s",
                         self.cfg.namespace, self.cfg.name, e)
+        if ok and self._released:  # released while this round's write was in flight
+            return
         if ok:
             self._renewed = time.monotonic()
             if not self.leading:
@@ -213,12 +218,14 @@ class LeaderElector:
             self.on_stop()
 
     async def run(self) -> None:
-        while True:
+        while not self._released:
             await self.step()
             await asyncio.sleep(self.cfg.retry_period)
 
     async def release(self) -> None:
-        """Give the Lease up (on shutdown), so that the other replica takes over at once."""
+        """Give the Lease up (on shutdown), so that the other replica takes over at once; this
+        elector never leads again (a round in flight does not take the Lease back)."""
+        self._released = True
         if not self.leading:
             return
         self.leading = False

@@ -76,7 +76,11 @@ def test_dockerfile(image: str) -> None:
     module, func = target.split(":")
     main = getattr(importlib.import_module(module), func)
     assert callable(main)
-    parser = importlib.import_module(module)._parser()
+    # the console script is a launcher (datalane.cli.apps): the parser is the app's own
+    assert module == "datalane.cli.apps", target
+    app_module, command, app_extra = importlib.import_module(module).APPS[func]
+    assert (command, app_extra) == (script, extra)
+    parser = importlib.import_module(app_module)._parser()
     assert subcommand in parser._subparsers._group_actions[0].choices
 
 

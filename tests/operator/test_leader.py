@@ -139,6 +139,25 @@ def test_one_leader_then_a_handover_within_the_lease_duration() -> None:
     asyncio.run(scenario())
 
 
+def test_a_released_elector_does_not_take_the_lease_back() -> None:
+    """release() is for shutdown: a round that runs after it (the loop not yet cancelled)
+    must not see the Lease it just freed and take it again, which would leave the other
+    replica waiting a whole lease duration."""
+    async def scenario() -> None:
+        store, log = FakeLeases(), []
+        a = elector(store, "a", log)
+        await a.step()
+        assert a.leading and store.holder == "a"
+        await a.release()
+        assert store.holder is None and not a.leading
+        await a.step()
+        assert store.holder is None and not a.leading
+        assert log == ["a starts", "a stops"]
+        await asyncio.wait_for(a.run(), 1.0)  # the loop ends instead of retrying
+
+    asyncio.run(scenario())
+
+
 def test_a_leader_that_cannot_renew_stops_before_anyone_takes_over() -> None:
     async def scenario() -> None:
         store, log = FakeLeases(), []
