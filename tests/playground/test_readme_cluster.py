@@ -45,11 +45,12 @@ AFTER = 8  # steps the resumed workers read before the comparison
 
 def console_block() -> list[str]:
     """The commands of the console block of README.md's "On a cluster" section (comment-only
-    continuation lines dropped)."""
+    continuation lines dropped, backslash continuations joined)."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## On a cluster\n"):]
     section = section[:section.index("\n## ", 3)]
     block = section.split("```console\n", 1)[1].split("```", 1)[0]
+    block = re.sub(r"\\\n\s*", "", block)  # a line ending in a backslash goes on
     return [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
