@@ -21,7 +21,6 @@ from PIL import Image
 from tokenizers import Tokenizer
 
 from datalane.corpus import tokenizer_path
-from datalane.corpus_images import ImageCorpus, hostile_images, synthetic_image
 from datalane.engine.chunks import RecordReader
 from datalane.engine.formats import format_for
 from datalane.engine.images import ImageRule, process
@@ -30,6 +29,7 @@ from datalane.engine.plan import Plan
 from datalane.spec.errors import ConfigError, DataError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe, load_recipe
+from datalane.testing.images import ImageCorpus, hostile_images, synthetic_image
 from tests.support.kinds import VISION_TOKENIZER
 
 START, PAD, END, EOS = 1026, 1024, 1027, 1  # the ids in tests/data/vision/tokenizer.json
