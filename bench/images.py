@@ -1,6 +1,6 @@
 """Image-caption throughput: TorchTitan's multimodal loader, webdataset + Pillow, datalane.
 
-Writes a JPEG image-caption corpus (datalane/corpus_images.py, CC12M's WebDataset layout)
+Writes a JPEG image-caption corpus (datalane/testing/images.py, CC12M's WebDataset layout)
 and turns every image into the vision encoder's patches (Qwen3.5's rule: patch 16, merge 2,
 65,536..16,777,216 pixels) with:
 
@@ -41,14 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-from datalane.corpus_images import (
+from datalane.engine.images import ImageRule, PatchRule, normalize, normalize_table, process
+from datalane.engine.images.resize import target_size
+from datalane.testing.images import (
     VISION_TOKENS,
     ImageCorpus,
     make_image_corpus,
     write_vision_tokenizer,
 )
-from datalane.engine.images import ImageRule, PatchRule, normalize, normalize_table, process
-from datalane.engine.images.resize import target_size
 
 RULE = ImageRule()
 QWEN_TOKENS = list(VISION_TOKENS)

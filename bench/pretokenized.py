@@ -241,8 +241,8 @@ def run_read_only(corpus: Path, fmt: str) -> int:
     plan = Plan.build(_recipe(corpus, fmt))
     sp = plan.sources[0]
     stage = plan.map_stages()[0]
-    reader = RecordReader(sp.files, sp.spec.field, sp.spec)
-    formats = [format_for(f.format, sp.spec) for f in sp.files]
+    reader = RecordReader(sp.files, sp.source.field, sp.source)
+    formats = [format_for(f.format, sp.source) for f in sp.files]
     delivered = 0
     batch: list[tuple[int, int, Any]] = []
     for chunk in sp.chunks:

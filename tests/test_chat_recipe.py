@@ -36,7 +36,7 @@ def _documents(plan: Plan, source: int) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for sf in sp.files:
         for line in Path(sf.uri).read_bytes().splitlines():
-            value, reason, _ = FORMATS["jsonl"].decode(line, sp.spec.field)
+            value, reason, _ = FORMATS["jsonl"].decode(line, sp.source.field)
             assert reason is None
             doc, reason, _ = sp.kind.render(value)
             if doc is None:

@@ -260,7 +260,7 @@ def test_a_sources_chunk_dealing_does_not_depend_on_the_other_sources(
     more = Plan.build(recipe(corpus, [{"name": "in", "start_step": 9, "weights":
                                        {"books": 1.0}}], extra=[books]))
     code_alone, code_more = alone.sources[0], more.sources[1]
-    assert code_alone.spec.name == code_more.spec.name == "code"
+    assert code_alone.source.name == code_more.source.name == "code"
     for lane in range(8):
         for epoch in range(3):
             assert code_alone.lane_chunks(lane, epoch) == code_more.lane_chunks(lane, epoch)

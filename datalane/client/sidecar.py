@@ -41,7 +41,6 @@ from datalane.client.batch import Batch
 from datalane.client.position import Position
 from datalane.spec.errors import ConfigError, DatalaneError, MismatchError, StorageError
 from datalane.spec.evals import NAME_PATTERN, TRAIN
-from datalane.spec.integrity import parse_json
 from datalane.spec.lanes import lanes_of_rank
 from datalane.spec.schema import SampleSchema
 from datalane.spec.state import check_step
@@ -54,7 +53,7 @@ from datalane.wire import (
 )
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
-from datalane.wire.layout import Layout
+from datalane.wire.layout import Layout, announced_schema
 from datalane.wire.shm import ShmReader
 
 __all__ = ["SidecarLoader"]
@@ -227,14 +226,7 @@ class SidecarLoader:
         before the first one, in its Health)."""
         if self._layout is not None:
             return self._layout.schema
-        reply = self._health()
-        where = f"the Health of the sidecar at {self.socket}"
-        if not reply.schema_json:
-            raise MismatchError(f"{where} announces no sample schema: the sidecar predates "
-                                f"wire protocol 2 (typed columns); upgrade the sidecar")
-        return SampleSchema.from_json(
-            parse_json(reply.schema_json, f"{where}: schema_json", MismatchError),
-            f"{where}: schema_json")
+        return announced_schema(self._health(), f"the Health of the sidecar at {self.socket}")
 
     # -- connection --------------------------------------------------------------------------
     def _connect(self, deadline: float) -> None:
@@ -305,20 +297,12 @@ class SidecarLoader:
 
     def _announced(self, reply: pb.OpenReply) -> Layout:
         """The schema and layout the reply announces, checked: the protocol version, then
-        what this client reads of them (microbatch_size rows, the two text columns)."""
+        the announcement (:mod:`datalane.wire.layout`), then what this client reads of it
+        (microbatch_size rows, the two text columns)."""
         where = f"the reply to Open of the sidecar at {self.socket}"
         self._check_version(reply.protocol_version)
         layout = Layout.announced(reply, where)
-        if layout.rows != self.microbatch_size:
-            raise MismatchError(f"{where} lays out microbatches of {layout.rows} sequences; "
-                                f"this loader asked for {self.microbatch_size}")
-        for name in ("input_ids", "positions"):
-            if name not in layout.schema.names or \
-                    layout.schema.column(name).dtype != "int32" or \
-                    not layout.schema.column(name).per_token:
-                raise MismatchError(f"{where} announces a schema without the int32 per-token "
-                                    f"column {name!r} every recipe has: "
-                                    f"{layout.schema.dumps()[:200]}")
+        layout.check_client(self.microbatch_size, where)
         return layout
 
     # -- iteration ---------------------------------------------------------------------------

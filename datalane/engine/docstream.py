@@ -88,8 +88,8 @@ class DocStream:
         self._policy = policy
         self._max_bad = max_bad
         self._counters = counters
-        self._reader = RecordReader(source.files, source.spec.field, source.spec)
-        self._formats = [format_for(f.format, source.spec) for f in source.files]
+        self._reader = RecordReader(source.files, source.source.field, source.source)
+        self._formats = [format_for(f.format, source.source) for f in source.files]
         cur = cursor or SourceCursor(0, 0, 0, -1, 0)
         # a fresh lane's first records tell at once whether the source holds documents at all
         # (a misnamed field would otherwise give 0 tokens under `skip` without a word)
@@ -126,7 +126,7 @@ class DocStream:
 
     # -- reading -----------------------------------------------------------------------------
     def _exhausted_epoch(self, epoch: int) -> bool:
-        epochs = self.source.spec.epochs
+        epochs = self.source.source.epochs
         return epochs is not None and epoch >= epochs
 
     def _next_record(self) -> tuple[int, Record] | None:
@@ -165,7 +165,7 @@ class DocStream:
                 if empty_epochs > max(16, len(self.source.chunks)) and len(
                         self._no_records) == len(self.source.chunks):
                     raise DataError(
-                        f"source {self.source.spec.name!r}: lane {self.lane} read no record in "
+                        f"source {self.source.source.name!r}: lane {self.lane} read no record in "
                         f"{empty_epochs} epochs in a row (up to epoch {self._r_epoch}); its "
                         f"files hold no documents")
                 self._start_epoch(self._r_epoch + 1)
@@ -191,7 +191,7 @@ class DocStream:
                 after = SourceCursor(epoch, index + 1, peek[0], peek[1][1], 0)
                 self._r_peek = peek
                 self._r_block += 1
-            order = permutation(len(records), self.source.seed, "block", self.source.spec.name,
+            order = permutation(len(records), self.source.seed, "block", self.source.source.name,
                                 self.lane, epoch, index)
             return _Block(epoch, index, first[0], first[1][1], [records[i] for i in order],
                           after)
@@ -398,7 +398,7 @@ class DocStream:
             return True
         if reason in ALWAYS_FAIL or (reason in self._stage.bad_reasons
                                      and self._policy == "fail"):
-            raise DataError(f"source {self.source.spec.name!r}: {res.detail[i]} in "
+            raise DataError(f"source {self.source.source.name!r}: {res.detail[i]} in "
                             f"{self._where(file, pos)} (bad_records is 'fail')")
         self._counters.skip(reason)
         if self._max_bad is not None and reason in self._stage.bad_reasons:
@@ -426,7 +426,7 @@ class DocStream:
         there = (f"its records have the fields {', '.join(repr(f) for f in fields[:20])}"
                  if fields else "no record could be read as a record with fields")
         raise DataError(
-            f"source {self.source.spec.name!r}: none of the first {len(probe)} records of lane "
+            f"source {self.source.source.name!r}: none of the first {len(probe)} records of lane "
             f"{self.lane} holds a document ({reasons}); the source reads the field "
             f"{self._stage.field!r}, but {there} (in {self.source.files[file].uri})")
 
@@ -442,7 +442,7 @@ class DocStream:
             raise DataError(
                 f"lane {self.lane}: {bad} of its {n.docs} records are malformed ({reasons}), "
                 f"more than bad_records_max_fraction {self._max_bad}; the last was in source "
-                f"{self.source.spec.name!r} at {self._where(file, pos)}")
+                f"{self.source.source.name!r} at {self._where(file, pos)}")
 
     def _end_of_epoch(self, epoch: int) -> None:
         """A repeated source whose records are all dropped would spin forever: stop it."""
@@ -453,11 +453,11 @@ class DocStream:
             self._dry_epochs += 1
             self._dry_chunks.update(self.source.lane_chunks(self.lane, epoch))
         self._kept_this_epoch = False
-        if self.source.spec.epochs is None and self._dry_epochs > max(16, len(
+        if self.source.source.epochs is None and self._dry_epochs > max(16, len(
                 self.source.chunks)) and len(self._dry_chunks | self._no_records) == len(
                 self.source.chunks):
             skipped = ", ".join(f"{k}={v}" for k, v in sorted(self._counters.skipped.items()))
-            raise DataError(f"source {self.source.spec.name!r}: lane {self.lane} kept no "
+            raise DataError(f"source {self.source.source.name!r}: lane {self.lane} kept no "
                             f"document in {self._dry_epochs} epochs in a row; every record is "
                             f"bad or filtered (skipped so far: {skipped or 'none'})")
 
@@ -483,7 +483,7 @@ class DocStream:
         raw = self._reader.read_one(ref)
         res = self._stage.run([(file, pos, raw)], self._formats)
         if res.status[0] is not None:
-            raise DataError(f"source {self.source.spec.name!r}: the carried document at "
+            raise DataError(f"source {self.source.source.name!r}: the carried document at "
                             f"{self._where(file, pos)} no longer maps to tokens "
                             f"({res.status[0]}); did the file change?")
         return self._doc(res, 0, file, pos)

@@ -101,7 +101,7 @@ class LaneStream:
     def _ran_out(self, source: int) -> bool:
         """Whether the source's resume point is past its last epoch (the same in a run and in
         its restore, unlike the mixture's discovery that a stream has ended)."""
-        epochs = self.plan.sources[source].spec.epochs
+        epochs = self.plan.sources[source].source.epochs
         return epochs is not None and self.streams[source].cursor.epoch >= epochs
 
     def _fetch(self, source: int, ref: tuple[int, ...]) -> Doc:

@@ -79,8 +79,8 @@ def _check_cursor(source: SourcePlan, lane: int, c: SourceCursor, state: LaneSta
             c.chunk and c.chunk >= len(chunks)) or c.offset >= block_size:
         raise MismatchError(f"{where}: cursor {c.encode()} of source {source.index} points "
                             f"outside the source")
-    name = f"{where}: source {source.index} {source.spec.name!r} cursor {c.encode()}"
-    epochs = source.spec.epochs
+    name = f"{where}: source {source.index} {source.source.name!r} cursor {c.encode()}"
+    epochs = source.source.epochs
     if epochs is not None and c.epoch > epochs:
         raise MismatchError(f"{name}: epoch {c.epoch} lies past the source's {epochs} "
                             f"epochs (recipe sources[{source.index}].epochs)")
@@ -118,7 +118,7 @@ def _check_end(plan: Plan, state: LaneState, schedule: Schedule, where: str) -> 
 
     def left(i: int) -> str | None:
         """Why source ``i`` has not run out (None: it has)."""
-        epochs = plan.sources[i].spec.epochs
+        epochs = plan.sources[i].source.epochs
         if i >= len(state.sources):
             return "it has not been read at all"
         c = state.sources[i]
@@ -135,7 +135,7 @@ def _check_end(plan: Plan, state: LaneState, schedule: Schedule, where: str) -> 
     if live:
         i, w, why = live[0]
         raise MismatchError(f"{where} is marked ended (end: 1), but source {i} "
-                            f"{plan.sources[i].spec.name!r} (weight {w:g}) has not run out: "
+                            f"{plan.sources[i].source.name!r} (weight {w:g}) has not run out: "
                             f"{why}")
     if _holds(state.packer.data):
         raise MismatchError(f"{where} is marked ended (end: 1), but its packer still holds "

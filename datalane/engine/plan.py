@@ -36,7 +36,7 @@ class SourcePlan:
     """One source: its files, its chunks and how they are dealt to lanes."""
 
     index: int
-    spec: Source
+    source: Source
     filters: Filters
     files: list[SourceFile]
     chunks: list[Chunk]
@@ -48,7 +48,7 @@ class SourcePlan:
     def _perm(self, epoch: int) -> list[int]:
         perm = self._perms.get(epoch)
         if perm is None:
-            perm = permutation(len(self.chunks), self.seed, "chunks", self.spec.name, epoch)
+            perm = permutation(len(self.chunks), self.seed, "chunks", self.source.name, epoch)
             if len(self._perms) > 4:
                 self._perms.clear()
             self._perms[epoch] = perm
@@ -60,7 +60,7 @@ class SourcePlan:
         return [self.chunks[perm[i]] for i in range(lane, len(perm), self.lanes)]
 
     def finite(self) -> bool:
-        return self.spec.epochs is not None
+        return self.source.epochs is not None
 
 
 @dataclass
@@ -85,17 +85,17 @@ class Plan:
                 extra.setdefault(c.name, c)
         doc: dict[str, object] = {
             "recipe": training_view(recipe).to_dict(),  # eval streams: their own
-            "files": {sp.spec.name: [[f.uri, f.size, f.ident] for f in sp.files]
+            "files": {sp.source.name: [[f.uri, f.size, f.ident] for f in sp.files]
                       for sp in sources},
             "tokenizer_sha256": tokenizer.sha256,
         }
-        identities = {sp.spec.name: {"kind": kind_name(sp.spec), **sp.kind.identity()}
-                      for sp in sources if kind_name(sp.spec) != "text"}
+        identities = {sp.source.name: {"kind": kind_name(sp.source), **sp.kind.identity()}
+                      for sp in sources if kind_name(sp.source) != "text"}
         if identities:  # text recipes keep the fingerprint they always had
             doc["documents"] = identities
         # compressed files cut at frame boundaries: a state saved when each was one chunk must
         # not resume on other chunks (recipes without such files keep their fingerprint)
-        framed = {sp.spec.name: {sp.files[i].uri: n for i, n in sorted(Counter(
+        framed = {sp.source.name: {sp.files[i].uri: n for i, n in sorted(Counter(
             c.file for c in sp.chunks if sp.files[c.file].compression).items()) if n > 1}
             for sp in sources}
         if any(framed.values()):
@@ -111,8 +111,8 @@ class Plan:
         policy.check_recipe(self.recipe)
         columns = self.schema.document_columns()
         whole = self.recipe.sequence_tokens  # for kinds whose documents are never split
-        return [MapStage(sp.spec.field, sp.filters, sp.kind, columns, policy,
-                         whole if getattr(sp.spec.kind_config, "whole_documents", False)
+        return [MapStage(sp.source.field, sp.filters, sp.kind, columns, policy,
+                         whole if getattr(sp.source.kind_config, "whole_documents", False)
                          else None)
                 for sp in self.sources]
 

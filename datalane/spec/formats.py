@@ -3,13 +3,13 @@
 :data:`DECLARED` is the one declaration of every format: its name, the extensions that infer
 it, whether its records are token ids only, whether a directory can hold one of its datasets,
 and where the engine's implementation lives. Every other table is derived from it: the
-extension table (:data:`FORMATS`) that the engine and the operator (which refuses, at
-admission, a concrete file whose format could never be inferred) infer formats with, the
-recipe's choices (:data:`FORMAT_NAMES`) and its reference text (:func:`format_reference`),
-:data:`TOKEN_FORMATS`, and the engine's registry of readers and directory listers
-(:mod:`datalane.engine.formats`), which loads each declared implementation by its path. A new
-format is its module plus one :class:`FormatSpec` line here; ``tests/engine`` fails naming
-whatever one of the two lacks.
+extension table (:data:`FORMAT_BY_EXTENSION`, extension -> format name) that the engine and the
+operator (which refuses, at admission, a concrete file whose format could never be inferred)
+infer formats with, the recipe's choices (:data:`FORMAT_NAMES`) and its reference text
+(:func:`format_reference`), :data:`TOKEN_FORMATS`, and the engine's registry of readers and
+directory listers (:data:`datalane.engine.formats.FORMATS`, format name -> implementation),
+which loads each declared implementation by its path. A new format is its module plus one
+:class:`FormatSpec` line here; ``tests/engine`` fails naming whatever one of the two lacks.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from datalane.spec.seams import engine_path
 
-__all__ = ["COMPRESSIONS", "DECLARED", "FORMATS", "FORMAT_NAMES", "PART_FORMATS",
+__all__ = ["COMPRESSIONS", "DECLARED", "FORMAT_BY_EXTENSION", "FORMAT_NAMES", "PART_FORMATS",
            "TOKEN_FORMATS", "UNSUPPORTED", "FormatSpec", "compression_of", "declared",
            "directory_formats", "format_reference", "infer_format", "unsupported_compression"]
 
@@ -84,8 +84,9 @@ DECLARED: tuple[FormatSpec, ...] = (
     FormatSpec("hf", (".arrow",), directory="HF", probe=1),
 )
 
-#: File extension -> format name (derived from :data:`DECLARED`).
-FORMATS = {ext: f.name for f in DECLARED for ext in f.extensions}
+#: File extension -> format name (derived from :data:`DECLARED`); the engine's registry of
+#: implementations by format name is :data:`datalane.engine.formats.FORMATS`.
+FORMAT_BY_EXTENSION = {ext: f.name for f in DECLARED for ext in f.extensions}
 #: URI scheme -> what to install for fsspec to open it (named when the scheme is unknown).
 PROTOCOL_EXTRAS = {"hf": "huggingface_hub: pip install 'datalane[hf]'"}
 FORMAT_NAMES = tuple(f.name for f in DECLARED)
@@ -131,4 +132,4 @@ def unsupported_compression(name: str) -> str | None:
 def infer_format(name: str) -> str | None:
     """``parquet``, ``jsonl`` or None, from the extension under any compression suffix."""
     stem = os.path.splitext(name)[0] if compression_of(name) else name
-    return FORMATS.get(os.path.splitext(stem)[1].lower())
+    return FORMAT_BY_EXTENSION.get(os.path.splitext(stem)[1].lower())

@@ -11,6 +11,10 @@ copies the bundled byte-level BPE tokenizer (vocabulary 1,024 with ``<|bos|>``, 
 tokenizer plus ChatML's ``<|im_start|>`` / ``<|im_end|>`` special tokens, a
 ``tokenizer_config.json`` carrying a ChatML chat template, and a recipe that mixes the chat
 source with plain text (so both document kinds share one sample schema).
+
+:mod:`datalane.testing.images` writes the image-caption corpus of the image tests and
+bench/images.py (WebDataset shards and Parquet), and the malformed images every decoder must
+set aside.
 """
 
 from __future__ import annotations

@@ -4,12 +4,16 @@ A microbatch of ``rows`` sequences is the columns of the recipe's sample schema
 (:mod:`datalane.spec.schema`), in schema order. The sidecar builds the layout from the schema
 (:meth:`Layout.of`: ``SampleSchema.layout``, columns back to back, each 8-byte aligned) and
 announces it in the reply to Open (:meth:`Layout.announce`: ``schema_json``, one
-``ColumnSlot`` per column and ``slot_bytes``). The client derives nothing: it reads the
-announcement (:meth:`Layout.announced`), checks schema and layout against each other (names
-in order, dtypes, sizes, bounds, no overlap) and makes its arrays from the announced offsets
-and shapes. So a new column (a chat recipe's ``loss_mask``) or another alignment on the
-sidecar needs no change in the client, and a malformed announcement is a
-:class:`~datalane.spec.errors.MismatchError` naming what is wrong, never misread bytes.
+``ColumnSlot`` per column and ``slot_bytes``; its Health carries the schema too). The client
+derives nothing: it reads the announcement (:meth:`Layout.announced`; a Health's schema:
+:func:`announced_schema`), checks schema and layout against each other (names in order,
+dtypes, sizes, bounds, no overlap) and against what it reads of them
+(:meth:`Layout.check_client`: the rows it asked for, the text columns), and makes its arrays
+from the announced offsets and shapes. So a new column (a chat recipe's ``loss_mask``) or
+another alignment on the sidecar needs no change in the client, and a malformed announcement
+is a :class:`~datalane.spec.errors.MismatchError` naming what is wrong, never misread bytes.
+These checks are the client's (:mod:`datalane.client.sidecar` calls them); they live here,
+beside the layout they check.
 
 Payloads: inline, one buffer per column (:meth:`Layout.pack` / :meth:`Layout.unpack`); in
 shared memory, the columns at their offsets in a slot of ``slot_bytes``
@@ -28,7 +32,18 @@ from datalane.spec.errors import MismatchError
 from datalane.spec.integrity import parse_json
 from datalane.spec.schema import DTYPES, SampleSchema, SlotField
 
-__all__ = ["Layout"]
+__all__ = ["Layout", "announced_schema"]
+
+
+def announced_schema(reply: Any, where: str) -> SampleSchema:
+    """The sample schema a reply (Open's or Health's) announces in ``schema_json``, checked;
+    MismatchError naming ``where``."""
+    if not reply.schema_json:
+        raise MismatchError(f"{where} announces no sample schema: the sidecar predates "
+                            f"wire protocol 2 (typed columns); upgrade the sidecar")
+    return SampleSchema.from_json(
+        parse_json(reply.schema_json, f"{where}: schema_json", MismatchError),
+        f"{where}: schema_json")
 
 
 @dataclass(frozen=True)
@@ -62,12 +77,7 @@ class Layout:
     @classmethod
     def announced(cls, reply: Any, where: str) -> Layout:
         """The layout an ``OpenReply`` announces, checked; MismatchError naming ``where``."""
-        if not reply.schema_json:
-            raise MismatchError(f"{where} announces no sample schema: the sidecar predates "
-                                f"wire protocol 2 (typed columns); upgrade the sidecar")
-        schema = SampleSchema.from_json(
-            parse_json(reply.schema_json, f"{where}: schema_json", MismatchError),
-            f"{where}: schema_json")
+        schema = announced_schema(reply, where)
         slot_bytes = int(reply.slot_bytes)
         names = [f.name for f in reply.layout]
         if names != list(schema.names):
@@ -108,6 +118,21 @@ class Layout:
         if end > slot_bytes:
             raise MismatchError(f"{where} lays out {end} bytes in a slot of {slot_bytes}")
         return cls(schema, tuple(fields), slot_bytes)
+
+    def check_client(self, rows: int, where: str) -> None:
+        """Check an announced layout against what a client reads of it: microbatches of the
+        ``rows`` sequences it asked for, and the int32 per-token text columns every recipe
+        has; MismatchError naming ``where``."""
+        if self.rows != rows:
+            raise MismatchError(f"{where} lays out microbatches of {self.rows} sequences; "
+                                f"this loader asked for {rows}")
+        for name in ("input_ids", "positions"):
+            if name not in self.schema.names or \
+                    self.schema.column(name).dtype != "int32" or \
+                    not self.schema.column(name).per_token:
+                raise MismatchError(f"{where} announces a schema without the int32 per-token "
+                                    f"column {name!r} every recipe has: "
+                                    f"{self.schema.dumps()[:200]}")
 
     # -- payloads ----------------------------------------------------------------------------
     def _arrays(self, columns: Mapping[str, np.ndarray]) -> list[np.ndarray]:

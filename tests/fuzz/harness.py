@@ -139,15 +139,15 @@ def read_documents(uri: str, source: dict[str, Any]) -> tuple[list[str], Counter
     counted by reason: the plan, each chunk read by the record reader, each record decoded."""
     plan = Plan.build(one_lane([uri], **source))
     sp = plan.sources[0]
-    reader = RecordReader(sp.files, sp.spec.field, sp.spec)
+    reader = RecordReader(sp.files, sp.source.field, sp.source)
     docs: list[str] = []
     bad: Counter[str] = Counter()
     try:
         for chunk in sp.chunks:
-            fmt = format_for(sp.files[chunk.file].format, sp.spec)
+            fmt = format_for(sp.files[chunk.file].format, sp.source)
             for _, raw in reader.records(chunk):
                 value, reason, _ = ((None, TOO_LARGE, "") if isinstance(raw, TooLarge) else
-                                    fmt.decode(raw, sp.spec.field))  # as the map stage does
+                                    fmt.decode(raw, sp.source.field))  # as the map stage does
                 if reason is None:
                     docs.append(_text(value))
                 else:

@@ -147,16 +147,16 @@ def read_source(source: dict[str, Any]) -> list[tuple[int, int, Any, str | None]
                           "sources": [{"name": "s", **source}]})
     plan = Plan.build(recipe)
     sp = plan.sources[0]
-    reader = RecordReader(sp.files, sp.spec.field, sp.spec)
+    reader = RecordReader(sp.files, sp.source.field, sp.source)
     out = []
     try:
         for chunk in sorted(sp.chunks, key=lambda c: (c.file, c.start)):
-            fmt = format_for(sp.files[chunk.file].format, sp.spec)
+            fmt = format_for(sp.files[chunk.file].format, sp.source)
             for pos, raw in reader.records(chunk):
                 if isinstance(raw, TooLarge):
                     out.append((chunk.file, pos, None, TOO_LARGE))
                     continue
-                value, reason, _ = fmt.decode(raw, sp.spec.field)
+                value, reason, _ = fmt.decode(raw, sp.source.field)
                 if isinstance(value, np.ndarray):
                     value = value.tolist()
                 out.append((chunk.file, pos, value, reason))

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 
 from datalane.corpus import tokenizer_path
-from datalane.corpus_images import hostile_images
+from datalane.testing.images import hostile_images
 
 __all__ = ["FIXTURES", "KindFixture"]
 
 CHAT = Path(__file__).resolve().parent.parent / "data" / "chat"
 #: datalane's bundled tokenizer with Qwen's vision tokens
-#: (:func:`datalane.corpus_images.write_vision_tokenizer`)
+#: (:func:`datalane.testing.images.write_vision_tokenizer`)
 VISION_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "vision" / "tokenizer.json"
 
 
@@ -47,7 +47,7 @@ def _image(k: int) -> bytes:
 
     from PIL import Image
 
-    from datalane.corpus_images import synthetic_image
+    from datalane.testing.images import synthetic_image
 
     buf = io.BytesIO()
     Image.fromarray(synthetic_image(k, 48, 40 + 8 * k)).save(buf, "JPEG")

@@ -36,7 +36,7 @@ def test_every_format_the_recipe_accepts_or_infers_is_registered() -> None:
 
     (field,) = [f for f in dataclasses.fields(Source) if f.name == "format"]
     assert set(FORMATS) == set(field.metadata["choices"])
-    assert set(spec_formats.FORMATS.values()) == set(FORMATS)
+    assert set(spec_formats.FORMAT_BY_EXTENSION.values()) == set(FORMATS)
     for name, fmt in FORMATS.items():
         assert fmt.name == name
 

@@ -32,6 +32,8 @@ def implementation(spec: FormatSpec) -> Format:
     return fmt
 
 
+#: Format name -> the engine's implementation (the spec's extension table is
+#: :data:`datalane.spec.formats.FORMAT_BY_EXTENSION`).
 FORMATS: dict[str, Format] = {spec.name: implementation(spec) for spec in DECLARED}
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from datalane.corpus_images import ImageCorpus, make_image_corpus
+from datalane.testing.images import ImageCorpus, make_image_corpus
 
 _TITAN_IMAGE = "torchtitan.hf_datasets.multimodal.utils.image"
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from datalane.corpus_images import synthetic_image
 from datalane.engine.images import Augment, augment
 from datalane.engine.images.augment import crop_box
 from datalane.engine.rng import words
 from datalane.spec.errors import ConfigError
+from datalane.testing.images import synthetic_image
 
 IMAGE = Image.fromarray(synthetic_image(3, 120, 80))
 

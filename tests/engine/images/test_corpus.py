@@ -1,4 +1,4 @@
-"""datalane.corpus_images: the same image corpus for the same arguments, in two layouts."""
+"""datalane.testing.images: the same image corpus for the same arguments, in two layouts."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from datalane.corpus_images import ImageCorpus, make_image_corpus
 from datalane.engine.images import BadImage, ImageRule, decode, process, sniff
+from datalane.testing.images import ImageCorpus, make_image_corpus
 
 
 def _digest(paths: list[str]) -> list[str]:

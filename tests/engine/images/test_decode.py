@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from datalane.corpus_images import hostile_images, synthetic_image
 from datalane.engine.images import BadImage, ImageLimits, ImageRule, decode, process, sniff
 from datalane.spec.errors import ConfigError
 from datalane.spec.limits import IMAGE_REASONS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
+from datalane.testing.images import hostile_images, synthetic_image
 from tests.engine.images.conftest import corpus_images
 
 PIXELS = synthetic_image(7, 96, 64)  # what hostile_images(7) encodes

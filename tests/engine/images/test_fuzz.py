@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from datalane.corpus_images import synthetic_image
 from datalane.engine.images import BadImage, ImageLimits, decode
 from datalane.spec.limits import IMAGE_REASONS
+from datalane.testing.images import synthetic_image
 
 LIMITS = ImageLimits(max_bytes=1 << 20, max_pixels=1 << 20)  # small: a fuzzer's image is small
 

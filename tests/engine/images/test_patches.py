@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from datalane.corpus_images import synthetic_image
 from datalane.engine.images import (
     ImageRule,
     PatchRule,
@@ -21,6 +20,7 @@ from datalane.engine.images import (
     process,
     target_size,
 )
+from datalane.testing.images import synthetic_image
 from tests.engine.images.conftest import corpus_images
 
 torch = pytest.importorskip("torch")

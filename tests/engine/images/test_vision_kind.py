@@ -21,7 +21,6 @@ from PIL import Image
 from tokenizers import Tokenizer
 
 from datalane.corpus import tokenizer_path
-from datalane.corpus_images import ImageCorpus, hostile_images, synthetic_image
 from datalane.engine.chunks import RecordReader
 from datalane.engine.formats import format_for
 from datalane.engine.images import ImageRule, process
@@ -30,6 +29,7 @@ from datalane.engine.plan import Plan
 from datalane.spec.errors import ConfigError, DataError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe, load_recipe
+from datalane.testing.images import ImageCorpus, hostile_images, synthetic_image
 from tests.support.kinds import VISION_TOKENIZER
 
 START, PAD, END, EOS = 1026, 1024, 1027, 1  # the ids in tests/data/vision/tokenizer.json
@@ -124,9 +124,9 @@ def test_the_map_result_carries_each_documents_patches(shard) -> None:
     plan = Plan.build(_recipe([str(path)], 150))
     sp = plan.sources[0]
     stage = plan.map_stages()[0]
-    reader = RecordReader(sp.files, sp.spec.field, sp.spec)
+    reader = RecordReader(sp.files, sp.source.field, sp.source)
     records = [(0, pos, raw) for pos, raw in reader.records(sp.chunks[0])]
-    got = stage.run(records, [format_for(f.format, sp.spec) for f in sp.files])
+    got = stage.run(records, [format_for(f.format, sp.source) for f in sp.files])
     assert got.status == [None, None, "image_truncated"]
     assert got.attached is not None and got.attached[2] is None
     for k, (grid, tokens) in enumerate((((1, 14, 20), 70), ((1, 16, 32), 128))):

@@ -166,7 +166,7 @@ def write_vision_tokenizer(path: str) -> str:
     never split) to ``path``; returns ``path``. The same bytes every time."""
     from tokenizers import AddedToken, Tokenizer
 
-    from datalane.corpus import tokenizer_path
+    from datalane.testing import tokenizer_path
 
     tok = Tokenizer.from_file(tokenizer_path())
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
