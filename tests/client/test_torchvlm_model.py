@@ -22,6 +22,7 @@ instead (docs/vlm.md, "The trainer side"):
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 import types
@@ -51,21 +52,19 @@ def _without_fla() -> None:
     """Empty stand-ins for the flash-linear-attention names qwen3_5/model.py imports (its
     Gated DeltaNet kernels), for a model without Gated DeltaNet layers; removed again once the
     model's module is imported."""
-    try:
-        import fla  # noqa: F401
+    if importlib.util.find_spec("fla") is not None:
         return
-    except ImportError:
-        pass
 
     def absent(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("flash-linear-attention is not installed")
 
-    names = {"fla.modules.conv.triton.ops": {"CausalConv1dFunction": None},
-             "fla.modules.conv.causal_conv1d": {"causal_conv1d": absent},
-             "fla.ops.gated_delta_rule": {"chunk_gated_delta_rule": absent,
-                                          "fused_recurrent_gated_delta_rule": absent},
-             "fla.ops.gated_delta_rule.chunk": {"ChunkGatedDeltaRuleFunction": None},
-             "fla.ops.gated_delta_rule.fused_recurrent": {"FusedRecurrentFunction": None}}
+    names: dict[str, dict[str, Any]] = {
+        "fla.modules.conv.triton.ops": {"CausalConv1dFunction": None},
+        "fla.modules.conv.causal_conv1d": {"causal_conv1d": absent},
+        "fla.ops.gated_delta_rule": {"chunk_gated_delta_rule": absent,
+                                     "fused_recurrent_gated_delta_rule": absent},
+        "fla.ops.gated_delta_rule.chunk": {"ChunkGatedDeltaRuleFunction": None},
+        "fla.ops.gated_delta_rule.fused_recurrent": {"FusedRecurrentFunction": None}}
     for name, attrs in names.items():
         parts = name.split(".")
         for i in range(1, len(parts) + 1):

@@ -109,7 +109,7 @@ def titan_sample(tokenizer: Any, texts: list[str | None], pictures: list[Picture
     from torchtitan.hf_datasets.multimodal.utils.image import resize_to_pixel_budget
 
     p = rule.patches
-    sample = _process_mm_sample(
+    sample: dict[str, Any] | None = _process_mm_sample(
         texts=list(texts), images=[None if x is None else x.png for x in pictures],
         tokenizer=tokenizer, patch_size=p.patch_size, temporal_patch_size=p.temporal_patch_size,
         spatial_merge_size=p.merge_size, min_pixels=rule.resize.min_pixels,
