@@ -83,10 +83,13 @@ def _integers(columns: Mapping[str, np.ndarray], name: str, shape: tuple[int, ..
     return a.astype(np.int64)
 
 
-def check_images(columns: Mapping[str, np.ndarray], ids: np.ndarray, positions: np.ndarray,
-                 rule: PatchRule, image_id: int) -> Images:
-    """The microbatch's images, once every rule of the module docstring holds on ``ids`` and
-    ``positions`` (the input tokens, (B, seq_len)); DataError naming the first that fails."""
+def check_images(columns: Mapping[str, np.ndarray], rule: PatchRule, image_id: int) -> Images:
+    """The microbatch's images, once every rule of the module docstring holds on its
+    ``input_ids`` and ``positions`` (rows of ``seq_len + 1`` tokens: a run must lie in the
+    ``seq_len`` input tokens, and the last token, a target only, holds no placeholder);
+    DataError naming the first that fails."""
+    full = np.asarray(columns["input_ids"])
+    positions = np.asarray(columns["positions"])
     present = [n for n in IMAGE_COLUMNS if n in columns]
     if present and len(present) != len(IMAGE_COLUMNS):
         missing = [n for n in IMAGE_COLUMNS if n not in columns]
@@ -104,8 +107,11 @@ def check_images(columns: Mapping[str, np.ndarray], ids: np.ndarray, positions: 
                         f"(P, {width}): one frame of 3 x {rule.patch_size} x "
                         f"{rule.patch_size} pixels a row")
     grid = np.asarray(columns["image_grid_thw"])
-    n = grid.shape[0] if grid.ndim == 2 else -1
-    grid = _integers(columns, "image_grid_thw", (max(n, 0), 3))
+    if grid.dtype.kind not in "iu" or grid.ndim != 2 or grid.shape[1] != 3:
+        raise DataError(f"image_grid_thw: {grid.dtype} of shape {grid.shape} is not integers "
+                        f"of shape (N, 3)")
+    n = grid.shape[0]
+    grid = grid.astype(np.int64)
     seq = _integers(columns, "image_seq", (n,))
     offset = _integers(columns, "image_offset", (n,))
     start = _integers(columns, "image_patch_start", (n + 1,))
@@ -129,7 +135,7 @@ def check_images(columns: Mapping[str, np.ndarray], ids: np.ndarray, positions: 
         raise DataError(f"image_patch_start[{i}:{i + 2}] = {start[i:i + 2].tolist()} gives "
                         f"image {i} {rows[i]} patch rows but its grid_thw "
                         f"{tuple(grid[i].tolist())} has {int(grid[i].prod())}")
-    batch, seq_len = ids.shape
+    batch, seq_len = full.shape[0], full.shape[1] - 1
     for i in range(n):
         s, o, k = int(seq[i]), int(offset[i]), int(tokens[i])
         where = f"image {i} (image_seq {s}, image_offset {o})"
@@ -142,9 +148,8 @@ def check_images(columns: Mapping[str, np.ndarray], ids: np.ndarray, positions: 
             raise DataError(f"{where} comes after image {i - 1} (image_seq {int(seq[i - 1])}, "
                             f"image_offset {int(offset[i - 1])}): images go in (image_seq, "
                             f"image_offset) order")
-        row = ids[s]
-        is_pad = row == image_id
-        end = o + int(np.argmin(is_pad[o:])) if not is_pad[o:].all() else seq_len
+        is_pad = full[s] == image_id
+        end = o + int(np.argmin(is_pad[o:])) if not is_pad[o:].all() else seq_len + 1
         if not is_pad[o] or (o and is_pad[o - 1]) or end - o != k:
             first = o
             while first and is_pad[first - 1]:
@@ -157,7 +162,7 @@ def check_images(columns: Mapping[str, np.ndarray], ids: np.ndarray, positions: 
         if k > 1 and not np.array_equal(np.diff(pos), np.ones(k - 1, pos.dtype)):
             raise DataError(f"{where}: its placeholder run crosses a document boundary (the "
                             f"positions restart inside it)")
-    total = int(np.count_nonzero(ids == image_id))
+    total = int(np.count_nonzero(full == image_id))
     if total != int(tokens.sum()):
         raise DataError(f"the microbatch holds {total} placeholder tokens (token {image_id}) "
                         f"but its {n} images account for {int(tokens.sum())}")
@@ -233,7 +238,7 @@ def to_vlm(columns: Mapping[str, np.ndarray], special_tokens: Mapping[str, int],
         r, c = video[0].tolist()
         raise DataError(f"input_ids[{r}, {c}] is the video placeholder {specials['video_id']}: "
                         f"videos are not carried, and TorchTitan would look for their grid")
-    images = check_images(columns, ids, positions, rule, specials["image_id"])
+    images = check_images(columns, rule, specials["image_id"])
     labels = torch.from_numpy(np.asarray(columns["input_ids"])[:, 1:].astype(np.int64))
     labels[torch.from_numpy(~trained_targets(columns))] = IGNORE_INDEX
     has_images = len(images) > 0

@@ -212,9 +212,7 @@ def test_mrope_of_an_image_that_starts_its_document_by_hand() -> None:
 def _images(columns: dict[str, np.ndarray]) -> Any:
     from datalane.client.torchvlm import check_images
 
-    ids = columns["input_ids"][:, :-1].astype(np.int64)
-    return check_images(columns, ids, np.maximum(columns["positions"][:, :-1], 0), PatchRule(),
-                        PAD)
+    return check_images(columns, PatchRule(), PAD)
 
 
 def _valid() -> dict[str, np.ndarray]:
@@ -244,8 +242,23 @@ def _swapped(c: dict[str, np.ndarray]) -> None:
     c["image_patch_start"] = np.array([0, 16, 40], np.int64)
 
 
+def _run_into_the_last_token(c: dict[str, np.ndarray]) -> None:
+    # a third image of 4 tokens at token 20 of row 1, whose run goes on into token 24: the
+    # row's last token, a target only (its document would not have fitted the row)
+    c["input_ids"][1, 20:25] = PAD
+    c["image_seq"] = np.array([0, 0, 1], np.int32)
+    c["image_offset"] = np.array([1, 10, 20], np.int32)
+    c["image_grid_thw"] = np.array([(1, 4, 6), (1, 4, 4), (1, 4, 4)], np.int32)
+    c["image_patches"] = np.zeros((56, 768), np.uint8)
+    c["image_patch_start"] = np.array([0, 24, 40, 56], np.int64)
+
+
 def _missing(c: dict[str, np.ndarray]) -> None:
     del c["image_seq"]
+
+
+def _flat_grid(c: dict[str, np.ndarray]) -> None:
+    c["image_grid_thw"] = c["image_grid_thw"].reshape(-1)
 
 
 def _float_patches(c: dict[str, np.ndarray]) -> None:
@@ -265,6 +278,11 @@ REFUSED = [
      r"placeholder tokens but the row has a run of 0 \(token 1024\) from token 9"),
     (_grid_of_8, r"image 0 .*: its grid_thw \(1, 4, 8\) makes 8 placeholder tokens but the row "
      r"has a run of 6 \(token 1024\) from token 1"),
+    (_run_into_the_last_token, r"image 2 \(image_seq 1, image_offset 20\): its grid_thw "
+     r"\(1, 4, 4\) makes 4 placeholder tokens but the row has a run of 5 \(token 1024\) from "
+     r"token 20"),
+    (_set("input_ids", (1, 24), PAD), r"the microbatch holds 11 placeholder tokens \(token "
+     r"1024\) but its 2 images account for 10"),
     (_set("image_patch_start", 1, 44), r"image_patch_start \[0, 44, 40\] is not monotone: it "
      r"decreases at index 2"),
     (_set("image_patch_start", 2, 36), r"image_patch_start runs from 0 to 36, not from 0 to "
@@ -282,6 +300,8 @@ REFUSED = [
      r"boundary"),
     (_missing, r"the microbatch has \['image_patches', 'image_grid_thw', 'image_offset', "
      r"'image_patch_start'\] but not \['image_seq'\]"),
+    (_flat_grid,
+     r"image_grid_thw: int32 of shape \(6,\) is not integers of shape \(N, 3\)"),
     (_float_patches, r"image_patches: float32 of shape \(40, 768\) is not uint8 \(P, 768\)"),
 ]
 
