@@ -209,6 +209,51 @@ def test_mrope_of_an_image_that_starts_its_document_by_hand() -> None:
                           got.numpy())
 
 
+def _random_rows(rng: np.random.Generator, rows: int, seq_len: int) -> list[list[Doc]]:
+    """Rows of random documents: text runs and images (with or without <|vision_start|>,
+    always closed by <|vision_end|>, grids of 1-3 x 1-4 merged tokens) in any order."""
+    out = []
+    for _ in range(rows):
+        docs, room = [], seq_len + 1
+        while room > 0 and rng.random() < 0.8:
+            doc = Doc([], [])
+            for _ in range(int(rng.integers(1, 5))):
+                if rng.random() < 0.5:
+                    doc.ids += [int(t) for t in rng.integers(3, 900, int(rng.integers(1, 6)))]
+                else:
+                    h, w = 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 5))
+                    start = [START] if rng.random() < 0.7 else []
+                    doc.images.append((len(doc.ids) + len(start), _blank(h, w)))
+                    doc.ids += [*start, *[PAD] * (h * w // 4), END]
+            doc.mask = [1] * len(doc.ids)
+            if len(doc.ids) > room:
+                break
+            docs.append(doc)
+            room -= len(doc.ids)
+        out.append(docs)
+    return out
+
+
+def test_mrope_equals_torchtitans_on_random_layouts() -> None:
+    from torchtitan.models.common.multimodal import get_vision_positions
+
+    rng = np.random.default_rng(21)
+    images = 0
+    for _ in range(40):
+        columns = microbatch(_random_rows(rng, 3, 48), 48, TPAD)
+        inputs, _ = to_vlm(columns, SPECIAL)
+        if inputs["grid_thw"] is None:
+            continue
+        images += len(inputs["grid_thw"])
+        assert np.array_equal(inputs["mrope_positions"].numpy(), _titan_mrope(columns))
+        # the model finds each image's run where the columns put it
+        found = get_vision_positions(inputs["input"], inputs["grid_thw"].prod(-1) // 4, PAD)
+        assert found == [(i, int(s), int(o), int(n)) for i, (s, o, n) in enumerate(zip(
+            columns["image_seq"], columns["image_offset"],
+            inputs["grid_thw"].prod(-1) // 4, strict=True))]
+    assert images > 100
+
+
 def _images(columns: dict[str, np.ndarray]) -> Any:
     from datalane.client.torchvlm import check_images
 
