@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from datalane.corpus_images import make_image_corpus
 from datalane.engine.images import Patches, PatchRule, process
 from datalane.spec.errors import ConfigError, DataError
+from datalane.testing.images import make_image_corpus
 from tests.support.vlm import (
     RULE,
     Doc,

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from datalane.corpus_images import make_image_corpus
+from datalane.testing.images import make_image_corpus
 from tests.support.vlm import Doc, microbatch, picture
 
 torch = pytest.importorskip("torch")

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from datalane.corpus_images import VISION_TOKENS, write_vision_tokenizer
 from datalane.engine.images import ImageRule, Patches, ResizeRule, decode, patchify, resize
+from datalane.testing.images import VISION_TOKENS, write_vision_tokenizer
 
 #: Small images (at most 128 placeholder tokens) keep rows and the model test small.
 RULE = ImageRule(resize=ResizeRule(max_pixels=2 * 65536))
