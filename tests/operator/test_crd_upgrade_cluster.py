@@ -134,7 +134,8 @@ def _read_or_none(api: client.ApiClient, ns: str, version: str) -> dict[str, Any
 def test_kubectl_apply_of_crds_upgrades_the_previous_crd(
         no_crd: Cluster, k8s_api: client.ApiClient, k8s_namespace: str) -> None:
     """Without Helm (or with crds.install=false): ``kubectl apply --server-side
-    --force-conflicts -f crds/`` upgrades the CRD in place; the pipelines stay."""
+    --force-conflicts -f crds/`` upgrades the CRD in place, and the previous one undoes it;
+    the pipelines stay."""
     c, ns = no_crd, k8s_namespace
     c.kubectl("apply", "--server-side", "-f", "-", input=previous_crd())
     c.wait_crd_established(NAME)
@@ -143,6 +144,11 @@ def test_kubectl_apply_of_crds_upgrades_the_previous_crd(
     c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     assert served(c) == ["v1alpha1", "v1beta1"]
     check_the_upgrade(c, k8s_api, ns, before)
+    # undone: nothing was stored as v1beta1, so the previous CRD applies again, and the
+    # pipeline written as v1beta1 reads as the v1alpha1 it is stored as
+    c.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=previous_crd())
+    assert served(c) == ["v1alpha1"]
+    assert read(k8s_api, ns, "v1alpha1", "beta")["spec"]["lanes"] == 4
 
 
 def test_helm_upgrade_from_the_previous_chart_upgrades_the_crd_and_uninstall_keeps_it(

@@ -330,6 +330,8 @@ def test_cert_manager_mode() -> None:
     ("metrics.port=0", "/metrics/port"),
     ("metrics.serviceMonitor.interval=often", "/metrics/serviceMonitor/interval"),
     ("metrics.prometheusRule.reconcileErrorRatio=2", "/metrics/prometheusRule/reconcileErrorRatio"),
+    ("crds.install=maybe", "/crds/install"),
+    ("crds.keep=false", "/crds"),  # the CRD is always kept: no value deletes every pipeline
 ])
 def test_values_schema_refuses(value: str, message: str) -> None:
     out = helm("template", "dl", str(CHART), "--set", value, check=False)
