@@ -151,12 +151,14 @@ def test_kubectl_apply_of_crds_upgrades_the_previous_crd(
     assert read(k8s_api, ns, "v1alpha1", "beta")["spec"]["lanes"] == 4
 
 
+@pytest.mark.parametrize("adopt", ["--take-ownership", "owner labels"])
 def test_helm_upgrade_from_the_previous_chart_upgrades_the_crd_and_uninstall_keeps_it(
-        no_crd: Cluster, k8s_api: client.ApiClient, k8s_namespace: str,
-        tmp_path: Path) -> None:
-    """0.1.0 (CRD in crds/) -> this chart: the one-time ``--take-ownership`` upgrade applies
-    the new CRD; a later chart's changed CRD takes effect on a plain ``helm upgrade``;
-    ``helm uninstall`` leaves the CRD and the pipelines."""
+        no_crd: Cluster, k8s_api: client.ApiClient, k8s_namespace: str, tmp_path: Path,
+        adopt: str) -> None:
+    """0.1.0 (CRD in crds/) -> this chart: the upgrade that adopts the CRD once (Helm's
+    ``--take-ownership``, or, before Helm 3.17, the owner's label and annotations set by
+    hand) applies the new CRD; a later chart's changed CRD takes effect on a plain ``helm
+    upgrade``; ``helm uninstall`` leaves the CRD and the pipelines."""
     c, ns = no_crd, k8s_namespace
     release = "up" + ns[:16].rstrip("-")
     wait = ("--wait", "--timeout", "120s")
@@ -170,8 +172,14 @@ def test_helm_upgrade_from_the_previous_chart_upgrades_the_crd_and_uninstall_kee
                       check=False)
         assert out.returncode != 0 and "invalid ownership metadata" in out.stderr, out.stderr
         assert served(c) == ["v1alpha1"]
-        c.helm("upgrade", release, str(CHART), "--namespace", ns, "--take-ownership",
-               *NO_WEBHOOKS, *wait)
+        if adopt == "--take-ownership":
+            c.helm("upgrade", release, str(CHART), "--namespace", ns, adopt, *NO_WEBHOOKS,
+                   *wait)
+        else:
+            c.kubectl("label", "crd", NAME, "app.kubernetes.io/managed-by=Helm")
+            c.kubectl("annotate", "crd", NAME, f"meta.helm.sh/release-name={release}",
+                      f"meta.helm.sh/release-namespace={ns}")
+            c.helm("upgrade", release, str(CHART), "--namespace", ns, *NO_WEBHOOKS, *wait)
         crd = crd_of(c)
         assert [v["name"] for v in crd["spec"]["versions"]] == ["v1alpha1", "v1beta1"]
         annotations = crd["metadata"]["annotations"]
