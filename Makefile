@@ -35,7 +35,7 @@ demo-torchtitan: $(STAMP)
 	$(BIN)/python -m datalane.demos.torchtitan
 
 # Every file generated from the models (docs/recipe.md's reference, the CRD in crds/ and the
-# chart's copy, docs/operator.md's reference), in one command; tests/unit/test_generated.py
+# chart's template of it, docs/operator.md's reference), in one command; tests/unit/test_generated.py
 # fails naming this target when one of them drifts.
 generate: $(STAMP)
 	$(BIN)/python tools/generate.py

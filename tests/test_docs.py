@@ -134,7 +134,7 @@ def test_readme_kubectl_get_dp_shows_the_crds_columns() -> None:
     """The columns the README shows for ``kubectl get dp`` are the CRD's printer columns
     (those of priority 0: what kubectl prints without ``-o wide``)."""
     crd = yaml.safe_load((ROOT / "crds" / "datapipelines.datalane.io.yaml").read_text())
-    (version,) = [v for v in crd["spec"]["versions"] if v.get("served")]
+    (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
     columns = ["NAME"] + [c["name"].upper() for c in version["additionalPrinterColumns"]
                           if not c.get("priority")]
     line = next(line for line in (ROOT / "README.md").read_text().splitlines()

@@ -17,6 +17,9 @@ schemas:
   int-or-string, its words a pattern (which applies to strings only, as the bounds apply to
   numbers only), named in the description.
 
+Every version of ``SERVED_VERSIONS`` (v1alpha1, the storage version, and v1beta1) has this
+one schema, so the API server converts between them without a webhook (``conversion: None``).
+
 CEL rules add what a single field cannot say (``globalBatchSize % lanes == 0``, lanes fixed
 for the life of a run, name length). ``python -m datalane_operator crd`` prints the YAML
 committed as ``crds/datapipelines.datalane.io.yaml``; a test fails when they differ.
@@ -32,7 +35,15 @@ import yaml
 
 from datalane.spec.model import json_schema
 from datalane.spec.recipe import recipe_schema
-from datalane_operator.names import GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION
+from datalane_operator.names import (
+    GROUP,
+    KIND,
+    PLURAL,
+    SERVED_VERSIONS,
+    SHORT_NAME,
+    SINGULAR,
+    VERSION,
+)
 from datalane_operator.pipeline import LIFTED_RECIPE_FIELDS, QUANTITY, PipelineSpec
 
 __all__ = ["CRD_FILE", "crd_manifest", "crd_yaml", "spec_schema", "status_schema",
@@ -250,14 +261,17 @@ def crd_manifest() -> dict[str, Any]:
             "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL,
                       "singular": SINGULAR, "shortNames": [SHORT_NAME],
                       "categories": ["datalane"]},
+            # One schema under every name (a copy each: no YAML aliases in the file), so the
+            # API server converts between them by rewriting apiVersion (strategy None).
             "versions": [{
-                "name": VERSION,
+                "name": name,
                 "served": True,
-                "storage": True,
-                "schema": {"openAPIV3Schema": schema},
+                "storage": name == VERSION,
+                "schema": {"openAPIV3Schema": copy.deepcopy(schema)},
                 "subresources": {"status": {}},
-                "additionalPrinterColumns": columns,
-            }],
+                "additionalPrinterColumns": copy.deepcopy(columns),
+            } for name in SERVED_VERSIONS],
+            "conversion": {"strategy": "None"},
         },
     }
 

@@ -29,6 +29,7 @@ __all__ = [
     "REPLICA_INDEX_LABEL",
     "REPLICA_TYPE_LABEL",
     "SHORT_NAME",
+    "SERVED_VERSIONS",
     "SIDECAR_CONTAINER",
     "SINGULAR",
     "SOCKET_FILE",
@@ -47,7 +48,11 @@ __all__ = [
 ]
 
 GROUP = "datalane.io"
+# The version the operator reads and writes, and the CRD's storage version.
 VERSION = "v1alpha1"
+# Every version the CRD serves: the same schema, converted by the API server alone (conversion
+# None); docs/operator.md#upgrades says why v1beta1 is served and v1alpha1 stays the storage.
+SERVED_VERSIONS = (VERSION, "v1beta1")
 KIND = "DataPipeline"
 PLURAL = "datapipelines"
 SINGULAR = "datapipeline"

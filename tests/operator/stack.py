@@ -218,8 +218,10 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
         values["webhook"]["namespaceSelector"] = {"matchLabels": {
             "kubernetes.io/metadata.name": namespace}}
     (workdir / "values.yaml").write_text(yaml.safe_dump(values))
+    # --take-ownership: the CRD may be another's (an earlier stack's release kept it, or
+    # tests/operator/test_crd_cluster.py applied it), as docs/operator.md#upgrades says
     cluster.helm("install", release, str(CHART), "--namespace", namespace, "--values",
-                 str(workdir / "values.yaml"), "--wait", "--timeout", "120s")
+                 str(workdir / "values.yaml"), "--take-ownership", "--wait", "--timeout", "120s")
     kubeconfig = _sa_kubeconfig(cluster, namespace, f"{release}-datalane",
                                 workdir / "operator.kubeconfig")
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",

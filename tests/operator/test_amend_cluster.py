@@ -144,6 +144,12 @@ def test_appending_a_phase_is_admitted_and_editing_the_past_refused(
                 "step 100, before the resume step 350): weights.web saved 1.0, now 0.5. Only "
                 "phases that start at step 350 or later") in " ".join(refused.stderr.split()), (
             refused.stderr)
+        # the same edit as v1beta1: the API server converts it to the v1alpha1 the webhook
+        # matches (matchPolicy Equivalent), so the operator refuses it just the same
+        as_beta = apply(c, ns, {**pipeline(past, store), "apiVersion": f"{G}/v1beta1"})
+        assert as_beta.returncode != 0
+        assert "spec.recipe edits steps the run has already consumed" in " ".join(
+            as_beta.stderr.split()), as_beta.stderr
         after = custom.get_namespaced_custom_object(G, V, ns, P, "amend")
         assert after["spec"]["recipe"]["phases"] == [WARMUP, ANNEAL]
         assert after["metadata"]["generation"] == stored["metadata"]["generation"]

@@ -73,6 +73,21 @@ def test_status_printer_columns_and_short_name() -> None:
     assert rules[0]["rule"] == "self.globalBatchSize % self.lanes == 0"
 
 
+def test_every_served_version_has_the_one_schema_and_v1alpha1_is_stored() -> None:
+    """v1alpha1 and v1beta1 are one schema under two names: the API server converts between
+    them by rewriting apiVersion (conversion None); the storage version stays v1alpha1, what
+    the operator reads and what the previous chart's CRD stored."""
+    spec = crd_manifest()["spec"]
+    versions = spec["versions"]
+    assert [(v["name"], v["served"], v["storage"]) for v in versions] == [
+        ("v1alpha1", True, True), ("v1beta1", True, False)]
+    assert spec["conversion"] == {"strategy": "None"}
+    alpha, beta = ({k: v for k, v in version.items() if k not in ("name", "storage")}
+                   for version in versions)
+    assert alpha == beta
+    assert versions[0]["schema"] is not versions[1]["schema"]  # a copy each: no YAML alias
+
+
 def test_yaml_round_trips() -> None:
     assert yaml.safe_load(crd_yaml()) == crd_manifest()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 from datalane_operator import names
 from datalane_operator.policy import Policy
 
@@ -31,10 +32,15 @@ def test_lint_is_clean() -> None:
     assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
 
 
-def test_chart_crd_is_the_generated_one() -> None:
-    chart = CHART / "crds" / "datapipelines.datalane.io.yaml"
-    assert chart.read_bytes() == (ROOT / "crds" / "datapipelines.datalane.io.yaml").read_bytes(), (
-        "helm/datalane/crds/ differs from crds/: run `make generate`")
+def test_chart_crd_is_the_generated_one_and_upgrades_with_the_chart() -> None:
+    """The chart renders the generated CRD as a template (Helm applies crds/ on the first
+    install only, never on an upgrade), kept by Helm on uninstall; crds.install=false leaves
+    it to whoever manages it (another release, kubectl, GitOps)."""
+    assert not (CHART / "crds").exists()  # Helm would install it once and never upgrade it
+    (crd,) = by_kind(render(), "CustomResourceDefinition")
+    assert crd["metadata"].pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    assert crd == yaml.safe_load((ROOT / "crds" / "datapipelines.datalane.io.yaml").read_text())
+    assert by_kind(render("crds.install=false"), "CustomResourceDefinition") == []
 
 
 def test_default_render() -> None:
@@ -44,7 +50,7 @@ def test_default_render() -> None:
                             "ClusterRoleBinding", "Service", "Deployment",
                             "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
                             "Role", "RoleBinding", "Role", "RoleBinding", "Job",
-                            "PodDisruptionBudget"])
+                            "PodDisruptionBudget", "CustomResourceDefinition"])
     (dep,) = by_kind(docs, "Deployment")
     spec = dep["spec"]
     pod = spec["template"]["spec"]
@@ -324,6 +330,8 @@ def test_cert_manager_mode() -> None:
     ("metrics.port=0", "/metrics/port"),
     ("metrics.serviceMonitor.interval=often", "/metrics/serviceMonitor/interval"),
     ("metrics.prometheusRule.reconcileErrorRatio=2", "/metrics/prometheusRule/reconcileErrorRatio"),
+    ("crds.install=maybe", "/crds/install"),
+    ("crds.keep=false", "/crds"),  # the CRD is always kept: no value deletes every pipeline
 ])
 def test_values_schema_refuses(value: str, message: str) -> None:
     out = helm("template", "dl", str(CHART), "--set", value, check=False)

@@ -1,9 +1,9 @@
 """The committed generated files are what ``make generate`` makes from the models now.
 
 One test for all of them (docs/recipe.md's field reference, the CRD in crds/ and the Helm
-chart's copy, docs/operator.md's DataPipeline reference): a change to the recipe model (a new
-format or packer declared, a field) that leaves one stale fails here naming the file and the
-one command that regenerates them all.
+chart's template of it, docs/operator.md's DataPipeline reference): a change to the recipe
+model (a new format or packer declared, a field) that leaves one stale fails here naming the
+file and the one command that regenerates them all.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ def test_check_names_a_stale_file_and_the_command(tmp_path: Path, monkeypatch: A
         shutil.copyfile(path, copy)
     monkeypatch.setattr(generate, "ROOT", tmp_path)
     assert generate.main(["--check"]) == 0
-    chart = tmp_path / "helm" / "datalane" / "crds" / "datapipelines.datalane.io.yaml"
+    chart = tmp_path / "helm" / "datalane" / "templates" / "crd.yaml"
     chart.write_text(chart.read_text().replace("minimum: 1", "minimum: 2", 1))
     assert generate.main(["--check"]) == 1
     assert capsys.readouterr().out == (
-        "helm/datalane/crds/datapipelines.datalane.io.yaml is stale: run `make generate`\n")
+        "helm/datalane/templates/crd.yaml is stale: run `make generate`\n")
     generate.main([])
     assert generate.stale() == []
