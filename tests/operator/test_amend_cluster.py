@@ -131,7 +131,13 @@ def test_appending_a_phase_is_admitted_and_editing_the_past_refused(
         assert stored["spec"]["recipe"]["phases"] == [WARMUP, ANNEAL]
 
         def delivered() -> bool:
-            data = core.read_namespaced_config_map("amend-recipe", ns).data or {}
+            name = dp_status(custom, ns, "amend").get("recipeConfigMap")
+            if not name:
+                return False
+            try:
+                data = core.read_namespaced_config_map(name, ns).data or {}
+            except ApiException:
+                return False
             phases = json.loads(data.get("recipe.json", "{}")).get("phases", [])
             return [p["name"] for p in phases] == ["warmup", "anneal"]
         eventually(delivered, timeout=30, what="the recipe ConfigMap with the new phase")
