@@ -95,9 +95,9 @@ async def refuse_namespace(body: kopf.Body, memo: Any, **_: Any) -> None:
 
 @kopf.on.mutate("", "v1", "pods", id=WEBHOOK_INJECT, operations=["CREATE"])
 async def inject_sidecar(body: kopf.Body, patch: kopf.Patch, warnings: list[str], memo: Any,
-                         **kw: Any) -> None:
+                         dryrun: bool = False, **kw: Any) -> None:
     await webhooks.inject_sidecar(runtime_of(memo), body, patch, kw["pipelines"], warnings,
-                                  dryrun=bool(kw.get("dryrun")))
+                                  dryrun=dryrun)
 
 
 @kopf.on.validate(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL,

@@ -162,15 +162,20 @@ async def _restart(rt: Runtime, namespace: str, pods: list[dict[str, Any]],
 
 
 async def collect_recipes(rt: Runtime, key: Key, pipeline: Pipeline,
-                          pods: list[dict[str, Any]]) -> None:
-    """Delete the pipeline's recipe ConfigMaps that no pod of ``pods`` (its workload's, all of
-    them) mounts and that are not the current recipe's, once they have stayed so for the
-    grace period (:func:`~datalane_operator.recipemap.collect`). Never fails a reconcile:
-    what is left is collected by the next one, or goes with the pipeline."""
+                          pods: list[dict[str, Any]] | None) -> None:
+    """Delete the pipeline's recipe ConfigMaps that no pod of its workload mounts and that
+    are not the current recipe's, once they have stayed so for the grace period
+    (:func:`~datalane_operator.recipemap.collect`); ``pods``: the workload's pods, None when
+    not listed (no job): listed here only if there is an old ConfigMap to decide on. Never
+    fails a reconcile: what is left is collected by the next one, or goes with the
+    pipeline."""
     namespace = key[0]
+    current = configmap_name(pipeline)
     try:
         found = await rt.k().list_configmaps(namespace, f"{LABEL_PIPELINE}={pipeline.name}")
-        plan = collect(found, pods, pipeline.name, configmap_name(pipeline),
+        if pods is None and any(cm["metadata"]["name"] != current for cm in found):
+            pods = await rt.k().list_job_pods(namespace, pipeline.spec.workload.name)
+        plan = collect(found, pods or [], pipeline.name, current,
                        rt.unreferenced.get(key, {}), rt.clock(), rt.config.recipe_grace)
         rt.unreferenced[key] = plan.unreferenced
         for name, uid in plan.delete:
@@ -195,7 +200,7 @@ async def reconcile(rt: Runtime, key: Key) -> None:
     generation = int((body.get("metadata") or {}).get("generation") or 0)
     collected: list[int] = []
     pipeline: Pipeline | None = None
-    pods: list[dict[str, Any]] = []
+    pods: list[dict[str, Any]] | None = None
     try:
         pipeline = load_pipeline(body)
     except ConfigError as e:
@@ -210,10 +215,9 @@ async def reconcile(rt: Runtime, key: Key) -> None:
         if listing is not None and collected:
             listing = Listing(listing.uri, listing.committed, collected)
         job = await kube.get_job(namespace, pipeline.spec.workload.name)
-        # all of the workload's pods, even without a job: they keep the ConfigMaps they mount
-        pods = await kube.list_job_pods(namespace, pipeline.spec.workload.name)
-        decision = decide(pipeline, job, pods, listing, previous, _stamp(rt.wallclock()))
-        decision = await _restart(rt, namespace, pods, decision)
+        pods = await kube.list_job_pods(namespace, pipeline.spec.workload.name) if job else None
+        decision = decide(pipeline, job, pods or [], listing, previous, _stamp(rt.wallclock()))
+        decision = await _restart(rt, namespace, pods or [], decision)
     try:
         if decision.changed(previous):
             await kube.patch_status(namespace, name, status_patch(previous, decision.status))

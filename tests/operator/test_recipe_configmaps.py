@@ -244,3 +244,25 @@ def test_a_pod_whose_configmap_cannot_be_written_is_refused_naming_it() -> None:
         f"pod's sidecar would mount: 403 configmaps is forbidden: User "
         f"\"system:serviceaccount:dl:dl-datalane\" cannot create resource \"configmaps\"; the "
         f"pod is refused rather than left waiting for it (its controller retries)")
+
+
+def test_without_a_job_its_pods_left_still_keep_their_configmap() -> None:
+    """The job deleted (its pods terminating) or not created yet: the pods are listed for the
+    collection only when there is an old ConfigMap to decide on."""
+    kube = FakeKube(dp())  # no PyTorchJob
+    clock = Clock()
+    rt = runtime(kube, clock)
+    asyncio.run(reconcile(rt, KEY))
+    assert not [c for c in kube.core.calls if c[0] == "list_namespaced_pod"]  # nothing old
+    left = admit(rt, dp(), "llama-worker-0")
+    kube.core.add(kube.core.pods, left, "ml")
+    edit(kube)
+    asyncio.run(reconcile(rt, KEY))
+    clock.now += 600
+    asyncio.run(reconcile(rt, KEY))
+    assert set(kube.core.configmaps) == {("ml", OLD_NAME), ("ml", NEW_NAME)}
+    del kube.core.pods[("ml", "llama-worker-0")]
+    asyncio.run(reconcile(rt, KEY))
+    clock.now += 30
+    asyncio.run(reconcile(rt, KEY))
+    assert set(kube.core.configmaps) == {("ml", NEW_NAME)}
