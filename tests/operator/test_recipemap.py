@@ -8,6 +8,8 @@ import hashlib
 import json
 from typing import Any
 
+import pytest
+from datalane_operator.cli import main as operator_main
 from datalane_operator.inject import mutate_pod
 from datalane_operator.pipeline import load_pipeline
 from datalane_operator.recipemap import (
@@ -130,3 +132,9 @@ def test_collect_touches_only_this_pipelines_recipe_configmaps() -> None:
     # the current one stays even when no pod mounts it (before the first pod, say)
     out = collect(maps, [], "pretrain", NEW, {}, now=1e6, grace=0.0)
     assert out.delete == () and out.unreferenced == {}
+
+
+def test_run_refuses_a_negative_grace(capsys: pytest.CaptureFixture[str]) -> None:
+    assert operator_main(["run", "--recipe-grace", "-1"]) == 2
+    assert "--recipe-grace -1.0 must be a number of seconds >= 0" in capsys.readouterr().err
+    assert operator_main(["run", "--recipe-grace", "nan"]) == 2
