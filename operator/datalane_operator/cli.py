@@ -59,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--storage-interval", type=float,
                      default=float(_env("storage-interval", "30") or 30),
                      help="seconds between looks at each checkpoint store")
+    run.add_argument("--recipe-grace", type=float,
+                     default=float(_env("recipe-grace", "30") or 30),
+                     help="seconds an old recipe ConfigMap stays unmounted before the leader "
+                          "deletes it")
     run.add_argument("--liveness", default=_env("liveness", "http://0.0.0.0:8080/healthz"),
                      help="kopf's liveness endpoint (also reports admission latency)")
     run.add_argument("--metrics", default=_env("metrics", ""),
@@ -153,6 +157,9 @@ def _run(args: argparse.Namespace) -> int:
         lease = _lease(args)
         if args.metrics:
             parse_endpoint(args.metrics)
+        if not args.recipe_grace >= 0:
+            raise ConfigError(f"--recipe-grace {args.recipe_grace} must be a number of seconds "
+                              f">= 0")
     except ConfigError as e:
         sys.stderr.write(f"datalane-operator run: {e}\n")
         return 2
@@ -167,7 +174,8 @@ def _run(args: argparse.Namespace) -> int:
         webhook_port=args.webhook_port, webhook_host=args.webhook_host,
         tls_cert=str(tls / "tls.crt"), tls_key=str(tls / "tls.key"),
         ca_file=str(tls / "ca.crt"), webhook_configuration=args.webhook_configuration,
-        storage_interval=args.storage_interval, namespaces=tuple(args.namespace or ()),
+        storage_interval=args.storage_interval, recipe_grace=args.recipe_grace,
+        namespaces=tuple(args.namespace or ()),
         policy=policy, sidecar_protocols=protocols, lease=lease,
         metrics_endpoint=args.metrics)
     fmt = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,

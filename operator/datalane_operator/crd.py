@@ -203,7 +203,10 @@ def status_schema() -> dict[str, Any]:
                             "description": "Newest committed checkpoint steps, ascending "
                                            "(at most 10)."},
             "recipeConfigMap": {"type": "string",
-                                "description": "ConfigMap holding the composed recipe."},
+                                "description": "Immutable ConfigMap holding the current "
+                                               "composed recipe, <name>-recipe-<digest>; a "
+                                               "pod mounts the one of the recipe it is "
+                                               "stamped with."},
             "conditions": {"type": "array", "items": _condition(),
                            "x-kubernetes-list-type": "map",
                            "x-kubernetes-list-map-keys": ["type"],

@@ -14,8 +14,8 @@ Every handler takes the :class:`~datalane_operator.runtime.Runtime` from kopf's 
   every time (:mod:`datalane_operator.reconciler`), so an operator restart or a new leader
   converges. Only kopf's stateless event handlers and indexes are used, never its changing
   handlers (``on.create``/``on.update``), which keep progress in annotations that two
-  replicas would both write. No finalizer: the recipe ConfigMap is owned by the pipeline and
-  goes with it; checkpoints are the user's data and stay.
+  replicas would both write. No finalizer: the recipe ConfigMaps are owned by the pipeline and
+  go with it; checkpoints are the user's data and stay.
 """
 
 from __future__ import annotations
@@ -95,8 +95,9 @@ async def refuse_namespace(body: kopf.Body, memo: Any, **_: Any) -> None:
 
 @kopf.on.mutate("", "v1", "pods", id=WEBHOOK_INJECT, operations=["CREATE"])
 async def inject_sidecar(body: kopf.Body, patch: kopf.Patch, warnings: list[str], memo: Any,
-                         **kw: Any) -> None:
-    await webhooks.inject_sidecar(runtime_of(memo), body, patch, kw["pipelines"], warnings)
+                         dryrun: bool = False, **kw: Any) -> None:
+    await webhooks.inject_sidecar(runtime_of(memo), body, patch, kw["pipelines"], warnings,
+                                  dryrun=dryrun)
 
 
 @kopf.on.validate(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL,

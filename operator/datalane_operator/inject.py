@@ -10,7 +10,8 @@ controller created:
   a read-only root filesystem, no privileges, resources from ``spec.sidecar.resources``;
 * a memory-backed ``emptyDir`` for the Unix socket (and the shared-memory batch rings),
   mounted in the sidecar and the trainer container;
-* the composed recipe from the ConfigMap ``<pipeline>-recipe``, mounted read-only;
+* the composed recipe from the ConfigMap of exactly the recipe the pod is stamped with,
+  ``<pipeline>-recipe-<digest>`` (:mod:`datalane_operator.recipemap`), mounted read-only;
 * credentials only by reference: the Secret ``spec.checkpoint.secretRef`` as ``envFrom``;
   with a data Secret of its own (``spec.data.secretRef``), that one is the ``envFrom`` (and
   is mounted read-only for file credentials, such as a Google service-account key) and the
@@ -67,9 +68,9 @@ from datalane_operator.names import (
     VOLUME_RECIPE,
     VOLUME_SOCKET,
     VOLUME_TMP,
-    recipe_configmap_name,
 )
 from datalane_operator.pipeline import Pipeline
+from datalane_operator.recipemap import configmap_name
 from datalane_operator.rollout import stamp_text
 from datalane_operator.storage import scheme_of, sidecar_store_options
 from datalane_operator.workload import nproc_of_container
@@ -282,7 +283,7 @@ def _volumes(pipeline: Pipeline) -> list[dict[str, Any]]:
         {"name": VOLUME_SOCKET,
          "emptyDir": {"medium": "Memory", "sizeLimit": pipeline.spec.sidecar.socketDirSizeLimit}},
         {"name": VOLUME_RECIPE,
-         "configMap": {"name": recipe_configmap_name(pipeline.name),
+         "configMap": {"name": configmap_name(pipeline),
                        "items": [{"key": RECIPE_FILE, "path": RECIPE_FILE}]}},
         {"name": VOLUME_TMP, "emptyDir": {"medium": "Memory", "sizeLimit": _TMP_SIZE}},
     ]

@@ -10,7 +10,7 @@ datapipelines/status                       patch
 customresourcedefinitions (kopf)           list, watch
 pytorchjobs (+ watch by kopf)              get, list, watch
 pods (watch by kopf)                       list, watch, delete (to roll an edited recipe)
-configmaps (the recipe)                    create, patch
+configmaps (the recipes)                   create, patch (adopt); list, delete (collect, below)
 secrets (spec.checkpoint.secretRef)        get (only where the chart binds it, see below)
 events                                     create
 mutating/validatingwebhookconfigurations   get, patch (the chart's own, by name)
@@ -19,11 +19,14 @@ leases (release namespace)                 create; get, update (the chart's Leas
 
 Watching a list of namespaces (``--namespace``), the chart grants the namespaced rows only in
 those namespaces (a Role each); customresourcedefinitions and the webhook configurations stay
-cluster-wide. Secrets are never readable, nor pods deletable, cluster-wide: the chart binds
-its ClusterRole ``<fullname>-opted-in`` (``get`` secrets, ``delete`` pods) in each watched
-namespace and each of ``operator.optedInNamespaces``; elsewhere :meth:`Kube.read_secret`
-raises :class:`SecretForbidden`, which the storage looks and the recipe-edit guard report,
-and :meth:`Kube.delete_pod` :class:`PodDeleteForbidden`, which the rollout reports.
+cluster-wide. Secrets are never readable, nor pods and ConfigMaps deletable (nor ConfigMaps
+listed), cluster-wide: the chart binds its ClusterRole ``<fullname>-opted-in`` (``get``
+secrets, ``delete`` pods, ``list``/``delete`` configmaps) in each watched namespace and each
+of ``operator.optedInNamespaces``; elsewhere :meth:`Kube.read_secret` raises
+:class:`SecretForbidden`, which the storage looks and the recipe-edit guard report,
+:meth:`Kube.delete_pod` :class:`PodDeleteForbidden`, which the rollout reports, and the
+recipe ConfigMaps' listing and deletion :class:`ConfigMapsForbidden`, which the reconcile
+logs (old recipes then stay until the pipeline goes).
 
 The synchronous ``kubernetes`` client runs in worker threads (:func:`asyncio.to_thread`);
 responses are decoded straight from JSON (``_preload_content=False``), which is much faster
@@ -48,21 +51,16 @@ from datalane_operator.names import (
     GROUP,
     JOB_NAME_LABEL,
     KIND,
-    LABEL_MANAGED_BY,
-    LABEL_PIPELINE,
     PLURAL,
     PYTORCHJOB_GROUP,
     PYTORCHJOB_PLURAL,
     PYTORCHJOB_VERSION,
-    RECIPE_FILE,
     VERSION,
-    recipe_configmap_name,
 )
-from datalane_operator.pipeline import Pipeline
 from datalane_operator.reconcile import Event
 
-__all__ = ["Kube", "PodDeleteForbidden", "SecretForbidden", "load_configuration",
-           "status_patch"]
+__all__ = ["ConfigMapsForbidden", "Kube", "PodDeleteForbidden", "SecretForbidden",
+           "load_configuration", "status_patch"]
 
 log = logging.getLogger("datalane.operator")
 _TIMEOUT = 30
@@ -94,6 +92,21 @@ class PodDeleteForbidden(PermissionError):
             f"bind the chart's ClusterRole <fullname>-opted-in to the operator's "
             f"ServiceAccount with a RoleBinding in {namespace!r} (docs/operator.md#rbac), or "
             f"delete the pods yourself")
+        self.namespace = namespace
+
+
+class ConfigMapsForbidden(PermissionError):
+    """The API server refused the operator the listing or deletion of ConfigMaps (RBAC)."""
+
+    def __init__(self, namespace: str) -> None:
+        super().__init__(
+            f"the operator may not list or delete ConfigMaps in namespace {namespace!r}, so "
+            f"the recipe ConfigMaps of older recipes stay until their DataPipeline is deleted: "
+            f"it does only where the Helm chart grants it, the namespaces of "
+            f"operator.watchNamespaces and operator.optedInNamespaces; add {namespace!r} to "
+            f"operator.optedInNamespaces, or bind the chart's ClusterRole <fullname>-opted-in "
+            f"to the operator's ServiceAccount with a RoleBinding in {namespace!r} "
+            f"(docs/operator.md#rbac)")
         self.namespace = namespace
 
 
@@ -190,43 +203,70 @@ class Kube:
                          namespace, PLURAL, name, {"status": dict(patch)},
                          field_manager=FIELD_MANAGER)
 
-    async def ensure_recipe_configmap(self, pipeline: Pipeline) -> None:
-        """Create or update the ConfigMap ``<pipeline>-recipe``, owned by the pipeline (so it
-        goes when the pipeline goes)."""
-        name = recipe_configmap_name(pipeline.name)
-        body = {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {
-                "name": name, "namespace": pipeline.namespace,
-                "labels": {LABEL_PIPELINE: pipeline.name, LABEL_MANAGED_BY: FIELD_MANAGER},
-                "ownerReferences": [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
-                                     "name": pipeline.name, "uid": pipeline.uid,
-                                     "controller": True, "blockOwnerDeletion": False}],
-            },
-            "data": {RECIPE_FILE: pipeline.recipe_json()},
-        }
+    async def create_configmap(self, body: Mapping[str, Any]) -> bool:
+        """Create the ConfigMap ``body``; False when one of its name exists already (a recipe
+        ConfigMap's name says its content: :mod:`datalane_operator.recipemap`)."""
+        meta = body["metadata"]
         try:
-            await self._call(self.core.create_namespaced_config_map, pipeline.namespace, body,
-                             field_manager=FIELD_MANAGER)
-            log.info("created ConfigMap %s/%s", pipeline.namespace, name)
+            await self._call(self.core.create_namespaced_config_map, meta["namespace"],
+                             dict(body), field_manager=FIELD_MANAGER)
         except ApiException as e:
-            if e.status != 409:
-                raise
-            await self._call(self.core.patch_namespaced_config_map, name, pipeline.namespace,
-                             {"metadata": body["metadata"], "data": body["data"]},
-                             field_manager=FIELD_MANAGER)
+            if e.status == 409:
+                return False
+            raise
+        log.info("created ConfigMap %s/%s", meta["namespace"], meta["name"])
+        return True
 
-    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
-        """Delete one pod (its controller recreates it), only if it is still the pod ``uid``
-        (a pod recreated under the same name in the meantime is left alone); gone is fine."""
+    async def ensure_recipe_configmap(self, body: Mapping[str, Any]) -> None:
+        """Create the recipe ConfigMap ``body`` (:func:`~datalane_operator.recipemap.
+        configmap_body`), or adopt the one of its name: its labels and owner reference become
+        ``body``'s, so that one left by a deleted pipeline of the same name and recipe is not
+        garbage-collected under the new pipeline's pods. Its data is never written twice."""
+        if await self.create_configmap(body):
+            return
+        meta = body["metadata"]
+        adopt = {"metadata": {"labels": meta["labels"],
+                              "ownerReferences": meta.get("ownerReferences") or []}}
+        await self._call(self.core.patch_namespaced_config_map, meta["name"], meta["namespace"],
+                         adopt, field_manager=FIELD_MANAGER)
+
+    async def list_configmaps(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The ConfigMaps of ``namespace`` matching the label ``selector``."""
         try:
-            await self._call(self.core.delete_namespaced_pod, name, namespace,
+            resp = await self._call(self.core.list_namespaced_config_map, namespace,
+                                    label_selector=selector, _preload_content=False)
+        except ApiException as e:
+            if e.status == 403:
+                raise ConfigMapsForbidden(namespace) from None
+            raise
+        return list(self._json(resp).get("items") or [])
+
+    async def _delete(self, fn: Any, namespace: str, name: str, uid: str,
+                      forbidden: type[PermissionError]) -> bool:
+        """Delete one object only if it is still the one ``uid`` (one recreated under its name
+        in the meantime is left alone); False when it was gone or replaced. A refusal by RBAC
+        raises ``forbidden(namespace)``."""
+        try:
+            await self._call(fn, name, namespace,
                              body={"preconditions": {"uid": uid}} if uid else None)
         except ApiException as e:
             if e.status == 403:
-                raise PodDeleteForbidden(namespace) from None
+                raise forbidden(namespace) from None
             if e.status not in (404, 409):
                 raise
+            return False
+        return True
+
+    async def delete_configmap(self, namespace: str, name: str, uid: str) -> None:
+        """Delete one ConfigMap (a recipe no pod mounts), as :meth:`_delete`."""
+        if await self._delete(self.core.delete_namespaced_config_map, namespace, name, uid,
+                              ConfigMapsForbidden):
+            log.info("deleted ConfigMap %s/%s: no pod mounts its recipe", namespace, name)
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Delete one pod (its controller recreates it), as :meth:`_delete`."""
+        await self._delete(self.core.delete_namespaced_pod, namespace, name, uid,
+                           PodDeleteForbidden)
 
     async def post_event(self, obj: Mapping[str, Any], event: Event) -> None:
         meta = obj.get("metadata") or {}

@@ -44,6 +44,7 @@ __all__ = [
     "WEBHOOK_VALIDATE_SCALE",
     "WEBHOOK_VALIDATE_WORKLOAD",
     "WEBHOOKS",
+    "legacy_recipe_configmap_name",
     "recipe_configmap_name",
 ]
 
@@ -67,7 +68,7 @@ REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 
 LABEL_PIPELINE = "datalane.io/pipeline"
-"""On an injected pod and on the recipe ConfigMap: the DataPipeline's name."""
+"""On an injected pod and on the recipe ConfigMaps: the DataPipeline's name."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 NAMESPACE_OPT_IN_LABEL = "datalane.io/inject"
 NAMESPACE_OPT_IN_VALUE = "enabled"
@@ -107,6 +108,15 @@ WEBHOOKS = (WEBHOOK_VALIDATE_PIPELINE, WEBHOOK_INJECT, WEBHOOK_VALIDATE_WORKLOAD
 """Every webhook id (log filtering, metric labels)."""
 
 
-def recipe_configmap_name(pipeline: str) -> str:
-    """Name of the ConfigMap that holds the composed recipe of DataPipeline ``pipeline``."""
+def recipe_configmap_name(pipeline: str, digest: str) -> str:
+    """Name of the ConfigMap that holds the composed recipe of DataPipeline ``pipeline`` whose
+    digest is ``digest`` (the ``digest`` of its stamp, :func:`datalane_operator.rollout.
+    stamp_of`): one immutable ConfigMap per recipe, so a name always means the same bytes."""
+    return f"{pipeline}-recipe-{digest}"
+
+
+def legacy_recipe_configmap_name(pipeline: str) -> str:
+    """The one mutable recipe ConfigMap of ``pipeline`` that operators before the
+    content-named ConfigMaps wrote; their pods still mount it, and it is collected once none
+    does (:mod:`datalane_operator.recipemap`)."""
     return f"{pipeline}-recipe"

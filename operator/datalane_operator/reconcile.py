@@ -41,9 +41,9 @@ from datalane_operator.names import (
     NAMESPACE_OPT_IN_LABEL,
     NAMESPACE_OPT_IN_VALUE,
     SIDECAR_CONTAINER,
-    recipe_configmap_name,
 )
 from datalane_operator.pipeline import Parallelism, Pipeline
+from datalane_operator.recipemap import configmap_name
 from datalane_operator.rollout import CONDITION as ROLLED
 from datalane_operator.rollout import Roll, plan_roll, stamp_of
 from datalane_operator.storage import Listing
@@ -239,7 +239,7 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
     gen = pipeline.generation
     problems: list[tuple[str, str]] = []  # (reason, message) of Degraded
     status: dict[str, Any] = {"observedGeneration": gen,
-                              "recipeConfigMap": recipe_configmap_name(pipeline.name)}
+                              "recipeConfigMap": configmap_name(pipeline)}
     topo: Topology | None = None
     counts = count_pods(pods)
     outcome = None
@@ -339,14 +339,14 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
 
 def decide_invalid(pipeline_name: str, generation: int, error: str,
                    previous: Mapping[str, Any] | None, now: str) -> Decision:
-    """Status of a DataPipeline whose spec does not load (stored while the webhook was off)."""
+    """Status of a DataPipeline whose spec does not load (stored while the webhook was off);
+    ``recipeConfigMap`` stays the last recipe's (an invalid spec has none)."""
     prev = dict(previous or {})
     status = {"observedGeneration": generation, "phase": "Degraded",
-              "recipeConfigMap": recipe_configmap_name(pipeline_name),
               "conditions": [
                   _condition(prev, "Ready", False, "InvalidSpec", error, generation, now),
                   _condition(prev, "Degraded", True, "InvalidSpec", error, generation, now)]}
-    for key in ("lastCommittedStep", "checkpoints"):
+    for key in ("lastCommittedStep", "checkpoints", "recipeConfigMap"):
         if key in prev:
             status[key] = prev[key]
     return Decision(status, _events(prev, status, None, 0, None))

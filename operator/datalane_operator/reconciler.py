@@ -3,9 +3,11 @@ admission's read of a run's progress.
 
 * :func:`reconcile`: gather the world (the pipeline, its PyTorchJob and pods, the last store
   listing), let :func:`~datalane_operator.reconcile.decide` say what the status is, patch it
-  and post the events; write the recipe ConfigMap once per (uid, recipe), always before
-  the decision restarts pods serving an older recipe (:mod:`~datalane_operator.rollout`), so
-  the recreated pods find the new one.
+  and post the events; write the current recipe's ConfigMap once per (uid, recipe), always
+  before the decision restarts pods serving an older recipe (:mod:`~datalane_operator.
+  rollout`), so the recreated pods find it (the pod webhook writes it too, before it admits a
+  pod that mounts it); then collect the recipe ConfigMaps no pod mounts any more
+  (:func:`~datalane_operator.recipemap.collect`).
 * :func:`look`: list and garbage-collect the pipeline's store (:func:`look_at_store`), keep the
   listing for the next reconcile, then kick one.
 * :func:`store_progress`: the newest committed step, for the recipe-edit guard.
@@ -24,15 +26,22 @@ from typing import TYPE_CHECKING, Any
 
 from datalane.spec.errors import ConfigError
 from datalane_operator.amend import Progress
-from datalane_operator.kube import PodDeleteForbidden, SecretForbidden, status_patch
+from datalane_operator.kube import (
+    ConfigMapsForbidden,
+    PodDeleteForbidden,
+    SecretForbidden,
+    status_patch,
+)
+from datalane_operator.names import LABEL_PIPELINE
 from datalane_operator.pipeline import Pipeline, load_pipeline
+from datalane_operator.recipemap import collect, configmap_body, configmap_name
 from datalane_operator.reconcile import Decision, decide, decide_invalid
 from datalane_operator.storage import Listing, StoreView, ledger_key_of, operator_store_options
 
 if TYPE_CHECKING:
     from datalane_operator.runtime import Key, Runtime
 
-__all__ = ["look", "look_at_store", "reconcile", "store_progress"]
+__all__ = ["collect_recipes", "look", "look_at_store", "reconcile", "store_progress"]
 
 log = logging.getLogger("datalane.operator")
 _ADMISSION_STORE_TIMEOUT = 8.0  # the webhook's own timeout is 10 s
@@ -152,6 +161,34 @@ async def _restart(rt: Runtime, namespace: str, pods: list[dict[str, Any]],
     return decision
 
 
+async def collect_recipes(rt: Runtime, key: Key, pipeline: Pipeline,
+                          pods: list[dict[str, Any]] | None) -> None:
+    """Delete the pipeline's recipe ConfigMaps that no pod of its workload mounts and that
+    are not the current recipe's, once they have stayed so for the grace period
+    (:func:`~datalane_operator.recipemap.collect`); ``pods``: the workload's pods, None when
+    not listed (no job): listed here only if there is an old ConfigMap to decide on. Never
+    fails a reconcile: what is left is collected by the next one, or goes with the
+    pipeline."""
+    namespace = key[0]
+    current = configmap_name(pipeline)
+    try:
+        found = await rt.k().list_configmaps(namespace, f"{LABEL_PIPELINE}={pipeline.name}")
+        if pods is None and any(cm["metadata"]["name"] != current for cm in found):
+            pods = await rt.k().list_job_pods(namespace, pipeline.spec.workload.name)
+        plan = collect(found, pods or [], pipeline.name, current,
+                       rt.unreferenced.get(key, {}), rt.clock(), rt.config.recipe_grace)
+        rt.unreferenced[key] = plan.unreferenced
+        for name, uid in plan.delete:
+            await rt.k().delete_configmap(namespace, name, uid)
+    except ConfigMapsForbidden as e:
+        if key not in rt.unreferenced:  # once per leader term
+            log.warning("%s", e)
+        rt.unreferenced[key] = {}
+    except Exception:
+        log.exception("collecting the recipe ConfigMaps of %s/%s failed; the next reconcile "
+                      "retries", *key)
+
+
 async def reconcile(rt: Runtime, key: Key) -> None:
     namespace, name = key
     kube = rt.k()
@@ -162,6 +199,8 @@ async def reconcile(rt: Runtime, key: Key) -> None:
     previous = body.get("status") or {}
     generation = int((body.get("metadata") or {}).get("generation") or 0)
     collected: list[int] = []
+    pipeline: Pipeline | None = None
+    pods: list[dict[str, Any]] | None = None
     try:
         pipeline = load_pipeline(body)
     except ConfigError as e:
@@ -169,16 +208,16 @@ async def reconcile(rt: Runtime, key: Key) -> None:
     else:
         written = (pipeline.uid, pipeline.recipe_json())
         if rt.recipes.get(key) != written:  # errors: the next event or storage look retries
-            await kube.ensure_recipe_configmap(pipeline)
+            await kube.ensure_recipe_configmap(configmap_body(pipeline))
             rt.recipes[key] = written
         listing = rt.storage_errors.get(key) or rt.listings.get(key)
         collected = rt.collected.pop(key, [])
         if listing is not None and collected:
             listing = Listing(listing.uri, listing.committed, collected)
         job = await kube.get_job(namespace, pipeline.spec.workload.name)
-        pods = await kube.list_job_pods(namespace, pipeline.spec.workload.name) if job else []
-        decision = decide(pipeline, job, pods, listing, previous, _stamp(rt.wallclock()))
-        decision = await _restart(rt, namespace, pods, decision)
+        pods = await kube.list_job_pods(namespace, pipeline.spec.workload.name) if job else None
+        decision = decide(pipeline, job, pods or [], listing, previous, _stamp(rt.wallclock()))
+        decision = await _restart(rt, namespace, pods or [], decision)
     try:
         if decision.changed(previous):
             await kube.patch_status(namespace, name, status_patch(previous, decision.status))
@@ -191,3 +230,5 @@ async def reconcile(rt: Runtime, key: Key) -> None:
             await kube.post_event(body, event)
         except Exception as e:  # an event is not worth a failed reconcile
             log.warning("cannot post event %s on %s/%s: %s", event.reason, namespace, name, e)
+    if pipeline is not None:
+        await collect_recipes(rt, key, pipeline, pods)

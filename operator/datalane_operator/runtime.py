@@ -9,7 +9,8 @@ module-global runtime: a test builds its own, with a fake kube client, clock, lo
 or store look.
 
 The runtime holds the leader's per-pipeline tables (the last store listing, checkpoints
-collected but not yet reported, the generations and recipes already handled), runs reconciles
+collected but not yet reported, the generations and recipes already handled, since when each
+old recipe ConfigMap has been unreferenced), runs reconciles
 through a :class:`~datalane_operator.coalescer.Coalescer` (at most one running and one waiting
 per pipeline) and store looks on the side (at most one in flight per pipeline), and switches
 all of that on and off with leadership (:mod:`datalane_operator.leader`).
@@ -30,6 +31,7 @@ from datalane_operator.kube import Kube
 from datalane_operator.leader import LeaderElector, LeaseConfig
 from datalane_operator.metrics import Metrics, start_server
 from datalane_operator.policy import Policy
+from datalane_operator.recipemap import RECIPE_GRACE_S
 from datalane_operator.stats import Latencies
 from datalane_operator.storage import DEFAULT_PROTOCOLS, Listing
 
@@ -60,6 +62,7 @@ class OperatorConfig:
     sidecar_protocols: tuple[str, ...] = DEFAULT_PROTOCOLS  # what the sidecar image reads
     lease: LeaseConfig | None = None  # leader election; None: this process always leads
     metrics_endpoint: str = ""  # serve Prometheus metrics at this http://HOST:PORT/PATH; "": none
+    recipe_grace: float = RECIPE_GRACE_S  # an unreferenced old recipe ConfigMap's wait
 
     def watches(self, namespace: str) -> bool:
         return not self.namespaces or namespace in self.namespaces
@@ -88,6 +91,8 @@ class Runtime:
     storage_errors: dict[Key, Listing] = field(default_factory=dict)
     generations: dict[Key, int] = field(default_factory=dict)  # handled, as the leader
     recipes: dict[Key, tuple[str, str]] = field(default_factory=dict)  # ConfigMap written
+    unreferenced: dict[Key, dict[str, float]] = field(default_factory=dict)  # name -> since
+    written: dict[Key, float] = field(default_factory=dict)  # (ns, recipe ConfigMap) -> seen
     looking: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     admission: Latencies = field(default_factory=Latencies)
     reconcile_latency: Latencies = field(default_factory=Latencies)
@@ -149,7 +154,7 @@ class Runtime:
 
     def forget(self, key: Key) -> None:
         for table in (self.listings, self.collected, self.storage_errors, self.generations,
-                      self.recipes):
+                      self.recipes, self.unreferenced):
             table.pop(key, None)
 
     # -- events ---------------------------------------------------------------------------
@@ -180,6 +185,7 @@ class Runtime:
         self.leading = True
         self.generations.clear()
         self.recipes.clear()
+        self.unreferenced.clear()  # the grace starts again: this term has seen no pod yet
         # what a previous term saw of the stores is stale (another leader ran meanwhile): the
         # reconciles before this term's first look use the status, as a fresh leader's do
         self.listings.clear()

@@ -5,11 +5,14 @@ handler (the object, the old object, the in-memory indexes of DataPipelines and 
 and raises :class:`kopf.AdmissionError` to refuse; the registrations in
 :mod:`datalane_operator.handlers` call them. Lookups come from the indexes (no API call on the
 hot path); an index miss for a training pod falls back to one live list, so a pod created in
-the moment a pipeline appears is not missed.
+the moment a pipeline appears is not missed. The pod webhook's one write: the ConfigMap of the
+recipe it injects, created before the pod is admitted when it does not exist yet
+(:mod:`datalane_operator.recipemap` says why), never on a dry run.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +22,8 @@ from datalane.spec.errors import ConfigError
 from datalane_operator.admission import Verdict, review_pipeline, review_scale, review_workload
 from datalane_operator.inject import mutate_pod
 from datalane_operator.names import JOB_NAME_LABEL, NAMESPACE_OPT_IN_LABEL, NAMESPACE_OPT_IN_VALUE
-from datalane_operator.pipeline import Parallelism, load_pipeline, parallelism_of
+from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline, parallelism_of
+from datalane_operator.recipemap import WRITTEN_TTL_S, configmap_body, configmap_name
 from datalane_operator.reconciler import store_progress
 from datalane_operator.stats import timed
 from datalane_operator.workload import topology_of
@@ -118,7 +122,7 @@ def refuse_namespace(rt: Runtime, body: kopf.Body) -> None:
 
 
 async def inject_sidecar(rt: Runtime, body: kopf.Body, patch: kopf.Patch, pipelines: Index,
-                         warnings: list[str]) -> None:
+                         warnings: list[str], dryrun: bool = False) -> None:
     job = body.metadata.labels.get(JOB_NAME_LABEL)
     if not job:
         return  # not a training pod: untouched
@@ -140,7 +144,43 @@ async def inject_sidecar(rt: Runtime, body: kopf.Body, patch: kopf.Patch, pipeli
                             rt.config.policy.predicate_modules)
     except ConfigError as e:
         raise kopf.AdmissionError(str(e), code=422) from None
+    if not dryrun:
+        await _write_recipe(rt, pipeline)
     patch.fns.append(_become(wanted))
+
+
+async def _write_recipe(rt: Runtime, pipeline: Pipeline) -> None:
+    """Create the ConfigMap of the recipe the pod is injected with, unless it exists (or did
+    less than :data:`~datalane_operator.recipemap.WRITTEN_TTL_S` ago); one that cannot be
+    written refuses the pod (its controller retries), naming why."""
+    name = configmap_name(pipeline)
+    key = (pipeline.namespace, name)
+    now = rt.clock()
+    seen = rt.written.get(key)
+    if seen is not None and now - seen < WRITTEN_TTL_S:
+        return
+    try:
+        await rt.k().create_configmap(configmap_body(pipeline))
+    except Exception as e:
+        raise kopf.AdmissionError(
+            f"cannot create ConfigMap {name!r}, the recipe of DataPipeline "
+            f"{pipeline.name} that the pod's sidecar would mount: {_api_error(e)}; the pod is "
+            f"refused rather than left waiting for it (its controller retries)",
+            code=500) from None
+    for stale in [k for k, t in rt.written.items() if now - t >= WRITTEN_TTL_S]:
+        del rt.written[stale]
+    rt.written[key] = now
+
+
+def _api_error(e: Exception) -> str:
+    """An API server's refusal as its status and message (an ``ApiException``'s body)."""
+    status = getattr(e, "status", None)
+    try:
+        message = json.loads(getattr(e, "body", None) or "").get("message")
+    except (ValueError, AttributeError, TypeError):
+        message = None
+    text = message or getattr(e, "reason", None) or str(e)
+    return f"{status} {text}" if status else str(text)
 
 
 def _become(wanted: Mapping[str, Any]) -> Callable[[Any], None]:

@@ -17,6 +17,15 @@ RECIPE: dict[str, Any] = {
 }
 
 
+RECIPE_CONFIGMAP_META: dict[str, Any] = {
+    "labels": {"datalane.io/pipeline": "pretrain",
+               "app.kubernetes.io/managed-by": "datalane-operator"},
+    "ownerReferences": [{"apiVersion": "datalane.io/v1alpha1", "kind": "DataPipeline",
+                         "name": "pretrain", "uid": "uid-1", "controller": True,
+                         "blockOwnerDeletion": False}]}
+"""The labels and owner of a recipe ConfigMap of ``dp()``, as the operator writes them."""
+
+
 def dp(name: str = "pretrain", *, namespace: str = "ml", workload: str = "llama",
        lanes: int = 8, batch: int = 16, recipe: dict[str, Any] | None = None,
        **spec: Any) -> dict[str, Any]:

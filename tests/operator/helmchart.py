@@ -27,9 +27,10 @@ OPERATOR_RULES = {
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "{name}"): {
         "get", "patch"},
 }
-# Secrets and pod deletion: the ClusterRole <fullname>-opted-in, bound only by RoleBindings
-# per namespace.
-OPTED_IN_RULES = {("", "secrets", ""): {"get"}, ("", "pods", ""): {"delete"}}
+# Secrets, pod deletion, the recipe ConfigMaps' collection: the ClusterRole
+# <fullname>-opted-in, bound only by RoleBindings per namespace.
+OPTED_IN_RULES = {("", "secrets", ""): {"get"}, ("", "pods", ""): {"delete"},
+                  ("", "configmaps", ""): {"list", "delete"}}
 # The Role of leader election, in the release namespace only.
 LEASE_RULES = {
     ("coordination.k8s.io", "leases", ""): {"create"},

@@ -189,11 +189,12 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
                    storage_interval: float = 1.0, replicas: int = 1, release: str = "dl",
                    only_this_namespace: bool = True,
                    lease_timings: tuple[float, float, float] = (6.0, 4.0, 0.5),
-                   ) -> Iterator[Stack]:
+                   recipe_grace: float = 2.0) -> Iterator[Stack]:
     """The chart and ``replicas`` operators. ``only_this_namespace``: the webhooks see only
     ``namespace`` (other tests share the control plane); False leaves the opt-in label as
     the only scope, as in a real install. ``lease_timings``: lease duration, renew deadline
-    and retry period of leader election (shorter than the chart's, for quick tests)."""
+    and retry period of leader election (shorter than the chart's, for quick tests);
+    ``recipe_grace``: how long an old recipe ConfigMap stays unmounted before it goes."""
     ports = free_ports(1 + 3 * replicas)
     front, ports = ports[0], ports[1:]
     webhook_ports, liveness_ports = ports[:replicas], ports[replicas:2 * replicas]
@@ -238,6 +239,7 @@ def datalane_stack(cluster: Cluster, namespace: str, workdir: Path,
                 f"http://127.0.0.1:{liveness_ports[i]}/healthz",
                 "--metrics", f"http://127.0.0.1:{metrics_ports[i]}/metrics",
                 "--storage-interval", str(storage_interval), "--log-format", "full",
+                "--recipe-grace", str(recipe_grace),
                 # what the chart's Deployment passes from sidecar.image, checkpoints.*
                 "--sidecar-image", SIDECAR_IMAGE, "--allow-operator-identity",
                 "--operator-identity-prefixes",

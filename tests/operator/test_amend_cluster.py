@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import yaml
 from datalane_operator import names
+from datalane_operator.rollout import stamp_of
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -131,7 +132,13 @@ def test_appending_a_phase_is_admitted_and_editing_the_past_refused(
         assert stored["spec"]["recipe"]["phases"] == [WARMUP, ANNEAL]
 
         def delivered() -> bool:
-            data = core.read_namespaced_config_map("amend-recipe", ns).data or {}
+            name = dp_status(custom, ns, "amend").get("recipeConfigMap")
+            if not name:
+                return False
+            try:
+                data = core.read_namespaced_config_map(name, ns).data or {}
+            except ApiException:
+                return False
             phases = json.loads(data.get("recipe.json", "{}")).get("phases", [])
             return [p["name"] for p in phases] == ["warmup", "anneal"]
         eventually(delivered, timeout=30, what="the recipe ConfigMap with the new phase")
@@ -160,6 +167,85 @@ def test_appending_a_phase_is_admitted_and_editing_the_past_refused(
     finally:
         c.kubectl("delete", "dp", "amend", "-n", ns, "--wait=true", "--timeout=30s",
                   check=False)
+
+
+def gated_pod(name: str, job: str) -> dict[str, Any]:
+    """A pod of ``job`` held by a scheduling gate: admitted and live (Pending), never run."""
+    return {"metadata": {"name": name, "labels": {names.JOB_NAME_LABEL: job}},
+            "spec": {"schedulingGates": [{"name": "datalane.io/test"}],
+                     "containers": [{"name": "pytorch", "image": "x:1", "env": [
+                         {"name": "PET_NPROC_PER_NODE", "value": "1"}]}]}}
+
+
+def recipe_maps(core: client.CoreV1Api, ns: str, pipeline_name: str) -> set[str]:
+    return {cm.metadata.name for cm in core.list_namespaced_config_map(
+        ns, label_selector=f"{names.LABEL_PIPELINE}={pipeline_name}").items}
+
+
+def test_a_pod_mounts_the_configmap_of_its_stamp_and_old_ones_are_collected(
+        stack: Stack, k8s_api: client.ApiClient) -> None:
+    """Review finding 1 on the real API server: a pod created the moment an edit is stored
+    mounts the ConfigMap of the recipe it is stamped with, which exists (immutable) before the
+    pod does; the old recipe's ConfigMap goes once its last pod does, the current one with the
+    pipeline (owner reference, Kubernetes' garbage collector)."""
+    c, ns = stack.cluster, stack.namespace
+    custom, core = client.CustomObjectsApi(k8s_api), client.CoreV1Api(k8s_api)
+    store = f"file://{stack.log.parent}/cm-store"
+    created = apply(c, ns, pipeline(copy.deepcopy(RECIPE), store, "cmap", "cjob"))
+    assert created.returncode == 0, created.stderr
+
+    def admit(name: str) -> tuple[str, str]:
+        """Create the pod; its stamp's digest and its recipe ConfigMap's name, after checking,
+        right after the creation returned, that the ConfigMap holds the stamped recipe."""
+        pod = json.loads(core.create_namespaced_pod(ns, gated_pod(name, "cjob"),
+                                                    _preload_content=False).data)
+        (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == names.VOLUME_RECIPE]
+        cm = core.read_namespaced_config_map(vol["configMap"]["name"], ns)
+        digest = json.loads(pod["metadata"]["annotations"][names.ANN_RECIPE])["digest"]
+        assert stamp_of(load_recipe(json.loads(cm.data["recipe.json"]))).digest == digest
+        assert cm.immutable is True
+        assert vol["configMap"]["name"] == f"cmap-recipe-{digest}"
+        return digest, vol["configMap"]["name"]
+
+    try:
+        wait_injection_active(core, ns, "cjob")
+        old_digest, first = admit("cjob-worker-0")
+        edited = apply(c, ns, pipeline({**copy.deepcopy(RECIPE), "phases": [ANNEAL]}, store,
+                                       "cmap", "cjob"))
+        assert edited.returncode == 0, edited.stderr
+        # pods created from the moment the edit is stored, until one gets the edited recipe
+        # (the replica's index follows the edit within moments): every one mounts its stamp
+        deadline, tries = time.monotonic() + 30, 0
+        while (found := admit(f"cjob-edit-{tries}"))[0] == old_digest:
+            core.delete_namespaced_pod(f"cjob-edit-{tries}", ns)
+            tries += 1
+            assert time.monotonic() < deadline, "no pod admitted with the edited recipe"
+        MEASURED["pods_admitted_with_the_old_recipe_after_the_edit"] = tries
+        second = found[1]
+        assert first != second
+        with pytest.raises(ApiException) as refused:  # the API server keeps its bytes
+            core.patch_namespaced_config_map(second, ns, {"data": {"recipe.json": "{}"}})
+        assert refused.value.status == 422
+        eventually(lambda: dp_status(custom, ns, "cmap").get("recipeConfigMap") == second,
+                   timeout=30, what="status.recipeConfigMap the edited recipe's")
+        time.sleep(4)  # twice the grace: the first pod still mounts the old recipe's
+        assert recipe_maps(core, ns, "cmap") == {first, second}
+        c.kubectl("delete", "pod", "cjob-worker-0", "-n", ns, "--wait=true")
+        t0 = time.monotonic()
+        eventually(lambda: recipe_maps(core, ns, "cmap") == {second}, timeout=60,
+                   what="the old recipe's ConfigMap collected")
+        MEASURED["recipe_configmap_collected_s"] = round(time.monotonic() - t0, 1)
+        stack.check_alive()
+    except BaseException:
+        print(stack.log_tail())
+        raise
+    finally:
+        c.kubectl("delete", "pod", "-l", f"{names.JOB_NAME_LABEL}=cjob", "-n", ns,
+                  "--wait=true", check=False)
+        c.kubectl("delete", "dp", "cmap", "-n", ns, "--wait=true", "--timeout=30s",
+                  check=False)
+    eventually(lambda: not recipe_maps(core, ns, "cmap"), timeout=60,
+               what="the recipe ConfigMaps gone with the pipeline")
 
 
 ROLL_AT = 12  # the appended phase's start step

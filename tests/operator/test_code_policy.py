@@ -23,6 +23,7 @@ from datalane_operator.policy import Policy
 from datalane_operator.runtime import OperatorConfig, Runtime
 
 from .builders import dp, pod
+from .fakeapi import FakeKube
 
 POLICY = Policy(predicate_modules=("corp.filters",))
 
@@ -90,7 +91,8 @@ def test_the_pod_webhook_refuses_an_eval_predicate_and_passes_the_allow_list() -
     """A pipeline stored while the webhook was off: its pods get no sidecar; an allowed one
     gets a sidecar that knows the allow-list."""
     index = {("ml", "llama"): [with_eval_predicate("builtins:exec")]}
-    rt = Runtime(OperatorConfig(policy=Policy(predicate_modules=("builtins", "corp.filters"))))
+    rt = Runtime(OperatorConfig(policy=Policy(predicate_modules=("builtins", "corp.filters"))),
+                 kube=FakeKube(dp()))  # where the webhook writes the recipe ConfigMap
 
     def inject() -> tuple[str, dict[str, Any]]:
         patch = kopf.Patch()

@@ -182,7 +182,10 @@ def check_injected(pod: dict[str, Any], pipeline_name: str, secret: str = "s3-cr
     assert side["securityContext"]["readOnlyRootFilesystem"] is True
     vols = {v["name"]: v for v in spec["volumes"]}
     assert vols[names.VOLUME_SOCKET]["emptyDir"]["medium"] == "Memory"
-    assert vols[names.VOLUME_RECIPE]["configMap"]["name"] == f"{pipeline_name}-recipe"
+    # the ConfigMap of the recipe the pod is stamped with (content-named, immutable)
+    digest = json.loads(pod["metadata"]["annotations"][names.ANN_RECIPE])["digest"]
+    assert vols[names.VOLUME_RECIPE]["configMap"]["name"] == (
+        f"{pipeline_name}-recipe-{digest}")
     trainer = next(c for c in spec["containers"] if c["name"] == "pytorch")
     env = {e["name"]: e.get("value") for e in trainer["env"]}
     assert env["DATALANE_SOCKET"] == "/var/run/datalane/datalane.sock"
@@ -412,7 +415,9 @@ def test_operator_restart_converges(stack: Stack, k8s_api: client.ApiClient) -> 
     # while the operator is away: its status and its ConfigMap are lost
     custom.patch_namespaced_custom_object_status(
         G, V, ns, P, "restart", {"status": {k: None for k in before}})
-    core.delete_namespaced_config_map("restart-recipe", ns)
+    recipe_map = before["recipeConfigMap"]
+    assert recipe_map.startswith("restart-recipe-")
+    core.delete_namespaced_config_map(recipe_map, ns)
     assert dp_status(custom, ns, "restart") == {}
     stack.start()
     eventually(lambda: dp_status(custom, ns, "restart").get("phase") == "Running",
@@ -420,7 +425,8 @@ def test_operator_restart_converges(stack: Stack, k8s_api: client.ApiClient) -> 
     after = dp_status(custom, ns, "restart")
     for key in ("worldSize", "lanesPerRank", "ranksPerPod", "pods", "readyPods", "phase"):
         assert after[key] == before[key], key
-    assert core.read_namespaced_config_map("restart-recipe", ns).data["recipe.json"]
+    assert after["recipeConfigMap"] == recipe_map
+    assert core.read_namespaced_config_map(recipe_map, ns).data["recipe.json"]
     custom.delete_namespaced_custom_object(TG, TV, ns, TP, "rjob")
     c.kubectl("delete", "dp", "restart", "-n", ns, "--wait=true", "--timeout=30s")
 

@@ -94,7 +94,9 @@ def test_webhooks_reach_the_kopf_handlers() -> None:
         "scale.pytorchjobs.datalane.io": (f"/{names.WEBHOOK_VALIDATE_SCALE}",
                                           ["pytorchjobs/scale"]),
     }
-    for w in [inject, *val["webhooks"]]:
+    # the pod webhook writes the ConfigMap of the recipe it injects, never on a dry run
+    assert inject["sideEffects"] == "NoneOnDryRun"
+    for w in val["webhooks"]:
         assert w["sideEffects"] == "None"
 
 

@@ -70,8 +70,13 @@ def test_volumes_and_trainer_environment() -> None:
     vols = {v["name"]: v for v in out["spec"]["volumes"]}
     assert vols["data"] == {"name": "data", "emptyDir": {}}  # the pod's own volume stays
     assert vols["datalane-socket"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+    # the ConfigMap of exactly the recipe the pod is stamped with (sha256 of the canonical
+    # recipe, 16 hex digits: the stamp's digest)
+    stamp = json.loads(out["metadata"]["annotations"]["datalane.io/recipe"])
+    assert stamp["digest"] == "66693d1a8e29c782"
     assert vols["datalane-recipe"]["configMap"] == {
-        "name": "pretrain-recipe", "items": [{"key": "recipe.json", "path": "recipe.json"}]}
+        "name": "pretrain-recipe-66693d1a8e29c782",
+        "items": [{"key": "recipe.json", "path": "recipe.json"}]}
     trainer, agent = out["spec"]["containers"]
     assert env_of(trainer) == {"PET_NPROC_PER_NODE": "1", "PET_NNODES": "4",
                                "DATALANE_SOCKET": "/var/run/datalane/datalane.sock",

@@ -28,6 +28,7 @@ from tests.s3server import S3Bucket
 from tests.store.support import commit_steps
 
 from .builders import dp, job, pod
+from .fakeapi import FakeKube as FakeApi
 
 OPT_IN = "checkpoints.allowOperatorIdentity"
 
@@ -258,7 +259,7 @@ def test_predicates_are_refused_unless_their_module_is_allowed() -> None:
 def test_a_pod_of_a_pipeline_with_a_forbidden_predicate_gets_no_sidecar() -> None:
     """A pipeline stored while the webhook was off: its pods are refused, not injected."""
     index = {("ml", "llama"): [with_predicates("mypkg.filters:keep")]}
-    rt = Runtime()
+    rt = Runtime(kube=FakeApi(dp()))  # where the webhook writes the recipe ConfigMap
 
     def inject() -> str:
         patch = kopf.Patch()

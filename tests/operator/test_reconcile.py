@@ -35,7 +35,9 @@ def test_no_workload_yet() -> None:
     assert cond(s, "Ready")["status"] == "False"
     assert cond(s, "Ready")["reason"] == "WorkloadNotFound"
     assert cond(s, "Degraded")["status"] == "False"
-    assert s["observedGeneration"] == 1 and s["recipeConfigMap"] == "pretrain-recipe"
+    # the ConfigMap of this recipe: 16 hex digits of the SHA-256 of the canonical recipe
+    assert s["observedGeneration"] == 1
+    assert s["recipeConfigMap"] == "pretrain-recipe-66693d1a8e29c782"
     assert "worldSize" not in s and d.events == []
 
 

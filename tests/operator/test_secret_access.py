@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from typing import Any
 
+import pytest
 from datalane_operator.inject import mutate_pod
 from datalane_operator.kube import Kube, SecretForbidden
 from datalane_operator.pipeline import load_pipeline
@@ -35,6 +37,9 @@ class ForbiddingCore:
         raise ApiException(status=403, reason="Forbidden")
 
     def delete_namespaced_pod(self, name: str, namespace: str, **kw: Any) -> Any:
+        raise ApiException(status=403, reason="Forbidden")
+
+    def list_namespaced_config_map(self, namespace: str, **kw: Any) -> Any:
         raise ApiException(status=403, reason="Forbidden")
 
 
@@ -115,3 +120,20 @@ def test_a_forbidden_restart_is_reported_not_a_failed_reconcile() -> None:
         f"(from step 500): {why}")
     assert [(e.type, e.reason, e.message) for e in kube.events if e.type == "Warning"] == [
         ("Warning", "RestartForbidden", why)]
+
+
+def test_forbidden_recipe_collection_is_logged_once_not_a_failed_reconcile(
+        caplog: pytest.LogCaptureFixture) -> None:
+    kube = ForbiddenNamespace(dp(namespace="team-c"), [])
+    rt = Runtime(OperatorConfig(), kube=kube)
+    with caplog.at_level(logging.WARNING, logger="datalane.operator"):
+        for _ in range(3):
+            asyncio.run(reconcile(rt, ("team-c", "pretrain")))
+    assert len(kube.patches) == 3  # each reconcile wrote the status
+    assert [r.getMessage() for r in caplog.records] == [
+        "the operator may not list or delete ConfigMaps in namespace 'team-c', so the recipe "
+        "ConfigMaps of older recipes stay until their DataPipeline is deleted: it does only "
+        "where the Helm chart grants it, the namespaces of operator.watchNamespaces and "
+        "operator.optedInNamespaces; add 'team-c' to operator.optedInNamespaces, or bind the "
+        "chart's ClusterRole <fullname>-opted-in to the operator's ServiceAccount with a "
+        "RoleBinding in 'team-c' (docs/operator.md#rbac)"]

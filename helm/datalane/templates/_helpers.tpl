@@ -84,7 +84,8 @@ timeoutSeconds. SCOPE is "optedIn" (only namespaces labelled datalane.io/inject=
 {{- $exprs = append $exprs (dict "key" "datalane.io/inject" "operator" "NotIn" "values" (list "enabled")) -}}
 {{- end -}}
 admissionReviewVersions: ["v1"]
-sideEffects: None
+{{- /* the pod webhook creates the ConfigMap of the recipe it injects, except on a dry run */}}
+sideEffects: {{ ternary "NoneOnDryRun" "None" (eq (index . 1) "pods") }}
 matchPolicy: Equivalent
 failurePolicy: {{ $policy.failurePolicy }}
 timeoutSeconds: {{ $policy.timeoutSeconds }}
