@@ -9,6 +9,7 @@ positions = -1), so ranks stay in lockstep until every lane has ended.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -31,16 +32,20 @@ __all__ = ["LaneStream", "Window"]
 
 
 class Window(TextColumns):
-    """One lane's share of one step: its sequences' columns, in schema order."""
+    """One lane's share of one step: its sequences' columns, in schema order, and what its
+    documents carried beside their tokens (``placed``: ``(row, token offset in the row,
+    value)`` in row and offset order; vision: each image's patches at its first placeholder)."""
 
-    __slots__ = ("_digest", "columns", "ended", "lane", "schema", "trained")
+    __slots__ = ("_digest", "columns", "ended", "lane", "placed", "schema", "trained")
 
     def __init__(self, lane: int, schema: SampleSchema, columns: dict[str, np.ndarray],
-                 ended: bool, trained: int | None = None) -> None:
+                 ended: bool, trained: int | None = None,
+                 placed: list[tuple[int, int, Any]] | None = None) -> None:
         self.lane = lane
         self.schema = schema
         self.columns = columns
         self.ended = ended
+        self.placed = placed if placed is not None else []
         # its trained targets (datalane.spec.targets), when the lane knows them without
         # looking at the columns (None: count them)
         self.trained = trained
@@ -87,6 +92,7 @@ class LaneStream:
         ctx = PackContext(self.mixture.next_doc, self._fetch, recipe.sequence_tokens,
                           plan.schema, self.counters, recipe.packing, f"lane {lane} state",
                           self.mixture.next_run)
+        self._ctx = ctx
         self.packer: Packer = PACKERS[recipe.packing.algorithm](
             ctx, state.packer if state is not None else None)
         # a packer that can fill a whole window at once does (every column per token)
@@ -141,18 +147,20 @@ class LaneStream:
             trained = self.counters.tokens - before - filled if self._unmasked else None
             return Window(self.lane, schema, columns, self.ended, trained)
         trained = 0 if self.ended else None  # (a window of padding trains nothing)
+        placed: list[tuple[int, int, Any]] = []
         for r in range(rows):
             seq = None if self.ended else self.packer.next_sequence()
             if seq is None:
                 self.ended = True
-                for c in schema:
-                    columns[c.name][r] = c.pad
+                for name, a in columns.items():
+                    a[r] = schema.column(name).pad
                 self.counters.padding += size
             else:
                 for name, a in columns.items():
                     a[r] = seq[name]
+                placed.extend((r, offset, value) for offset, value in self._ctx.placed)
         self.sequences += rows
-        return Window(self.lane, schema, columns, self.ended, trained)
+        return Window(self.lane, schema, columns, self.ended, trained, placed)
 
     def state(self) -> LaneState:
         """The resume point between two steps (call it only after a whole window)."""
