@@ -21,6 +21,7 @@ from datalane.engine.mixture import Mixture
 from datalane.engine.packers import PACKERS, PackContext, Packer
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
+from datalane.spec import imagecolumns
 from datalane.spec.errors import MismatchError
 from datalane.spec.hashing import window_digest
 from datalane.spec.knobs import Knobs
@@ -32,7 +33,8 @@ __all__ = ["LaneStream", "Window"]
 
 
 class Window(TextColumns):
-    """One lane's share of one step: its sequences' columns, in schema order, and what its
+    """One lane's share of one step: its sequences' columns, in schema order (per-image
+    columns: the images of its rows, ``image_seq`` counted from its first row), and what its
     documents carried beside their tokens (``placed``: ``(row, token offset in the row,
     value)`` in row and offset order; vision: each image's patches at its first placeholder)."""
 
@@ -101,6 +103,10 @@ class LaneStream:
         # without a loss mask, a window's trained targets are its tokens less one per row
         # that holds any (a row is its pieces then padding; its first token is no target)
         self._unmasked = "loss_mask" not in plan.schema.names
+        # a recipe with images: the width of their patch rows (the window's per-image columns
+        # are built from the images its packer placed)
+        self._image_width = (plan.schema.column(imagecolumns.PATCHES).width
+                             if plan.schema.image_columns else None)
         self.sequences = state.sequences if state is not None else 0
         self.ended = state.ended if state is not None else False
 
@@ -137,7 +143,8 @@ class LaneStream:
         size = recipe.sequence_tokens
         schema = self.plan.schema
         columns = out if out is not None else {
-            c.name: np.empty(c.shape(rows, size), dtype=c.np_dtype) for c in schema}
+            c.name: np.empty(c.shape(rows, size), dtype=c.np_dtype) for c in schema
+            if not c.per_image}
         if self._fill is not None and not self.ended:  # the packer fills the window in bulk
             before = self.counters.tokens
             filled = self._fill(columns, rows)
@@ -160,6 +167,8 @@ class LaneStream:
                     a[r] = seq[name]
                 placed.extend((r, offset, value) for offset, value in self._ctx.placed)
         self.sequences += rows
+        if self._image_width is not None:
+            columns.update(imagecolumns.build(placed, self._image_width))
         return Window(self.lane, schema, columns, self.ended, trained, placed)
 
     def state(self) -> LaneState:

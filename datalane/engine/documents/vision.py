@@ -38,6 +38,7 @@ from datalane.engine.documents.base import LOSS_MASK, Attached, KindBase, Render
 from datalane.engine.documents.text import text_value
 from datalane.engine.images import BadImage, ImageLimits, ImageRule, PatchRule, ResizeRule, process
 from datalane.engine.tokenize import TokenizerHandle
+from datalane.spec import imagecolumns
 from datalane.spec.errors import ConfigError
 from datalane.spec.limits import IMAGE_REASONS
 from datalane.spec.schema import Column
@@ -61,7 +62,6 @@ def image_rule(spec: VisionSpec) -> ImageRule:
 class VisionKind(KindBase):
     """Renders image-caption pairs; thread-safe, stateless after construction."""
 
-    columns: tuple[Column, ...] = (LOSS_MASK,)
     bad_reasons = IMAGE_REASONS | {"non_utf8", "not_text", "invalid_unicode",
                                    "vision_token_in_text"}
     attaches = True
@@ -71,6 +71,10 @@ class VisionKind(KindBase):
         self.spec = spec
         self.tokenizer = tokenizer
         self.rule = image_rule(spec)
+        #: the loss mask, then the per-image columns (patch rows of one frame: the client
+        #: repeats it temporal_patch_size times)
+        self.columns: tuple[Column, ...] = (LOSS_MASK, *imagecolumns.columns(
+            3 * spec.patch_size * spec.patch_size, spec.merge_size))
         tok = tokenizer.tokenizer
 
         def token(name: str) -> int:

@@ -131,6 +131,8 @@ def assemble(pieces: list[Held], ctx: PackContext) -> dict[str, np.ndarray]:
     at = 0
     doc_index = 0
     for c in ctx.schema:
+        if c.per_image:  # built by the lane from ctx.placed
+            continue
         a = np.full(size, c.pad, dtype=c.np_dtype)
         at = 0
         if c.fill == "position":
