@@ -122,3 +122,17 @@ def test_a_text_recipe_batch_has_no_image_column(tmp_path: Path) -> None:
             '"per_token":true}]')
     assert list(batch.columns) == ["input_ids", "positions"]
     assert batch.columns["input_ids"].shape == (2, 129)
+
+
+def test_two_vision_sources_cutting_other_patch_sizes_are_refused(three) -> None:
+    from datalane.engine.plan import Plan
+    from datalane.spec.errors import ConfigError
+
+    path, _ = three
+    source = {"name": "a", "uris": [str(path)], "vision": {}}
+    recipe = vision_recipe([str(path)], 255, sources=[
+        source, {**source, "name": "b", "vision": {"patch_size": 14}}])
+    with pytest.raises(ConfigError, match=r"sources\[1\] gives the sample column "
+                                          r"'image_patches' as .*'width': 588.*an earlier "
+                                          r"source gives it as .*'width': 768"):
+        Plan.build(recipe)
