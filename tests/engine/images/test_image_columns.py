@@ -136,3 +136,26 @@ def test_two_vision_sources_cutting_other_patch_sizes_are_refused(three) -> None
                                           r"'image_patches' as .*'width': 588.*an earlier "
                                           r"source gives it as .*'width': 768"):
         Plan.build(recipe)
+
+
+def test_a_client_restored_mid_step_gets_the_same_image_rows(three) -> None:
+    """The client's state after the first microbatch (A and B) restores to C's microbatch:
+    the restored loader reads the step again from its start, re-processes the images and
+    hands out C's rows, byte for byte those of the unbroken run."""
+    path, rows = three
+    recipe = vision_recipe([str(path)], 255, global_batch_size=2)
+    with InProcessLoader(recipe, 0, 1, 1, Knobs(workers=2)) as loader:
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        want = next(it)
+    with InProcessLoader(recipe, 0, 1, 1, Knobs(workers=1)) as again:
+        again.load_state_dict(state)
+        got = next(iter(again))
+    assert (got.step, got.index) == (0, 1)
+    assert list(got.columns) == list(want.columns)
+    for name, a in want.columns.items():
+        assert got.columns[name].tobytes() == a.tobytes(), name
+    assert got.columns["image_patch_start"].tolist() == [0, 256]
+    np.testing.assert_array_equal(got.columns["image_patches"], rows[2])
+    assert got.lane_digests == want.lane_digests and len(got.lane_digests) == 1
