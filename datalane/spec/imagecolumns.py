@@ -16,7 +16,8 @@ Images are in ``(image_seq, image_offset)`` order. ``image_seq`` counts rows fro
 what the columns belong to, so a lane window's images say the same whatever the world, and a
 step's (lanes' windows one after another) or a microbatch's (a range of the step's rows) are
 renumbered by :func:`concat` and :func:`select`. Callers: the lane (:func:`build` from the
-images its packer placed), the loader (steps, microbatches), the vision kind (:func:`columns`).
+images its packer placed), the loader (steps, microbatches), the vision kind (:func:`columns`),
+the wire's layout (:func:`check` on what a client receives).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from typing import Protocol
 
 import numpy as np
 
+from datalane.spec.errors import MismatchError
 from datalane.spec.schema import Column
 
-__all__ = ["NAMES", "ImageRows", "build", "columns", "concat", "select"]
+__all__ = ["NAMES", "ImageRows", "build", "check", "columns", "concat", "select"]
 
 PATCHES, GRID, SEQ, OFFSET, START = ("image_patches", "image_grid_thw", "image_seq",
                                      "image_offset", "image_patch_start")
@@ -97,3 +99,24 @@ def select(cols: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, n
             SEQ: seq[lo:hi] - np.int32(start),
             OFFSET: cols[OFFSET][lo:hi],
             START: bounds - first}
+
+
+def check(cols: Mapping[str, np.ndarray], rows: int, seq_tokens: int, where: str) -> None:
+    """Refuse per-image columns that do not describe images of ``rows`` sequences of
+    ``seq_tokens`` tokens (a payload from the wire): one count of images throughout, patch
+    starts from 0 rising to the patch rows, rows and offsets inside the sequences, in order.
+    MismatchError naming ``where`` and the column."""
+    n, start, seq = len(cols[SEQ]), cols[START], cols[SEQ]
+    counts = {GRID: len(cols[GRID]), OFFSET: len(cols[OFFSET]), START: len(start) - 1}
+    for name, count in counts.items():
+        if count != n:
+            raise MismatchError(f"{where}: column {name!r} describes {count} images; "
+                                f"{SEQ!r} has {n}")
+    if start[0] != 0 or start[-1] != len(cols[PATCHES]) or (np.diff(start) < 0).any():
+        raise MismatchError(f"{where}: column {START!r} {start[:8].tolist()}... does not rise "
+                            f"from 0 to the {len(cols[PATCHES])} rows of {PATCHES!r}")
+    offset = cols[OFFSET]
+    if n and (seq.min() < 0 or seq.max() >= rows or offset.min() < 0
+              or offset.max() >= seq_tokens or (np.diff(seq) < 0).any()):
+        raise MismatchError(f"{where}: columns {SEQ!r} and {OFFSET!r} place images outside "
+                            f"{rows} sequences of {seq_tokens} tokens or out of order")

@@ -33,12 +33,16 @@ import numpy as np
 
 from datalane.spec.errors import MismatchError
 
-__all__ = ["DTYPES", "Column", "SampleSchema", "SlotField", "TextColumns", "text_schema"]
+__all__ = ["DTYPES", "IMAGE_HEADER", "Column", "SampleSchema", "SlotField", "TextColumns",
+           "text_schema"]
 
 #: Column types, by name, as little-endian numpy dtypes (the wire and the hash use these bytes).
 DTYPES: dict[str, np.dtype[Any]] = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8"),
                                     "uint8": np.dtype("|u1")}
 _ALIGN = 8  # every column of a shared-memory slot starts on an 8-byte boundary
+#: a slot of a schema with per-image columns starts with the two counts of its images (int64
+#: images, int64 patch rows), its columns after them; other schemas' slots have no header
+IMAGE_HEADER = 16
 _KEYS = {"name", "dtype", "pad", "fill", "default", "per_token"}  # a column's JSON
 _IMAGE_KEYS = {"image", "width", "patches_per_token"}  # and a per-image column's
 
@@ -161,9 +165,10 @@ class SampleSchema:
                 for c in self.columns}
 
     def layout(self, rows: int, seq_tokens: int) -> list[SlotField]:
-        """Byte layout of ``rows`` sequences: the columns back to back, each 8-byte aligned."""
+        """Byte layout of ``rows`` sequences: the columns back to back, each 8-byte aligned
+        (per-image columns at their capacity, after the :data:`IMAGE_HEADER` of their counts)."""
         out: list[SlotField] = []
-        at = 0
+        at = IMAGE_HEADER if self.image_columns else 0
         for c in self.columns:
             n = c.nbytes(rows, seq_tokens)
             out.append(SlotField(c, at, n, c.shape(rows, seq_tokens)))
