@@ -75,9 +75,10 @@ class Step(TextColumns):
             raise ValueError(f"microbatch {index} of {size} sequences straddles the end of the "
                              f"{rows} rows of step {self.step}")
         cut = slice(start, start + size)
-        columns = {k: v[cut] for k, v in self.columns.items()
-                   if schema is None or not schema.column(k).per_image}
-        if schema is not None and schema.image_columns:  # the images of those rows
+        if schema is None or not schema.image_columns:
+            columns = {k: v[cut] for k, v in self.columns.items()}
+        else:  # the per-token columns' rows, then the images of those rows
+            columns = {c.name: self.columns[c.name][cut] for c in schema if not c.per_image}
             columns.update(imagecolumns.select(self.columns, start, start + size))
         return Microbatch(self.step, index, columns, self.ended, self.step_tokens)
 
