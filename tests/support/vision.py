@@ -14,14 +14,17 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
 from tokenizers import Tokenizer
 
 from datalane.corpus_images import synthetic_image
+from datalane.engine.images import ImageRule, process
 from datalane.spec.recipe import Recipe, load_recipe
 from tests.support.kinds import VISION_TOKENIZER
 
-__all__ = ["END", "EOS", "PAD", "START", "caption", "encoded", "vision_recipe", "write_shard"]
+__all__ = ["END", "EOS", "PAD", "START", "caption", "encoded", "vision_recipe", "write_shard",
+           "write_three"]
 
 START, PAD, END, EOS = 1026, 1024, 1027, 1
 
@@ -59,3 +62,17 @@ def caption(text: str) -> list[int]:
     """The caption's token ids (tokenized alone, no special tokens)."""
     tok = Tokenizer.from_file(str(VISION_TOKENIZER))
     return list(tok.encode(text, add_special_tokens=False).ids)
+
+
+def write_three(path: Path) -> tuple[Path, list[np.ndarray]]:
+    """The shard of tests/engine/images/test_image_columns.py: A (a 96 x 64 JPEG, "a red
+    square"), B (a 512 x 256 PNG, "two blue discs"), C (a 64 x 64 PNG, "a dark sky"); and each
+    image's patch rows (one frame: 280, 512 and 256 rows of 768 bytes)."""
+    images = [encoded(96, 64, "JPEG", 1), encoded(512, 256, "PNG", 2),
+              encoded(64, 64, "PNG", 3)]
+    write_shard(path, [[("jpg", images[0]), ("txt", b"a red square")],
+                       [("png", images[1]), ("txt", b"two blue discs")],
+                       [("png", images[2]), ("txt", b"a dark sky")]])
+    rows = [process(data, ImageRule(), repeat_frames=False).values for data in images]
+    assert [r.shape for r in rows] == [(280, 768), (512, 768), (256, 768)]
+    return path, rows

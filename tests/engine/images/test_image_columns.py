@@ -19,9 +19,8 @@ import pytest
 
 from datalane.client import InProcessLoader
 from datalane.client.batch import Batch
-from datalane.engine.images import ImageRule, process
 from datalane.spec.knobs import Knobs
-from tests.support.vision import END, EOS, PAD, START, caption, encoded, vision_recipe, write_shard
+from tests.support.vision import END, EOS, PAD, START, caption, vision_recipe, write_three
 
 IMAGE_COLUMNS = ["image_patches", "image_grid_thw", "image_seq", "image_offset",
                  "image_patch_start"]
@@ -30,16 +29,7 @@ IMAGE_COLUMNS = ["image_patches", "image_grid_thw", "image_seq", "image_offset",
 @pytest.fixture
 def three(tmp_path: Path) -> tuple[Path, list[np.ndarray]]:
     """The shard of A, B and C, and each image's patch rows (one frame, 768 bytes a row)."""
-    images = [encoded(96, 64, "JPEG", 1), encoded(512, 256, "PNG", 2),
-              encoded(64, 64, "PNG", 3)]
-    write_shard(tmp_path / "abc.tar", [
-        [("jpg", images[0]), ("txt", b"a red square")],
-        [("png", images[1]), ("txt", b"two blue discs")],
-        [("png", images[2]), ("txt", b"a dark sky")],
-    ])
-    rows = [process(data, ImageRule(), repeat_frames=False).values for data in images]
-    assert [r.shape for r in rows] == [(280, 768), (512, 768), (256, 768)]
-    return tmp_path / "abc.tar", rows
+    return write_three(tmp_path / "abc.tar")
 
 
 def _batches(path: Path, microbatch: int, count: int) -> list[Batch]:
