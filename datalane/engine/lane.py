@@ -159,8 +159,9 @@ class LaneStream:
             seq = None if self.ended else self.packer.next_sequence()
             if seq is None:
                 self.ended = True
-                for name, a in columns.items():
-                    a[r] = schema.column(name).pad
+                for c in schema:
+                    if not c.per_image:
+                        columns[c.name][r] = c.pad
                 self.counters.padding += size
             else:
                 for name, a in columns.items():
