@@ -18,7 +18,10 @@ class Batch(TextColumns):
 
     Every recipe has ``input_ids`` and ``positions`` (int32; also the properties of the same
     names): ``positions`` restart at 0 at each document and each sequence and are -1 on
-    padding. A chat recipe adds ``loss_mask`` (uint8: 1 where the trainer learns the token).
+    padding. A chat recipe adds ``loss_mask`` (uint8: 1 where the trainer learns the token). A
+    vision recipe adds ``loss_mask`` and the per-image columns of the microbatch's images
+    (``image_patches``, ``image_grid_thw``, ``image_seq``, ``image_offset``,
+    ``image_patch_start``; :mod:`datalane.spec.imagecolumns`), whose row counts vary.
     ``schema`` is the recipe's :class:`~datalane.spec.schema.SampleSchema` (the loaders set
     it: the sidecar announces it, the in-process mode has the engine's). ``ended`` is set
     once every lane of the rank has run out of data (finite recipes). The last microbatch of

@@ -12,7 +12,9 @@ one per column of the recipe's sample schema plus ``labels`` and ``cu_seqlens``:
   ``1..seq_len``, aligned with ``labels`` (``loss_mask[:, j]`` says whether ``labels[:, j]`` is
   trained on; ``labels`` already carries it as -100)
 * every other per-token column (mb, seq_len) at the input tokens ``0..seq_len-1``, a
-  per-sequence column (mb,) as it is; int32 columns become int64, other dtypes stay
+  per-sequence column (mb,) and a per-image column (vision recipes: ``image_patches``,
+  ``image_grid_thw``, ... of the microbatch's images; :mod:`datalane.spec.imagecolumns`) as
+  it is; int32 columns become int64, other dtypes stay
 * ``cu_seqlens`` int32 (segments + 1,): document boundaries over the flattened microbatch, for
   variable-length attention kernels (each padding run is a segment of its own)
 * ``step_tokens`` int64 scalar: the rank's trained targets (labels that are not -100) in the
@@ -57,6 +59,7 @@ from torch.utils.data import IterableDataset
 
 from datalane.client import lanekeys
 from datalane.client.batch import Batch
+from datalane.spec import imagecolumns
 from datalane.spec.errors import ConfigError
 from datalane.spec.targets import trained_targets
 
@@ -108,7 +111,7 @@ def to_tensors(batch: Batch) -> dict[str, torch.Tensor]:
     for name, a in columns.items():
         if name in out:
             continue
-        if a.ndim == 1:  # per sequence
+        if a.ndim == 1 or name in imagecolumns.NAMES:  # per sequence, per image
             out[name] = _tensor(a)
         else:  # the loss mask describes targets (labels); any other column, inputs
             out[name] = _tensor(a[:, 1:] if name == "loss_mask" else a[:, :-1])

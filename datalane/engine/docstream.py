@@ -284,6 +284,8 @@ class DocStream:
             return None
         res = self._cur
         assert res is not None
+        # runs carry no attachments: packers of attaching kinds take documents one at a time
+        assert res.attached is None, "next_run over documents that carry attachments"
         first = last = i
         offsets = res.bounds
         taken = offsets[i + 1] - offsets[i]
@@ -463,8 +465,10 @@ class DocStream:
 
     def _doc(self, res: MapResult, i: int, file: int, pos: int) -> Doc:
         lo, hi = res.offsets[i], res.offsets[i + 1]
+        attached = res.attached[i] if res.attached is not None else None
         return Doc(self.source.index, self._formats[file].ref(file, pos),
-                   tuple(res.columns[c.name][lo:hi] for c in self._stage.columns))
+                   tuple(res.columns[c.name][lo:hi] for c in self._stage.columns),
+                   attached or ())
 
     def _where(self, file: int, pos: int) -> str:
         return f"{self.source.files[file].uri} at {self._formats[file].unit} {pos}"

@@ -9,6 +9,7 @@ positions = -1), so ranks stay in lockstep until every lane has ended.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from datalane.engine.mixture import Mixture
 from datalane.engine.packers import PACKERS, PackContext, Packer
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
+from datalane.spec import imagecolumns
 from datalane.spec.errors import MismatchError
 from datalane.spec.hashing import window_digest
 from datalane.spec.knobs import Knobs
@@ -31,16 +33,21 @@ __all__ = ["LaneStream", "Window"]
 
 
 class Window(TextColumns):
-    """One lane's share of one step: its sequences' columns, in schema order."""
+    """One lane's share of one step: its sequences' columns, in schema order (per-image
+    columns: the images of its rows, ``image_seq`` counted from its first row), and what its
+    documents carried beside their tokens (``placed``: ``(row, token offset in the row,
+    value)`` in row and offset order; vision: each image's patches at its first placeholder)."""
 
-    __slots__ = ("_digest", "columns", "ended", "lane", "schema", "trained")
+    __slots__ = ("_digest", "columns", "ended", "lane", "placed", "schema", "trained")
 
     def __init__(self, lane: int, schema: SampleSchema, columns: dict[str, np.ndarray],
-                 ended: bool, trained: int | None = None) -> None:
+                 ended: bool, trained: int | None = None,
+                 placed: list[tuple[int, int, Any]] | None = None) -> None:
         self.lane = lane
         self.schema = schema
         self.columns = columns
         self.ended = ended
+        self.placed = placed if placed is not None else []
         # its trained targets (datalane.spec.targets), when the lane knows them without
         # looking at the columns (None: count them)
         self.trained = trained
@@ -87,6 +94,7 @@ class LaneStream:
         ctx = PackContext(self.mixture.next_doc, self._fetch, recipe.sequence_tokens,
                           plan.schema, self.counters, recipe.packing, f"lane {lane} state",
                           self.mixture.next_run)
+        self._ctx = ctx
         self.packer: Packer = PACKERS[recipe.packing.algorithm](
             ctx, state.packer if state is not None else None)
         # a packer that can fill a whole window at once does (every column per token)
@@ -95,6 +103,10 @@ class LaneStream:
         # without a loss mask, a window's trained targets are its tokens less one per row
         # that holds any (a row is its pieces then padding; its first token is no target)
         self._unmasked = "loss_mask" not in plan.schema.names
+        # a recipe with images: the width of their patch rows (the window's per-image columns
+        # are built from the images its packer placed)
+        self._image_width = (plan.schema.column(imagecolumns.PATCHES).width
+                             if plan.schema.image_columns else None)
         self.sequences = state.sequences if state is not None else 0
         self.ended = state.ended if state is not None else False
 
@@ -131,7 +143,8 @@ class LaneStream:
         size = recipe.sequence_tokens
         schema = self.plan.schema
         columns = out if out is not None else {
-            c.name: np.empty(c.shape(rows, size), dtype=c.np_dtype) for c in schema}
+            c.name: np.empty(c.shape(rows, size), dtype=c.np_dtype) for c in schema
+            if not c.per_image}
         if self._fill is not None and not self.ended:  # the packer fills the window in bulk
             before = self.counters.tokens
             filled = self._fill(columns, rows)
@@ -141,18 +154,23 @@ class LaneStream:
             trained = self.counters.tokens - before - filled if self._unmasked else None
             return Window(self.lane, schema, columns, self.ended, trained)
         trained = 0 if self.ended else None  # (a window of padding trains nothing)
+        placed: list[tuple[int, int, Any]] = []
         for r in range(rows):
             seq = None if self.ended else self.packer.next_sequence()
             if seq is None:
                 self.ended = True
                 for c in schema:
-                    columns[c.name][r] = c.pad
+                    if not c.per_image:
+                        columns[c.name][r] = c.pad
                 self.counters.padding += size
             else:
                 for name, a in columns.items():
                     a[r] = seq[name]
+                placed.extend((r, offset, value) for offset, value in self._ctx.placed)
         self.sequences += rows
-        return Window(self.lane, schema, columns, self.ended, trained)
+        if self._image_width is not None:
+            columns.update(imagecolumns.build(placed, self._image_width))
+        return Window(self.lane, schema, columns, self.ended, trained, placed)
 
     def state(self) -> LaneState:
         """The resume point between two steps (call it only after a whole window)."""

@@ -21,6 +21,7 @@ import numpy as np
 from datalane.engine.lane import LaneStream
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
+from datalane.spec import imagecolumns
 from datalane.spec.codepolicy import CodePolicy
 from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import check_fingerprint
@@ -42,7 +43,9 @@ class Step(TextColumns):
     """A rank's local batch of one step: its lanes' windows, in lane order."""
 
     step: int
-    columns: dict[str, np.ndarray]  # schema order; per-token columns (B/W, seq_len + 1)
+    #: schema order; per-token columns (B/W, seq_len + 1); per-image columns: the images of
+    #: the step's rows (datalane.spec.imagecolumns), ``image_seq`` a row of the step
+    columns: dict[str, np.ndarray]
     lane_digests: dict[int, bytes]  # window digest of each lane this rank owns
     ended: bool  # every lane of this rank has run out of data (later steps are padding)
     schema: SampleSchema | None = None  # the pad values of microbatches past the real rows
@@ -59,6 +62,7 @@ class Step(TextColumns):
         microbatch: every column its pad value."""
         start = index * size
         rows = len(self.columns["positions"])
+        schema = self.schema
         if start >= rows:
             if self.schema is None:
                 raise ValueError(f"microbatch {index} of {size} sequences lies past the "
@@ -71,8 +75,12 @@ class Step(TextColumns):
             raise ValueError(f"microbatch {index} of {size} sequences straddles the end of the "
                              f"{rows} rows of step {self.step}")
         cut = slice(start, start + size)
-        return Microbatch(self.step, index, {k: v[cut] for k, v in self.columns.items()},
-                          self.ended, self.step_tokens)
+        if schema is None or not schema.image_columns:
+            columns = {k: v[cut] for k, v in self.columns.items()}
+        else:  # the per-token columns' rows, then the images of those rows
+            columns = {c.name: self.columns[c.name][cut] for c in schema if not c.per_image}
+            columns.update(imagecolumns.select(self.columns, start, start + size))
+        return Microbatch(self.step, index, columns, self.ended, self.step_tokens)
 
 
 @dataclass
@@ -81,7 +89,7 @@ class Microbatch(TextColumns):
 
     step: int
     index: int
-    columns: dict[str, np.ndarray]  # schema order
+    columns: dict[str, np.ndarray]  # schema order (per-image: ``image_seq`` a row of these)
     ended: bool  # the step's ``ended``: this rank's lanes have run out of data
     step_tokens: int = 0  # the step's trained targets on this rank (all its microbatches)
 
@@ -198,13 +206,16 @@ class Loader:
         # the lanes fill their rows of the step in place, and each window is hashed on this
         # thread as it is filled (hashlib releases the GIL: the map workers run meanwhile)
         columns = {c.name: np.empty(c.shape(rows * len(streams), size), dtype=c.np_dtype)
-                   for c in schema}
+                   for c in schema if not c.per_image}
         windows = []
         lane_digests: dict[int, bytes] = {}
         for k, s in enumerate(streams):
             w = s.next_window({n: a[k * rows:(k + 1) * rows] for n, a in columns.items()})
             windows.append(w)
             lane_digests[w.lane] = w.digest  # lane order, as the windows came
+        if schema.image_columns:  # the windows' images, rows counted from the step's first
+            columns.update(imagecolumns.concat([(k * rows, w.columns)
+                                                for k, w in enumerate(windows)]))
         step_tokens = 0  # the windows' trained targets, counted in the columns if need be
         for w in windows:
             if w.trained is None:

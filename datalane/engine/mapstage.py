@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import DocumentKind, Rendered, Tokenized
+from datalane.engine.documents.base import Attached, DocumentKind, Rendered, Tokenized
 from datalane.engine.documents.text import TextKind
 from datalane.engine.formats import FORMATS, Format
 from datalane.engine.formats.base import Decoded, TooLarge
@@ -70,9 +70,9 @@ class MapResult:
     # indexes of the records set aside (status not None), ascending
     bounds: list[int]
     set_aside: list[int]
-    #: a kind that ``attaches``: each record's rendered value (vision: its image's patches),
-    #: None for records set aside; None for other kinds
-    attached: list[Any] | None = None
+    #: a kind that ``attaches``: each record's attachments (vision: its image's patches at
+    #: its first placeholder), None for records set aside; None for other kinds
+    attached: list[tuple[Attached, ...] | None] | None = None
 
     @property
     def tokens(self) -> np.ndarray:
@@ -152,10 +152,10 @@ class MapStage:
             keep = self._render(records, formats, status, detail, docs)
         result = self._finish(n, keep, got, docs, status, detail)
         if self.kind.attaches:
-            attached: list[Any] = [None] * n
+            attached: list[tuple[Attached, ...] | None] = [None] * n
             for k, i in enumerate(keep):
                 if status[i] is None:
-                    attached[i] = docs[k].value
+                    attached[i] = self.kind.attach(docs[k])
             result.attached = attached
         return result
 

@@ -80,9 +80,14 @@ class Plan:
         kinds = [kind_for(s, tokenizer, f"sources[{i}]") for i, s in enumerate(recipe.sources)]
         sources = [_plan_source(i, s, recipe, kinds[i]) for i, s in enumerate(recipe.sources)]
         extra: dict[str, Column] = {}
-        for kind in kinds:
+        for i, kind in enumerate(kinds):
             for c in kind.columns:
-                extra.setdefault(c.name, c)
+                had = extra.setdefault(c.name, c)
+                if had != c:  # (vision sources cutting patches of another size)
+                    raise ConfigError(
+                        f"sources[{i}] gives the sample column {c.name!r} as {c.to_json()}; "
+                        f"an earlier source gives it as {had.to_json()}: every source of a "
+                        f"recipe must agree")
         doc: dict[str, object] = {
             "recipe": training_view(recipe).to_dict(),  # eval streams: their own
             "files": {sp.source.name: [[f.uri, f.size, f.ident] for f in sp.files]

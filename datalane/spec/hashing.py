@@ -2,9 +2,13 @@
 
 A lane window (its ``B/L`` sequences of one step) hashes as SHA-256 over the little-endian
 bytes of its columns in schema order (:mod:`datalane.spec.schema`): for a text recipe,
-``input_ids`` then ``positions``, both int32. The global hash of a step is SHA-256 over the
-concatenated 32-byte lane-window digests in lane order ``0..L-1``, so any process that knows
-the lane digests can compute it without holding the batch.
+``input_ids`` then ``positions``, both int32. A vision recipe's per-image columns come last in
+the schema: the window's images (``image_seq`` counted from the window's first row,
+``image_patch_start`` from 0), their used rows only, so the hash depends neither on slot
+capacities nor on how the lanes are dealt to ranks (:mod:`datalane.spec.imagecolumns`).
+The global hash of a step is SHA-256 over the concatenated 32-byte lane-window digests in lane
+order ``0..L-1``, so any process that knows the lane digests can compute it without holding
+the batch.
 """
 
 from __future__ import annotations

@@ -18,6 +18,15 @@ beside the layout they check.
 Payloads: inline, one buffer per column (:meth:`Layout.pack` / :meth:`Layout.unpack`); in
 shared memory, the columns at their offsets in a slot of ``slot_bytes``
 (:meth:`Layout.write` / :meth:`Layout.views`, used by :mod:`datalane.wire.shm`).
+
+**Per-image columns** (vision recipes: :mod:`datalane.spec.imagecolumns`) have as many rows
+as the microbatch has images (or patch rows). The layout reserves each its capacity for the
+microbatch's sequences (:meth:`~datalane.spec.schema.Column.capacity`), so a session's slot
+size stays fixed, and a slot starts with a header of the two counts (int64 images, int64
+patch rows: :data:`~datalane.spec.schema.IMAGE_HEADER` bytes); only the used rows are written
+and read. Inline buffers carry the used rows only, their lengths giving the counts. Either way
+the client checks the counts against the capacity and the columns against each other
+(:func:`datalane.spec.imagecolumns.check`) before it hands them out.
 """
 
 from __future__ import annotations
@@ -28,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from datalane.spec import imagecolumns
 from datalane.spec.errors import MismatchError
 from datalane.spec.integrity import parse_json
-from datalane.spec.schema import DTYPES, SampleSchema, SlotField
+from datalane.spec.schema import DTYPES, IMAGE_HEADER, SampleSchema, SlotField
 
 __all__ = ["Layout", "announced_schema"]
 
@@ -65,6 +75,11 @@ class Layout:
         """Sequences per microbatch."""
         return self.fields[0].shape[0]
 
+    @property
+    def seq_tokens(self) -> int:
+        """Tokens per sequence (``input_ids`` is per token)."""
+        return self.fields[0].shape[1]
+
     # -- the announcement --------------------------------------------------------------------
     def announce(self, reply: Any) -> None:
         """Write the schema and the layout into an ``OpenReply``."""
@@ -90,10 +105,12 @@ class Layout:
             if f.dtype != column.dtype:
                 raise MismatchError(f"{what} is laid out as {f.dtype!r}; the schema says "
                                     f"{column.dtype!r}")
-            if len(shape) != (2 if column.per_token else 1):
-                raise MismatchError(f"{what} has the shape {list(shape)}; a "
-                                    f"{'per-token' if column.per_token else 'per-sequence'} "
-                                    f"column has {2 if column.per_token else 1} dimensions")
+            two = bool(column.width) if column.per_image else column.per_token
+            if len(shape) != (2 if two else 1):
+                kind = ("per-image" if column.per_image else
+                        "per-token" if column.per_token else "per-sequence")
+                raise MismatchError(f"{what} has the shape {list(shape)}; this {kind} column "
+                                    f"has {2 if two else 1} dimensions")
             itemsize = DTYPES[column.dtype].itemsize
             if int(f.nbytes) != int(np.prod(shape)) * itemsize:
                 raise MismatchError(f"{what} has {f.nbytes} bytes; {column.dtype}"
@@ -102,14 +119,21 @@ class Layout:
                 raise MismatchError(f"{what} starts at byte {f.offset}, not a multiple of its "
                                     f"item size {itemsize}")
             fields.append(SlotField(column, int(f.offset), int(f.nbytes), shape))
-        rows = {f.shape[0] for f in fields}
-        tokens = {f.shape[1] for f in fields if len(f.shape) == 2}
+        plain = [f for f in fields if not f.column.per_image]
+        rows = {f.shape[0] for f in plain}
+        tokens = {f.shape[1] for f in plain if len(f.shape) == 2}
         if len(rows) > 1 or len(tokens) > 1:
             raise MismatchError(f"{where} lays out columns of different shapes: "
-                                f"{[list(f.shape) for f in fields]}")
+                                f"{[list(f.shape) for f in plain]}")
         if 0 in fields[0].shape:
             raise MismatchError(f"{where} lays out empty columns: {list(fields[0].shape)}")
-        end = 0
+        for f in fields:  # per-image columns: their capacity for the microbatch's sequences
+            want = f.column.shape(fields[0].shape[0], fields[0].shape[1])
+            if f.column.per_image and f.shape != want:
+                raise MismatchError(f"{where}: per-image column {f.column.name!r} is laid out "
+                                    f"as {list(f.shape)}; {list(fields[0].shape)} tokens hold "
+                                    f"at most {list(want)}")
+        end = IMAGE_HEADER if schema.image_columns else 0  # (the image counts' header)
         for f in sorted(fields, key=lambda f: f.offset):
             if f.offset < end:
                 raise MismatchError(f"{where}: column {f.column.name!r} at byte {f.offset} "
@@ -142,10 +166,20 @@ class Layout:
         out = []
         for f in self.fields:
             a = np.ascontiguousarray(columns[f.column.name], dtype=f.column.np_dtype)
-            if a.shape != f.shape:
+            if a.shape != f.shape and not (f.column.per_image and a.shape[1:] == f.shape[1:]
+                                           and len(a) <= f.shape[0]):
                 raise ValueError(f"column {f.column.name!r} has the shape {list(a.shape)}; "
                                  f"the layout has {list(f.shape)}")
             out.append(a)
+        return out
+
+    def _used(self, f: SlotField, count: dict[str | None, int]) -> tuple[int, ...]:
+        """The shape of a column's used rows (``count``: rows by kind of per-image column)."""
+        return (count[f.column.image], *f.shape[1:]) if f.column.per_image else f.shape
+
+    def _checked(self, out: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
+        if self.schema.image_columns:
+            imagecolumns.check(out, self.rows, self.seq_tokens, where)
         return out
 
     def pack(self, columns: Mapping[str, np.ndarray]) -> list[bytes]:
@@ -159,21 +193,52 @@ class Layout:
                                 f"has {len(self.fields)} ({list(self.schema.names)})")
         out: dict[str, np.ndarray] = {}
         for f, data in zip(self.fields, payloads, strict=True):
-            if len(data) != f.nbytes:
+            shape = f.shape
+            if f.column.per_image:  # the used rows only
+                row = f.column.np_dtype.itemsize * (f.column.width or 1)
+                shape = (len(data) // row, *f.shape[1:])
+                if len(data) % row or shape[0] > f.shape[0]:
+                    raise MismatchError(f"{where}: per-image column {f.column.name!r} has "
+                                        f"{len(data)} bytes; the layout holds up to "
+                                        f"{f.shape[0]} rows of {row}")
+            elif len(data) != f.nbytes:
                 raise MismatchError(f"{where}: column {f.column.name!r} has {len(data)} bytes; "
                                     f"the layout announced {f.nbytes}")
-            out[f.column.name] = np.frombuffer(data, dtype=f.column.np_dtype).reshape(f.shape)
-        return out
+            out[f.column.name] = np.frombuffer(data, dtype=f.column.np_dtype).reshape(shape)
+        return self._checked(out, where)
 
     def write(self, buffer: Any, at: int, columns: Mapping[str, np.ndarray]) -> None:
-        """Copy a microbatch's columns into ``buffer`` (a writable mmap) at byte ``at``."""
-        for f, a in zip(self.fields, self._arrays(columns), strict=True):
-            start = at + f.offset
-            buffer[start:start + f.nbytes] = a.data.cast("B")
+        """Copy a microbatch's columns into ``buffer`` (a writable mmap) at byte ``at`` (with
+        per-image columns: the header of their counts, then their used rows)."""
+        arrays = self._arrays(columns)
+        if self.schema.image_columns:
+            count = {f.column.image: len(a) for f, a in zip(self.fields, arrays, strict=True)}
+            buffer[at:at + IMAGE_HEADER] = np.array([count["image"], count["patch"]],
+                                                    dtype="<i8").tobytes()
+        for f, a in zip(self.fields, arrays, strict=True):
+            if a.nbytes:
+                start = at + f.offset
+                buffer[start:start + a.nbytes] = a.reshape(-1).view(np.uint8).data
 
-    def views(self, buffer: Any, at: int) -> dict[str, np.ndarray]:
-        """Zero-copy arrays of the columns of the slot at byte ``at`` of ``buffer``."""
-        return {f.column.name: np.frombuffer(buffer, dtype=f.column.np_dtype,
-                                             count=int(np.prod(f.shape)),
-                                             offset=at + f.offset).reshape(f.shape)
-                for f in self.fields}
+    def views(self, buffer: Any, at: int, where: str = "a shared-memory slot"
+              ) -> dict[str, np.ndarray]:
+        """Zero-copy arrays of the columns of the slot at byte ``at`` of ``buffer``;
+        MismatchError naming ``where`` for image counts over the capacity or columns that
+        do not agree."""
+        count: dict[str | None, int] = {}
+        if self.schema.image_columns:
+            images, patches = (int(v) for v in np.frombuffer(buffer, dtype="<i8", count=2,
+                                                             offset=at))
+            count = {"image": images, "bound": images + 1, "patch": patches}
+            caps = {f.column.image: f.shape[0] for f in self.fields if f.column.per_image}
+            if not (0 <= images <= caps["image"] and 0 <= patches <= caps["patch"]):
+                raise MismatchError(f"{where} at byte {at} counts {images} images and "
+                                    f"{patches} patch rows; it holds at most {caps['image']} "
+                                    f"and {caps['patch']}")
+        out = {}
+        for f in self.fields:
+            shape = self._used(f, count)
+            out[f.column.name] = np.frombuffer(buffer, dtype=f.column.np_dtype,
+                                               count=int(np.prod(shape)),
+                                               offset=at + f.offset).reshape(shape)
+        return self._checked(out, where)

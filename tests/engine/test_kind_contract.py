@@ -63,7 +63,9 @@ def test_good_values_render_and_tokenize_to_the_declared_columns(name: str) -> N
     together = _docs(kind.tokenize(rendered))
     assert len(together) == len(fixture.good)
     for i, doc in enumerate(together):
-        assert set(doc) == {"input_ids", *(c.name for c in kind.columns)}
+        # per-token columns from the tokens; per-image ones from what the document attaches
+        assert set(doc) == {"input_ids", *(c.name for c in kind.columns if not c.per_image)}
+        assert kind.attaches == any(c.per_image for c in kind.columns), name
         assert len({len(v) for v in doc.values()}) == 1 and doc["input_ids"], (name, doc)
         alone = _docs(kind.tokenize([rendered[i]]))
         assert alone == [doc], f"{name}: document {i} tokenized alone differs"

@@ -9,7 +9,9 @@ column of the kinds its sources use. A kind is declared by its configuration fie
 :class:`~datalane.spec.recipe.Source` (:func:`datalane.spec.recipe.document_kinds`) and
 implemented by the class ``KIND`` of ``datalane.engine.documents.<name>``, a
 :class:`KindBase`. A :class:`Doc` is one kept document on its way to the
-packer, with the reference its format defines, so a packer's carry-over can name it.
+packer, with the reference its format defines, so a packer's carry-over can name it, and
+what it carries beside its tokens (:class:`Attached`: vision, its image's patches at the offset
+of its first placeholder), which packers pass on without looking inside.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import numpy as np
 
 from datalane.spec.schema import Column
 
-__all__ = ["LOSS_MASK", "Doc", "DocumentKind", "KindBase", "Rendered", "Run", "Tokenized"]
+__all__ = ["LOSS_MASK", "Attached", "Doc", "DocumentKind", "KindBase", "Rendered", "Run",
+           "Tokenized"]
 
 #: The loss-mask column (chat, vision): 1 where the trainer learns the token. Documents of
 #: other kinds in the same recipe get the default 1 (trained on every token); padding gets 0.
@@ -52,8 +55,8 @@ class DocumentKind(Protocol):
     has_text: bool
     #: whether :meth:`tokenize_values` checks and tokenizes a whole task's values at once
     tokenizes_values: bool
-    #: whether a rendered document's ``value`` (vision: its image's patches) is kept with the
-    #: map result, one entry per document (:attr:`MapResult.attached`)
+    #: whether a rendered document carries :meth:`attach` ments to the packer (kept with the
+    #: map result, one tuple per document: :attr:`MapResult.attached`)
     attaches: bool
 
     def identity(self) -> dict[str, Any]:
@@ -65,6 +68,10 @@ class DocumentKind(Protocol):
         ...
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
+        ...
+
+    def attach(self, doc: Rendered) -> tuple[Attached, ...]:
+        """What the tokenized ``doc`` carries beside its tokens (only if ``attaches``)."""
         ...
 
     def tokenize_values(self, values: list[Any]) -> Tokenized | None:
@@ -85,17 +92,33 @@ class KindBase:
     def identity(self) -> dict[str, Any]:
         return {}
 
+    def attach(self, doc: Rendered) -> tuple[Attached, ...]:
+        return ()
+
     def tokenize_values(self, values: list[Any]) -> Tokenized | None:
         return None
 
 
 @dataclass(frozen=True, slots=True)
+class Attached:
+    """Something a document carries beside its tokens, tied to the token at ``offset`` of the
+    document (vision: the image's :class:`~datalane.engine.images.Patches`, at its first
+    placeholder token). Packers carry it opaquely with the document's pieces; the piece that
+    holds the token places it in its sequence (:func:`datalane.engine.packers.base.assemble`)."""
+
+    offset: int  # token index in the document
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
 class Doc:
-    """A kept document: its source, the reference its format defines, and its columns."""
+    """A kept document: its source, the reference its format defines, its columns, and what
+    it carries beside them (a kind that ``attaches``; re-read with the document on restore)."""
 
     source: int
     ref: tuple[int, ...]  # JSONL and Parquet: (file index, byte offset or row)
     columns: tuple[np.ndarray, ...]  # schema.document_columns() order; input_ids first
+    attached: tuple[Attached, ...] = ()
 
     def __len__(self) -> int:
         return len(self.columns[0])

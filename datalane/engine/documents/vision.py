@@ -5,8 +5,10 @@ The field value is what a format reads for a vision source's parts (:mod:`datala
 trailing whitespace stripped: what the filters see) and runs the image through
 :func:`datalane.engine.images.process` on the worker thread: decode within the recipe's limits,
 resize, patchify. The rendered document's ``value`` is the image's :class:`Patches` (uint8, one
-frame: ``repeat_frames=False``, the client repeats it), kept with the map result
-(``attaches``) so that the per-image columns can be built from it.
+frame: ``repeat_frames=False``, the client repeats it); the document carries it to the packer
+(``attaches``: an :class:`Attached` at the offset of its first ``image_token``), which places
+it in a sequence, and the lane builds the per-image columns from it
+(:mod:`datalane.spec.imagecolumns`).
 
 **Tokens** (as TorchTitan's ``insert_vision_placeholders``, the image first as in a CC12M
 pair): ``[BOS] vision_start image_token x N vision_end caption [EOS]`` where
@@ -32,10 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import LOSS_MASK, KindBase, Rendered, Tokenized
+from datalane.engine.documents.base import LOSS_MASK, Attached, KindBase, Rendered, Tokenized
 from datalane.engine.documents.text import text_value
 from datalane.engine.images import BadImage, ImageLimits, ImageRule, PatchRule, ResizeRule, process
 from datalane.engine.tokenize import TokenizerHandle
+from datalane.spec import imagecolumns
 from datalane.spec.errors import ConfigError
 from datalane.spec.limits import IMAGE_REASONS
 from datalane.spec.schema import Column
@@ -59,7 +62,6 @@ def image_rule(spec: VisionSpec) -> ImageRule:
 class VisionKind(KindBase):
     """Renders image-caption pairs; thread-safe, stateless after construction."""
 
-    columns: tuple[Column, ...] = (LOSS_MASK,)
     bad_reasons = IMAGE_REASONS | {"non_utf8", "not_text", "invalid_unicode",
                                    "vision_token_in_text"}
     attaches = True
@@ -69,6 +71,10 @@ class VisionKind(KindBase):
         self.spec = spec
         self.tokenizer = tokenizer
         self.rule = image_rule(spec)
+        #: the loss mask, then the per-image columns (patch rows of one frame: the client
+        #: repeats it temporal_patch_size times)
+        self.columns: tuple[Column, ...] = (LOSS_MASK, *imagecolumns.columns(
+            3 * spec.patch_size * spec.patch_size, spec.merge_size))
         tok = tokenizer.tokenizer
 
         def token(name: str) -> int:
@@ -83,6 +89,8 @@ class VisionKind(KindBase):
         self.start_id = token("vision_start_token")
         self.end_id = token("vision_end_token")
         self._texts = (spec.image_token, spec.vision_start_token, spec.vision_end_token)
+        # the first placeholder follows BOS (if the tokenizer adds one) and vision_start
+        self._first_pad = (1 if tokenizer.bos_id is not None else 0) + 1
 
     def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
         if not isinstance(value, dict) or "image" not in value or "text" not in value:
@@ -100,6 +108,9 @@ class VisionKind(KindBase):
         except BadImage as e:
             return None, e.reason, e.detail
         return Rendered(caption.rstrip(), None, patches), None, None
+
+    def attach(self, doc: Rendered) -> tuple[Attached, ...]:
+        return (Attached(self._first_pad, doc.value),)
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
         flat, offsets, lengths = self.tokenizer.encode([d.text for d in docs])

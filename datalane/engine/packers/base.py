@@ -12,6 +12,12 @@ the pieces (``fetch``) and continues exactly. A packer is declared once, in
 its declaration names (a :class:`PackerBase`, whose optional hook :meth:`~Packer.fill_window`
 is off by default); tests/engine/test_packer_contract.py runs every declared packer through
 the same contract.
+
+A document may carry :class:`~datalane.engine.documents.base.Attached` values (vision: its
+image's patches), each at a token offset of the document. A packer carries them opaquely with
+each piece it holds (the third item of :data:`Held`, offsets still relative to the document);
+:func:`assemble`, which lays pieces out in a sequence, places the attachments whose token the
+sequence holds at their offset in it and leaves them in :attr:`PackContext.placed` for the lane.
 """
 
 from __future__ import annotations
@@ -22,15 +28,19 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from datalane.engine.documents.base import Doc, Run
+from datalane.engine.documents.base import Attached, Doc, Run
 from datalane.spec.errors import MismatchError
 from datalane.spec.recipe import Packing
 from datalane.spec.schema import SampleSchema
 from datalane.spec.state import Counters, PackerState, Piece
 
-__all__ = ["Held", "PackContext", "Packer", "PackerBase", "assemble", "decode_pieces", "take"]
+__all__ = ["Held", "PackContext", "Packer", "PackerBase", "Placed", "assemble", "decode_pieces",
+           "take"]
 
-Held = tuple[Piece, tuple[np.ndarray, ...]]  # a piece and its document columns
+#: a piece, its document columns, and its document's attachments (offsets in the document)
+Held = tuple[Piece, tuple[np.ndarray, ...], tuple[Attached, ...]]
+#: an attachment placed in a sequence: (token offset in the sequence, value)
+Placed = tuple[int, Any]
 
 
 @dataclass
@@ -45,6 +55,9 @@ class PackContext:
     options: Packing
     where: str = "lane state"  # prefix of restore errors
     next_run: Callable[[int], Run | None] | None = None  # the mixture, in bulk (fill_window)
+    #: the attachments of the sequence :func:`assemble` built last, in token order (the lane
+    #: takes them after each sequence)
+    placed: list[Placed] = field(default_factory=list)
     _cache: dict[tuple[int, tuple[int, ...]], Doc] = field(default_factory=dict, repr=False)
 
     def held(self, piece: Piece) -> Held:
@@ -56,7 +69,7 @@ class PackContext:
         if piece.stop > len(doc):
             raise MismatchError(f"{self.where}: carried piece {piece.encode()} ends after its "
                                 f"document's {len(doc)} tokens")
-        return piece, doc.slice(piece.start, piece.stop)
+        return piece, doc.slice(piece.start, piece.stop), doc.attached
 
     def done_restoring(self) -> None:
         self._cache.clear()
@@ -104,33 +117,44 @@ def take(ctx: PackContext) -> Held | None:
     if doc is None:
         return None
     ctx.counters.kept += 1
-    return Piece(doc.source, doc.ref, 0, len(doc)), doc.columns
+    return Piece(doc.source, doc.ref, 0, len(doc)), doc.columns, doc.attached
 
 
 ARANGE = np.arange((1 << 20) + 1, dtype=np.int32)  # positions 0.. of a piece (seq_len <= 2^20)
 
 
 def assemble(pieces: list[Held], ctx: PackContext) -> dict[str, np.ndarray]:
-    """One sequence from ``pieces`` in order, padded to ``ctx.size``; counts tokens."""
+    """One sequence from ``pieces`` in order, padded to ``ctx.size``; counts tokens and sets
+    ``ctx.placed`` to the attachments whose token the sequence holds, at their offset in it."""
     size = ctx.size
     out: dict[str, np.ndarray] = {}
     at = 0
     doc_index = 0
     for c in ctx.schema:
+        if c.per_image:  # built by the lane from ctx.placed
+            continue
         a = np.full(size, c.pad, dtype=c.np_dtype)
         at = 0
         if c.fill == "position":
-            for _, cols in pieces:
+            for _, cols, _ in pieces:
                 n = len(cols[0])
                 a[at:at + n] = ARANGE[:n]
                 at += n
         else:
-            for _, cols in pieces:
+            for _, cols, _ in pieces:
                 n = len(cols[0])
                 a[at:at + n] = cols[doc_index]
                 at += n
             doc_index += 1
         out[c.name] = a
+    placed: list[Placed] = []
+    start = 0
+    for piece, cols, attached in pieces:
+        for item in attached:
+            if piece.start <= item.offset < piece.stop:
+                placed.append((start + item.offset - piece.start, item.value))
+        start += len(cols[0])
+    ctx.placed = placed
     ctx.counters.tokens += at
     ctx.counters.padding += size - at
     return out

@@ -80,15 +80,15 @@ class BestFitPacker(PackerBase):
                 self._pending = take(self.ctx)
                 if self._pending is None:
                     return self._emit(0) if self._bins else None
-            piece, cols = self._pending
+            piece, cols, attached = self._pending
             length = len(cols[0])
             fit = min(length, size)
             head = (Piece(piece.source, piece.ref, piece.start, piece.start + fit),
-                    tuple(c[:fit] for c in cols))
+                    tuple(c[:fit] for c in cols), attached)
             rest = None
             if fit < length:
                 rest = (Piece(piece.source, piece.ref, piece.start + fit, piece.stop),
-                        tuple(c[fit:] for c in cols))
+                        tuple(c[fit:] for c in cols), attached)
             best = -1
             for i, fill in enumerate(self._fill):
                 room = size - fill
@@ -108,7 +108,7 @@ class BestFitPacker(PackerBase):
                 return self._emit(best)
 
     def state(self) -> dict[str, Any]:
-        return {"bins": [[p.encode() for p, _ in b] for b in self._bins],
+        return {"bins": [[p.encode() for p, _, _ in b] for b in self._bins],
                 "pending": self._pending[0].encode() if self._pending is not None else None}
 
 

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from datalane.engine.documents.base import Run
+from datalane.engine.documents.base import Attached, Run
 from datalane.engine.packers.base import (
     ARANGE,
     Held,
@@ -64,7 +64,7 @@ class WrapPacker(PackerBase):
 
     def next_sequence(self) -> dict[str, Any] | None:
         size = self.ctx.size
-        have = sum(len(cols[0]) for _, cols in self._held)
+        have = sum(len(cols[0]) for _, cols, _ in self._held)
         while have < size:
             got = take(self.ctx)
             if got is None:
@@ -76,16 +76,16 @@ class WrapPacker(PackerBase):
         out: list[Held] = []
         room = size
         while self._held and room:
-            piece, cols = self._held[0]
+            piece, cols, attached = self._held[0]
             if len(cols[0]) <= room:
                 out.append(self._held.pop(0))
                 room -= len(cols[0])
             else:
                 cut = piece.start + room
                 out.append((Piece(piece.source, piece.ref, piece.start, cut),
-                            tuple(c[:room] for c in cols)))
+                            tuple(c[:room] for c in cols), attached))
                 self._held[0] = (Piece(piece.source, piece.ref, cut, piece.stop),
-                                 tuple(c[room:] for c in cols))
+                                 tuple(c[room:] for c in cols), attached)
                 room = 0
         return assemble(out, self.ctx)
 
@@ -100,7 +100,8 @@ class WrapPacker(PackerBase):
         # None for a carried piece, the piece or run)
         parts: list[tuple[tuple[np.ndarray, ...], np.ndarray, Sequence[int] | None,
                           Piece | Run]] = [
-            (cols, ARANGE[:len(cols[0])], None, piece) for piece, cols in self._held]
+            (cols, ARANGE[:len(cols[0])], None, piece) for piece, cols, _ in self._held]
+        carried = [attached for _, _, attached in self._held]
         have = sum(len(cols[0]) for cols, _, _, _ in parts)
         next_run = ctx.next_run
         assert next_run is not None
@@ -120,9 +121,11 @@ class WrapPacker(PackerBase):
             if isinstance(last, Run):
                 length = last.offsets[-1] - last.offsets[-2]
                 piece = Piece(last.source, last.last_ref, length - tail, length)
+                attached: tuple[Attached, ...] = ()  # runs carry no attachments
             else:
                 piece = Piece(last.source, last.ref, last.stop - tail, last.stop)
-            self._held.append((piece, tuple(c[n - tail:] for c in cols)))
+                attached = carried[-1]
+            self._held.append((piece, tuple(c[n - tail:] for c in cols), attached))
         doc_index = 0
         for c in ctx.schema:
             flat = columns[c.name].reshape(-1)
@@ -163,7 +166,7 @@ class WrapPacker(PackerBase):
                 break
 
     def state(self) -> dict[str, Any]:
-        return {"held": [p.encode() for p, _ in self._held]}
+        return {"held": [p.encode() for p, _, _ in self._held]}
 
 
 PACKER = WrapPacker

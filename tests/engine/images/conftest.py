@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from datalane.testing.images import ImageCorpus, make_image_corpus
+from datalane.testing.images import ImageCorpus, hostile_images, make_image_corpus
+from tests.support.vision import encoded, write_shard
 
 _TITAN_IMAGE = "torchtitan.hf_datasets.multimodal.utils.image"
 
@@ -51,6 +52,21 @@ def titan_image() -> types.ModuleType:
 def image_corpus(tmp_path_factory: pytest.TempPathFactory) -> ImageCorpus:
     """20 synthetic images (JPEG, PNG, WebP; thumbnails to 1,500 px) in 2 shards + Parquet."""
     return make_image_corpus(str(tmp_path_factory.mktemp("images")), images=20, per_shard=10)
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> tuple[Path, list[bytes]]:
+    """The hand-worked shard (tests/support/vision.py): a 96 x 64 JPEG captioned "a red
+    square" (81 tokens), a 512 x 256 PNG "two blue discs" (142 tokens, a ``json`` member
+    beside it) and a truncated JPEG; and the three images' bytes."""
+    images = [encoded(96, 64, "JPEG", 1), encoded(512, 256, "PNG", 2),
+              hostile_images()["truncated_jpeg"][0]]
+    write_shard(tmp_path / "pairs.tar", [
+        [("jpg", images[0]), ("txt", b"a red square  \n")],
+        [("json", b"{}"), ("png", images[1]), ("txt", b"two blue discs")],
+        [("jpg", images[2]), ("txt", b"broken")],
+    ])
+    return tmp_path / "pairs.tar", images
 
 
 def corpus_images(corpus: ImageCorpus) -> list[tuple[str, bytes]]:

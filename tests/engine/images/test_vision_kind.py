@@ -10,17 +10,14 @@ budget: grid (1, 16, 32), 16 * 32 / 4 = 128 placeholders.
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from PIL import Image
-from tokenizers import Tokenizer
 
 from datalane.corpus import tokenizer_path
+from datalane.testing.images import ImageCorpus
 from datalane.engine.chunks import RecordReader
 from datalane.engine.formats import format_for
 from datalane.engine.images import ImageRule, process
@@ -29,52 +26,7 @@ from datalane.engine.plan import Plan
 from datalane.spec.errors import ConfigError, DataError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe, load_recipe
-from datalane.testing.images import ImageCorpus, hostile_images, synthetic_image
-from tests.support.kinds import VISION_TOKENIZER
-
-START, PAD, END, EOS = 1026, 1024, 1027, 1  # the ids in tests/data/vision/tokenizer.json
-
-
-def _encoded(width: int, height: int, fmt: str, seed: int) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(synthetic_image(seed, width, height)).save(buf, fmt)
-    return buf.getvalue()
-
-
-def _shard(path: Path, samples: list[list[tuple[str, bytes]]]) -> None:
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for k, members in enumerate(samples):
-            for ext, data in members:
-                info = tarfile.TarInfo(f"{k:03d}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-
-
-@pytest.fixture
-def shard(tmp_path: Path) -> tuple[Path, list[bytes]]:
-    images = [_encoded(96, 64, "JPEG", 1), _encoded(512, 256, "PNG", 2),
-              hostile_images()["truncated_jpeg"][0]]
-    _shard(tmp_path / "pairs.tar", [
-        [("jpg", images[0]), ("txt", b"a red square  \n")],
-        [("json", b"{}"), ("png", images[1]), ("txt", b"two blue discs")],
-        [("jpg", images[2]), ("txt", b"broken")],
-    ])
-    return tmp_path / "pairs.tar", images
-
-
-def _recipe(uris: list[str], seq_len: int, tokenizer: str = str(VISION_TOKENIZER),
-            **extra: Any) -> Recipe:
-    base: dict[str, Any] = {
-        "lanes": 1, "global_batch_size": 1, "seq_len": seq_len,
-        "tokenizer": {"uri": tokenizer}, "packing": {"algorithm": "bestfit"},
-        "shuffle": {"block_size": 1},
-        "sources": [{"name": "pairs", "uris": uris, "vision": {}}]}
-    return load_recipe({**base, **extra})
-
-
-def _caption(text: str) -> list[int]:
-    tok = Tokenizer.from_file(str(VISION_TOKENIZER))
-    return list(tok.encode(text, add_special_tokens=False).ids)
+from tests.support.vision import END, EOS, PAD, START, caption, vision_recipe
 
 
 def test_the_hand_worked_shard_gives_the_exact_tokens_mask_and_counts(shard) -> None:
@@ -82,11 +34,11 @@ def test_the_hand_worked_shard_gives_the_exact_tokens_mask_and_counts(shard) -> 
     # 151 tokens a sequence: document A (1 + 70 + 1 + 8 + EOS = 81) opens a sequence, B (1 +
     # 128 + 1 + 11 + EOS = 142) does not fit beside it (70 left) and opens a second: bestfit
     # keeps both whole, so neither placeholder run is cut
-    cap_a, cap_b = _caption("a red square"), _caption("two blue discs")
+    cap_a, cap_b = caption("a red square"), caption("two blue discs")
     assert (len(cap_a), len(cap_b)) == (8, 11)
     doc_a = [START, *[PAD] * 70, END, *cap_a, EOS]
     doc_b = [START, *[PAD] * 128, END, *cap_b, EOS]
-    with Loader(_recipe([str(path)], 150), 0, 1, Knobs(workers=2)) as loader:
+    with Loader(vision_recipe([str(path)], 150), 0, 1, Knobs(workers=2)) as loader:
         steps = [loader.next_step() for _ in range(3)]
         counters = loader.counters()
     for step, doc, run in zip(steps, (doc_a, doc_b), (72, 130), strict=False):
@@ -103,7 +55,7 @@ def test_the_hand_worked_shard_gives_the_exact_tokens_mask_and_counts(shard) -> 
 
 def test_a_bad_image_stops_the_stream_under_fail(shard) -> None:
     path, _ = shard
-    with Loader(_recipe([str(path)], 150, bad_records="fail"), 0, 1) as loader, \
+    with Loader(vision_recipe([str(path)], 150, bad_records="fail"), 0, 1) as loader, \
             pytest.raises(DataError, match=r"source 'pairs': .*truncated.* in .*pairs\.tar"):
         for _ in range(3):
             loader.next_step()
@@ -111,7 +63,8 @@ def test_a_bad_image_stops_the_stream_under_fail(shard) -> None:
 
 def test_a_document_longer_than_a_sequence_is_set_aside_not_split(shard) -> None:
     path, _ = shard
-    with Loader(_recipe([str(path)], 127), 0, 1) as loader:  # B's 142 tokens do not fit 128
+    # B's 142 tokens do not fit 128
+    with Loader(vision_recipe([str(path)], 127), 0, 1) as loader:
         first = loader.next_step()
         assert loader.next_step().ended
         counters = loader.counters()
@@ -121,16 +74,18 @@ def test_a_document_longer_than_a_sequence_is_set_aside_not_split(shard) -> None
 
 def test_the_map_result_carries_each_documents_patches(shard) -> None:
     path, images = shard
-    plan = Plan.build(_recipe([str(path)], 150))
+    plan = Plan.build(vision_recipe([str(path)], 150))
     sp = plan.sources[0]
     stage = plan.map_stages()[0]
-    reader = RecordReader(sp.files, sp.source.field, sp.source)
+    reader = RecordReader(sp.files, sp.spec.field, sp.spec)
     records = [(0, pos, raw) for pos, raw in reader.records(sp.chunks[0])]
-    got = stage.run(records, [format_for(f.format, sp.source) for f in sp.files])
+    got = stage.run(records, [format_for(f.format, sp.spec) for f in sp.files])
     assert got.status == [None, None, "image_truncated"]
     assert got.attached is not None and got.attached[2] is None
     for k, (grid, tokens) in enumerate((((1, 14, 20), 70), ((1, 16, 32), 128))):
-        patches = got.attached[k]
+        (carried,) = got.attached[k]  # at the first placeholder: after vision_start (no BOS)
+        assert carried.offset == 1
+        patches = carried.value
         assert patches.grid_thw == grid and patches.tokens == tokens
         # one frame of 16 x 16 x 3 bytes a patch (the client repeats it), t * h * w rows
         assert patches.values.shape == (grid[1] * grid[2], 768)
@@ -170,7 +125,7 @@ def test_a_tokenizer_without_the_vision_tokens_is_refused(shard) -> None:
     path, _ = shard
     with pytest.raises(ConfigError, match=r"sources\[0\]\.vision\.image_token '<\|image_pad\|>' "
                                           r"is not in the vocabulary"):
-        Plan.build(_recipe([str(path)], 150, tokenizer=tokenizer_path()))
+        Plan.build(vision_recipe([str(path)], 150, tokenizer=tokenizer_path()))
 
 
 def _corpus_recipe(corpus: ImageCorpus, batch: int = 4, seq_len: int = 2047) -> Recipe:
@@ -186,11 +141,15 @@ def _windows(corpus: ImageCorpus, world: int, workers: int) -> list[list[dict[st
     """Each step's columns of every lane, lane by lane (world ranks concatenated)."""
     recipe = _corpus_recipe(corpus)
     loaders = [Loader(recipe, r, world, Knobs(workers=workers)) for r in range(world)]
+    recipe_schema = loaders[0].schema
     out: list[list[dict[str, bytes]]] = []
     try:
         while True:
             steps = [ld.next_step() for ld in loaders]
-            out.append([{n: a.tobytes() for n, a in s.columns.items()} for s in steps])
+            # the per-token columns (a rank's per-image columns count its own rows: the step
+            # hashes compare them, tests/engine/images/test_image_columns.py)
+            out.append([{n: a.tobytes() for n, a in s.columns.items()
+                         if not recipe_schema.column(n).per_image} for s in steps])
             if all(s.ended for s in steps):
                 break
             assert len(out) < 50
