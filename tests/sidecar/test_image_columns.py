@@ -12,8 +12,8 @@ import yaml
 
 from datalane import load_recipe
 from datalane.client import InProcessLoader, SidecarLoader
-from datalane.testing.images import make_image_corpus
 from datalane.spec import imagecolumns
+from datalane.testing.images import make_image_corpus
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 from tests.sidecar.test_columns import _take

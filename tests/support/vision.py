@@ -18,9 +18,9 @@ import numpy as np
 from PIL import Image
 from tokenizers import Tokenizer
 
-from datalane.testing.images import synthetic_image
 from datalane.engine.images import ImageRule, process
 from datalane.spec.recipe import Recipe, load_recipe
+from datalane.testing.images import synthetic_image
 from tests.support.kinds import VISION_TOKENIZER
 
 __all__ = ["END", "EOS", "PAD", "START", "caption", "encoded", "vision_recipe", "write_shard",

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from datalane.testing.images import ImageCorpus
 from datalane.engine.images import ImageRule, process
 from datalane.engine.loader import Loader, Step
 from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe, load_recipe
+from datalane.testing.images import ImageCorpus
 from tests.support.vision import encoded, vision_recipe, write_shard
 
 _IMAGE_COLUMNS = ("image_patches", "image_grid_thw", "image_seq", "image_offset",

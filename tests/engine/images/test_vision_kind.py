@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from datalane.corpus import tokenizer_path
-from datalane.testing.images import ImageCorpus
 from datalane.engine.chunks import RecordReader
 from datalane.engine.formats import format_for
 from datalane.engine.images import ImageRule, process
@@ -26,6 +25,7 @@ from datalane.engine.plan import Plan
 from datalane.spec.errors import ConfigError, DataError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe, load_recipe
+from datalane.testing.images import ImageCorpus
 from tests.support.vision import END, EOS, PAD, START, caption, vision_recipe
 
 
