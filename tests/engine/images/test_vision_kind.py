@@ -77,9 +77,9 @@ def test_the_map_result_carries_each_documents_patches(shard) -> None:
     plan = Plan.build(vision_recipe([str(path)], 150))
     sp = plan.sources[0]
     stage = plan.map_stages()[0]
-    reader = RecordReader(sp.files, sp.spec.field, sp.spec)
+    reader = RecordReader(sp.files, sp.source.field, sp.source)
     records = [(0, pos, raw) for pos, raw in reader.records(sp.chunks[0])]
-    got = stage.run(records, [format_for(f.format, sp.spec) for f in sp.files])
+    got = stage.run(records, [format_for(f.format, sp.source) for f in sp.files])
     assert got.status == [None, None, "image_truncated"]
     assert got.attached is not None and got.attached[2] is None
     for k, (grid, tokens) in enumerate((((1, 14, 20), 70), ((1, 16, 32), 128))):
