@@ -139,9 +139,10 @@ class Source:
         default=None, omit_default=True)
     vision: VisionSpec | None = doc(
         "Read the source as image-caption pairs (WebDataset: an image member and a caption "
-        "member per sample): each document is the image's placeholder tokens, then its "
-        "caption; the image's patches travel with it (docs/vlm.md). Needs `packing.algorithm: "
-        "bestfit`; null: plain text in `text_field`.", default=None, omit_default=True)
+        "member per sample; Parquet, HF: an image column and a caption column): each "
+        "document is the image's placeholder tokens, then its caption; the image's patches "
+        "travel with it (docs/vlm.md). Needs `packing.algorithm: bestfit`; null: plain text "
+        "in `text_field`.", default=None, omit_default=True)
 
     @property
     def kind_config(self) -> Any:

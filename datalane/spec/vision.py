@@ -2,7 +2,8 @@
 plus its caption's tokens (docs/vlm.md).
 
 A vision source's records hold an encoded image (JPEG, PNG or WebP, recognised by its magic
-bytes) and its caption: the members ``image_field`` / ``text_field`` of a WebDataset sample.
+bytes) and its caption: the members ``image_field`` / ``text_field`` of a WebDataset sample,
+or the columns of a Parquet or Hugging Face Arrow row (binary or an ``Image`` struct).
 Each image is decoded within ``limits``, resized by ``resize`` (TorchTitan's pixel budget,
 Qwen3.5's values by default) and cut into patches; its document is ``vision_start_token``,
 ``image_token`` once per merged patch (``grid_t * grid_h * grid_w / merge_size**2``),
@@ -77,11 +78,13 @@ class VisionSpec:
 
     image_field: list[str] = doc(
         "WebDataset: the extensions of the member holding the image (a sample has exactly one "
-        "of them); the bytes are decoded by their magic bytes (JPEG, PNG, WebP), never by the "
-        "name (default: jpg, jpeg, png, webp).", factory=lambda: ["jpg", "jpeg", "png", "webp"],
-        min_items=1)
+        "of them); Parquet, HF: the columns holding it (binary, or an `Image` struct "
+        "`{bytes, path}`; a row has a value in exactly one of them). The bytes are decoded by "
+        "their magic bytes (JPEG, PNG, WebP), never by the name (default: jpg, jpeg, png, "
+        "webp).", factory=lambda: ["jpg", "jpeg", "png", "webp"], min_items=1)
     text_field: str = doc("WebDataset: the extension of the member holding the caption "
-                          "(UTF-8 text).", default="txt", pattern=r"[^.|+]+")
+                          "(UTF-8 text); Parquet, HF: its column (string).", default="txt",
+                          pattern=r"[^.|+]+")
     patch_size: int = doc("Side of a vision patch in pixels (Qwen3.5: 16).", default=16,
                           ge=1, le=1024)
     temporal_patch_size: int = doc("Frames per patch; a still image is repeated to fill them "
