@@ -34,7 +34,15 @@ import numpy as np
 
 from datalane.engine.documents.base import LOSS_MASK, KindBase, Rendered, Tokenized
 from datalane.engine.documents.text import text_value
-from datalane.engine.images import BadImage, ImageLimits, ImageRule, PatchRule, ResizeRule, process
+from datalane.engine.images import (
+    BadImage,
+    ImageLimits,
+    ImageRule,
+    PatchRule,
+    ResizeRule,
+    libraries,
+    process,
+)
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.errors import ConfigError
 from datalane.spec.limits import IMAGE_REASONS
@@ -83,6 +91,11 @@ class VisionKind(KindBase):
         self.start_id = token("vision_start_token")
         self.end_id = token("vision_end_token")
         self._texts = (spec.image_token, spec.vision_start_token, spec.vision_end_token)
+
+    def identity(self) -> dict[str, Any]:
+        """Pillow's and the decoders' versions: they decide the pixel bytes (the recipe's
+        settings are in the fingerprint already)."""
+        return libraries()
 
     def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
         if not isinstance(value, dict) or "image" not in value or "text" not in value:
