@@ -25,7 +25,12 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from datalane.spec.errors import ConfigError
-from datalane.spec.limits import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MAX_JPEG_SCANS
+from datalane.spec.limits import (
+    MAX_IMAGE_BYTES,
+    MAX_IMAGE_PIXELS,
+    MAX_JPEG_SCANS,
+    MAX_RESIZE_PIXELS,
+)
 from datalane.spec.model import doc
 
 __all__ = ["ImageLimitsSpec", "ResizeSpec", "VisionSpec"]
@@ -37,11 +42,12 @@ class ResizeSpec:
 
     min_pixels: int = doc("Smallest pixel count after resizing (Qwen3.5: 65,536).",
                           default=65536, ge=1)
-    max_pixels: int = doc("Largest pixel count after resizing (Qwen3.5: 16,777,216).",
-                          default=16777216, ge=1)
+    max_pixels: int = doc("Largest pixel count after resizing (Qwen3.5: 16,777,216; at most "
+                          "33,554,432).", default=16777216, ge=1, le=MAX_RESIZE_PIXELS)
     size: list[int] | None = doc(
         "A fixed `[height, width]` every image is resized to, both multiples of "
-        "`patch_size x merge_size`; null: the pixel budget.", default=None)
+        "`patch_size x merge_size`, at most 33,554,432 pixels; null: the pixel budget.",
+        default=None)
 
     def check(self, where: str, factor: int) -> None:
         if self.min_pixels > self.max_pixels:
@@ -54,6 +60,10 @@ class ResizeSpec:
                                       or any(v < 1 or v % factor for v in self.size)):
             raise ConfigError(f"{where}.size {self.size!r} is not [height, width], both "
                               f"positive multiples of {factor} (patch_size x merge_size)")
+        if self.size is not None and self.size[0] * self.size[1] > MAX_RESIZE_PIXELS:
+            raise ConfigError(f"{where}.size {self.size!r} is {self.size[0] * self.size[1]:,} "
+                              f"pixels, over the {MAX_RESIZE_PIXELS:,} an image may be resized "
+                              f"to")
 
 
 @dataclass(frozen=True)
