@@ -158,3 +158,35 @@ def test_bad_interleaved_settings_are_refused_naming_the_field(change: dict[str,
         load_recipe({"lanes": 1, "global_batch_size": 1, "seq_len": 64,
                      "tokenizer": {"uri": "t.json"}, "packing": {"algorithm": "bestfit"},
                      "sources": [source]})
+
+
+def test_a_save_to_disk_dataset_of_image_lists_gives_the_same_document(tmp_path: Path) -> None:
+    """HF's ``List(Image())`` feature (a list of ``{bytes, path}`` structs) reads as the
+    Parquet list<binary> row does; a path-only image in a list is ``image_not_embedded``,
+    naming the entry."""
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features({"texts": datasets.List(datasets.Value("string")),
+                                  "images": datasets.List(datasets.Image())})
+    images = [None if b is None else {"bytes": b, "path": None} for b in _images()]
+    ds = datasets.Dataset.from_dict({"texts": [TEXTS], "images": [images]}, features=features)
+    ds.save_to_disk(str(tmp_path / "hf"))
+    _write(tmp_path / "docs.parquet", [(TEXTS, _images())])
+    got = []
+    for path in (tmp_path / "hf", tmp_path / "docs.parquet"):
+        with Loader(_recipe(path), 0, 1) as loader:
+            got.append(loader.next_step().columns["input_ids"][0].tolist())
+    assert got[0] == got[1] and got[0][5:7] == [START, PAD]
+    # a path-only struct after a good row: written as Arrow directly (save_to_disk embeds the
+    # files it names)
+    table = pa.table({
+        "texts": pa.array([TEXTS, ["a", None]], pa.list_(pa.string())),
+        "images": pa.array([images, [None, {"bytes": None, "path": "p/1.jpg"}]],
+                           pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())])))})
+    arrow = tmp_path / "docs.arrow"
+    with pa.ipc.new_stream(arrow, table.schema) as w:
+        w.write_table(table)
+    with pytest.raises(DataError, match=r"column 'images'\[1\] holds the path 'p/1\.jpg' and no "
+                                        rf"image bytes .* in {arrow} at row 1"), \
+            Loader(_recipe(arrow, bad_records="fail"), 0, 1) as loader:
+        for _ in range(3):
+            loader.next_step()
