@@ -67,7 +67,8 @@ class FormatSpec:
 
 #: Every format, in the order the recipe reference lists them.
 DECLARED: tuple[FormatSpec, ...] = (
-    FormatSpec("parquet", (".parquet", ".pq"), shown=".parquet"),
+    # (a vision source reads an image-bytes column and a caption column)
+    FormatSpec("parquet", (".parquet", ".pq"), shown=".parquet", parts=True),
     FormatSpec("jsonl", (".jsonl", ".json", ".ndjson"),
                shown=".jsonl/.json/.ndjson (optionally .gz or .zst)"),
     # Megatron-LM indexed dataset: NAME.idx, its tokens in NAME.bin
@@ -80,8 +81,9 @@ DECLARED: tuple[FormatSpec, ...] = (
     FormatSpec("lance", (".lance",), directory="Lance", probe=2),
     # WebDataset tars: samples of members sharing a key (a vision source reads two of them)
     FormatSpec("webdataset", (".tar",), parts=True),
-    # Arrow IPC files, as Hugging Face datasets' save_to_disk writes them
-    FormatSpec("hf", (".arrow",), directory="HF", probe=1),
+    # Arrow IPC files, as Hugging Face datasets' save_to_disk writes them (an Image feature
+    # for a vision source)
+    FormatSpec("hf", (".arrow",), directory="HF", probe=1, parts=True),
 )
 
 #: File extension -> format name (derived from :data:`DECLARED`); the engine's registry of

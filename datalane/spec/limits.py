@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = [
     "IMAGE_ASPECT", "IMAGE_CORRUPT", "IMAGE_FORMAT", "IMAGE_REASONS", "IMAGE_TOO_LARGE",
     "IMAGE_TRUNCATED", "MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS", "MAX_JPEG_SCANS", "MAX_RECORD_BYTES",
-    "TOO_LARGE",
+    "MAX_RESIZE_PIXELS", "TOO_LARGE",
 ]
 
 MAX_RECORD_BYTES = 64 << 20
@@ -33,6 +33,14 @@ MAX_IMAGE_BYTES = 32 << 20
 MAX_IMAGE_PIXELS = 1 << 25
 """The most pixels (width x height) one image may declare in its header (33,554,432: 8192 x
 4096), checked before a pixel is decoded; it bounds a decode's memory (docs/vlm.md)."""
+
+MAX_RESIZE_PIXELS = MAX_IMAGE_PIXELS
+"""The most pixels an image may be resized to (33,554,432, as many as one may decode): a recipe's
+fixed ``resize.size`` and its budget's ``max_pixels`` are refused over it when the recipe loads,
+and an image whose target the rule puts over it (the budget's rule keeps a side at least one
+merged patch, so a 200:1 image may land above ``max_pixels``) is ``image_too_large``. It bounds
+the resized image's memory (4 bytes a pixel in Pillow, 3 more in its patches) and its
+placeholder run (``MAX_RESIZE_PIXELS / factor**2`` tokens)."""
 
 MAX_JPEG_SCANS = 100
 """The most scans one JPEG may have. Each scan of a progressive JPEG is another pass over every

@@ -32,7 +32,7 @@ from datalane.spec.model import doc
 from datalane.spec.packing import PACKER_NAMES, WHOLE_PACKERS, PackerName, packing_reference
 from datalane.spec.phases import Phase, check_phases
 from datalane.spec.tokens import TokensSpec
-from datalane.spec.vision import VisionSpec
+from datalane.spec.vision import InterleavedSpec, VisionSpec
 
 __all__ = [
     "Filters",
@@ -43,6 +43,7 @@ __all__ = [
     "TokenizerSpec",
     "document_kinds",
     "load_recipe",
+    "part_formats",
     "recipe_schema",
 ]
 
@@ -139,9 +140,16 @@ class Source:
         default=None, omit_default=True)
     vision: VisionSpec | None = doc(
         "Read the source as image-caption pairs (WebDataset: an image member and a caption "
-        "member per sample): each document is the image's placeholder tokens, then its "
-        "caption; the image's patches travel with it (docs/vlm.md). Needs `packing.algorithm: "
-        "bestfit`; null: plain text in `text_field`.", default=None, omit_default=True)
+        "member per sample; Parquet, HF: an image column and a caption column): each "
+        "document is the image's placeholder tokens, then its caption; the image's patches "
+        "travel with it (docs/vlm.md). Needs `packing.algorithm: bestfit`; null: plain text "
+        "in `text_field`.", default=None, omit_default=True)
+    interleaved: InterleavedSpec | None = doc(
+        "Read the source as interleaved image-text documents (OBELICS: a row's `texts` and "
+        "`images` lists, Parquet or HF): each image's placeholder tokens in its place among "
+        "the texts; the images' patches travel with it (docs/vlm.md). Needs "
+        "`packing.algorithm: bestfit`; null: plain text in `text_field`.", default=None,
+        omit_default=True)
 
     @property
     def kind_config(self) -> Any:
@@ -172,18 +180,26 @@ class Source:
         named = {self.format} if self.format is not None else {
             infer_format(u) for u in self.uris}
         if hasattr(self.kind_config, "document_parts"):
-            other = sorted(f for f in named if f is not None and f not in PART_FORMATS)
+            can = part_formats(self.kind_config)
+            other = sorted(f for f in named if f is not None and f not in can)
             if other:
                 raise ConfigError(
                     f"{_at(where, self.kind_field)}: a {self.kind_field} document is read from "
                     f"several fields of a record at once, which the {other[0]} format does "
-                    f"not do; use {' or '.join(sorted(PART_FORMATS))} files")
+                    f"not do; use {' or '.join(sorted(can))} files")
         if self.tokens is None:
             ids_only = sorted(f for f in named if f in TOKEN_FORMATS)
             if ids_only:
                 raise ConfigError(
                     f"{where or 'source'}: {ids_only[0]} files hold token ids, not text; set "
                     f"{_at(where, 'tokens')} (for example `tokens: {{}}`) to read them")
+
+
+def part_formats(config: Any) -> frozenset[str]:
+    """The formats that can read the parts of a kind's configuration ``config``: those it
+    names (``formats``), else every format declaring ``parts``."""
+    named = getattr(config, "formats", None)
+    return PART_FORMATS if named is None else PART_FORMATS & frozenset(named)
 
 
 def document_kinds() -> tuple[str, ...]:

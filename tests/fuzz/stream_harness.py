@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from datalane.corpus import tokenizer_path
@@ -139,12 +139,14 @@ def within_wall(fn: Callable[[], Any], what: str) -> Any:
     return box.get("value")
 
 
-def read_source(source: dict[str, Any]) -> list[tuple[int, int, Any, str | None]]:
-    """Plan a one-source recipe and read every record of every chunk in file order:
+def read_source(source: dict[str, Any], **recipe_fields: Any,
+                ) -> list[tuple[int, int, Any, str | None]]:
+    """Plan a one-source recipe (``recipe_fields`` override its defaults: a tokenizer, the
+    packing) and read every record of every chunk in file order:
     ``(file, position, decoded value, bad-record reason)``."""
     recipe = load_recipe({"lanes": 1, "global_batch_size": 1, "seq_len": 16,
                           "tokenizer": {"uri": tokenizer_path()},
-                          "sources": [{"name": "s", **source}]})
+                          "sources": [{"name": "s", **source}], **recipe_fields})
     plan = Plan.build(recipe)
     sp = plan.sources[0]
     reader = RecordReader(sp.files, sp.source.field, sp.source)
@@ -222,3 +224,60 @@ def check_case(outcomes: Outcomes, names: list[str], read: Callable[[], Any],
     assert expected is not None, (
         f"{what}: datalane read {len(got)} records from bytes the reference refuses")
     outcomes.records(got, expected, original)
+
+
+def fuzz_file(outcomes: Outcomes, data: bytes, fields: list[Field], suffix: str,
+              read: Callable[[Path], Any], reference: Callable[[bytes], Any], examples: int,
+              what: str) -> list[Any]:
+    """Fuzz one file: the clean ``data`` must read (``read(path)``) as ``reference(data)``
+    reads it; then ``examples`` mutated copies, each a fresh file, judged by
+    :func:`check_case`. Returns the clean file's records for the caller's own checks."""
+    with workdir() as d:
+        clean = d / f"clean{suffix}"
+        clean.write_bytes(data)
+        original: list[Any] = read(clean)
+        assert original == reference(data), f"{what}: the clean file reads otherwise"
+        counter = iter(range(1 << 30))
+
+        @fuzzing(examples)
+        @given(how=mutations(len(data), fields))
+        def case(how: tuple[Any, ...]) -> None:
+            bad = mutate(data, how)
+            path = d / f"case{next(counter)}{suffix}"  # a fresh name: no index of another case
+            path.write_bytes(bad)
+            check_case(outcomes, [str(path)], lambda: read(path), lambda: reference(bad),
+                       original, f"{what} {how}")
+
+        case()
+    return original
+
+
+def parquet_bytes(table: Any, row_group_size: int = 8) -> tuple[bytes, list[Field]]:
+    """An uncompressed Parquet file of ``table`` and its layout's fields: the magic, the footer
+    length and every byte of the thrift footer (row counts, column chunk offsets and sizes),
+    then 4- and 8-byte runs of it."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    pq.write_table(table, out, row_group_size=row_group_size, compression="none")
+    data = out.getvalue()
+    footer = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer
+    fields = [Field(0, 4), Field(len(data) - 8, 4), Field(len(data) - 4, 4)]
+    fields += [Field(i, 1) for i in range(start, len(data) - 8)]
+    fields += [Field(i, 4) for i in range(start, len(data) - 12, 3)]
+    fields += [Field(i, 8) for i in range(start, len(data) - 16, 5)]
+    return data, fields
+
+
+def text(v: Any) -> Any:
+    """Bytes that are UTF-8 as the string they spell (datalane reads a row group holding a
+    string that is not UTF-8 as bytes, value by value; the text kind decodes them later)."""
+    if isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            return v
+    return v

@@ -18,18 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given
 
-from tests.fuzz.stream_harness import (
-    Field,
-    Outcomes,
-    check_case,
-    fuzzing,
-    mutate,
-    mutations,
-    read_source,
-    workdir,
-)
+from tests.fuzz.stream_harness import Field, Outcomes, fuzz_file, parquet_bytes, read_source, text
 
 EXAMPLES = 100
 
@@ -42,27 +32,7 @@ def table(kind: str) -> pa.Table:
 
 
 def parquet_file(kind: str) -> tuple[bytes, list[Field]]:
-    out = io.BytesIO()
-    pq.write_table(table(kind), out, row_group_size=8, compression="none")
-    data = out.getvalue()
-    footer = int.from_bytes(data[-8:-4], "little")
-    start = len(data) - 8 - footer
-    fields = [Field(0, 4), Field(len(data) - 8, 4), Field(len(data) - 4, 4)]
-    fields += [Field(i, 1) for i in range(start, len(data) - 8)]
-    fields += [Field(i, 4) for i in range(start, len(data) - 12, 3)]
-    fields += [Field(i, 8) for i in range(start, len(data) - 16, 5)]
-    return data, fields
-
-
-def text(v: Any) -> Any:
-    """Bytes that are UTF-8 as the string they spell (datalane reads a row group holding a
-    string that is not UTF-8 as bytes, value by value; the text kind decodes them later)."""
-    if isinstance(v, bytes):
-        try:
-            return v.decode("utf-8")
-        except UnicodeDecodeError:
-            return v
-    return v
+    return parquet_bytes(table(kind))
 
 
 def reference(data: bytes, field: str) -> list[Any] | None:
@@ -95,20 +65,6 @@ def test_mutated_parquet_files_read_as_pyarrow_reads_them_or_fail_naming_the_fil
         got = read_source({"uris": [str(path)], "chunk_rows": 5, **SOURCES[kind]})
         return [(f, p, text(v), None if r is None else "bad") for f, p, v, r in got]
 
-    with workdir() as d:
-        clean = d / "clean.parquet"
-        clean.write_bytes(data)
-        original = read(clean)
-        assert original == reference(data, field) and len(original) == 30
-        counter = iter(range(1 << 30))
-
-        @fuzzing(EXAMPLES)
-        @given(how=mutations(len(data), fields))
-        def case(how: tuple[Any, ...]) -> None:
-            bad = mutate(data, how)
-            path = d / f"case{next(counter)}.parquet"
-            path.write_bytes(bad)
-            check_case(OUTCOMES[kind], [str(path)], lambda: read(path),
-                       lambda: reference(bad, field), original, f"{kind} {how}")
-
-        case()
+    original = fuzz_file(OUTCOMES[kind], data, fields, ".parquet", read,
+                         lambda raw: reference(raw, field), EXAMPLES, kind)
+    assert len(original) == 30

@@ -71,4 +71,11 @@ FIXTURES: dict[str, KindFixture] = {
                           [{"image": _image(k), "text": f"caption {k} ".encode() * k}
                            for k in range(3)],
                           {"image": hostile_images()["truncated_jpeg"][0], "text": b"a cat"}),
+    # as a Parquet source decodes them: a row's texts and images lists
+    "interleaved": KindFixture(
+        {"uris": ["x.parquet"], "interleaved": {}}, str(VISION_TOKENIZER),
+        [{"texts": [f"text {k} ", None, "after"][:2 + k % 2],
+          "images": [None, _image(k), None][:2 + k % 2]} for k in range(3)]
+        + [{"texts": ["no image at all"], "images": [None]}],
+        {"texts": ["a", None], "images": [None, hostile_images()["truncated_jpeg"][0]]}),
 }

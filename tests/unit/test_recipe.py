@@ -369,12 +369,18 @@ def test_schema_is_strict_and_describes_every_field() -> None:
                             "recipe.sources[].filters", "recipe.sources[].chat",
                             "recipe.sources[].tokens", "recipe.sources[].vision",
                             "recipe.sources[].vision.resize", "recipe.sources[].vision.limits",
+                            "recipe.sources[].interleaved",
+                            "recipe.sources[].interleaved.resize",
+                            "recipe.sources[].interleaved.limits",
                             "recipe.filters", "recipe.packing", "recipe.shuffle",
                             "recipe.eval[]", "recipe.eval[].sources[]",
                             "recipe.eval[].sources[].filters", "recipe.eval[].sources[].chat",
                             "recipe.eval[].sources[].tokens", "recipe.eval[].sources[].vision",
                             "recipe.eval[].sources[].vision.resize",
-                            "recipe.eval[].sources[].vision.limits", "recipe.phases[]"}
+                            "recipe.eval[].sources[].vision.limits",
+                            "recipe.eval[].sources[].interleaved",
+                            "recipe.eval[].sources[].interleaved.resize",
+                            "recipe.eval[].sources[].interleaved.limits", "recipe.phases[]"}
     for path, obj in objects.items():
         assert obj["additionalProperties"] is False, path
         assert obj["description"].strip(), path

@@ -36,18 +36,26 @@ import numpy as np
 
 from datalane.engine.documents.base import LOSS_MASK, Attached, KindBase, Rendered, Tokenized
 from datalane.engine.documents.text import text_value
-from datalane.engine.images import BadImage, ImageLimits, ImageRule, PatchRule, ResizeRule, process
+from datalane.engine.images import (
+    BadImage,
+    ImageLimits,
+    ImageRule,
+    PatchRule,
+    ResizeRule,
+    libraries,
+    process,
+)
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec import imagecolumns
 from datalane.spec.errors import ConfigError
 from datalane.spec.limits import IMAGE_REASONS
 from datalane.spec.schema import Column
-from datalane.spec.vision import VisionSpec
+from datalane.spec.vision import ImageSettings
 
 __all__ = ["VisionKind", "image_rule"]
 
 
-def image_rule(spec: VisionSpec) -> ImageRule:
+def image_rule(spec: ImageSettings) -> ImageRule:
     """The engine's :class:`ImageRule` of a source's ``vision`` settings."""
     size = tuple(spec.resize.size) if spec.resize.size is not None else None
     return ImageRule(
@@ -66,7 +74,7 @@ class VisionKind(KindBase):
                                    "vision_token_in_text"}
     attaches = True
 
-    def __init__(self, spec: VisionSpec, tokenizer: TokenizerHandle,
+    def __init__(self, spec: ImageSettings, tokenizer: TokenizerHandle,
                  where: str = "vision") -> None:
         self.spec = spec
         self.tokenizer = tokenizer
@@ -92,17 +100,27 @@ class VisionKind(KindBase):
         # the first placeholder follows BOS (if the tokenizer adds one) and vision_start
         self._first_pad = (1 if tokenizer.bos_id is not None else 0) + 1
 
+    def identity(self) -> dict[str, Any]:
+        """Pillow's and the decoders' versions: they decide the pixel bytes (the recipe's
+        settings are in the fingerprint already)."""
+        return libraries()
+
+    def text_of(self, value: Any, label: str) -> tuple[str | None, str, str]:
+        """A text part's string (:func:`text_value`), or ``vision_token_in_text`` when it holds
+        a vision token's text (it would be tokenized to a placeholder no image has)."""
+        text, reason, detail = text_value(value, label)
+        held = next((t for t in self._texts if t in text), None) if text is not None else None
+        if held is not None:
+            return None, "vision_token_in_text", f"{label} holds the vision token {held!r}"
+        return text, reason, detail
+
     def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
         if not isinstance(value, dict) or "image" not in value or "text" not in value:
             return None, "not_text", (f"the record holds {type(value).__name__}, not an image "
                                       f"and a caption")
-        caption, reason, detail = text_value(value["text"], "the caption")
+        caption, reason, detail = self.text_of(value["text"], "the caption")
         if caption is None:
             return None, reason, detail
-        for text in self._texts:
-            if text in caption:
-                return None, "vision_token_in_text", (f"the caption holds the vision token "
-                                                      f"{text!r}")
         try:
             patches = process(value["image"], self.rule, repeat_frames=False)
         except BadImage as e:

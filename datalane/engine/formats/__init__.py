@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from datalane.engine.formats.base import MISSING, Format, FormatBase, FormatReader
 from datalane.engine.seams import load_declared
 from datalane.spec.errors import ConfigError
-from datalane.spec.formats import DECLARED, PART_FORMATS, FormatSpec
+from datalane.spec.formats import DECLARED, FormatSpec
+from datalane.spec.recipe import part_formats
 
 if TYPE_CHECKING:
     from datalane.spec.recipe import Source
@@ -48,8 +49,9 @@ def format_for(name: str, source: Source | None) -> Format:
     fmt = FORMATS[name]
     if source is None:
         return fmt
-    if name not in PART_FORMATS and hasattr(source.kind_config, "document_parts"):
+    can = part_formats(source.kind_config)
+    if name not in can and hasattr(source.kind_config, "document_parts"):
         raise ConfigError(f"source {source.name!r}: a {source.kind_field} document is read "
                           f"from several fields of a record at once, which the {name} format "
-                          f"does not do; use {' or '.join(sorted(PART_FORMATS))} files")
+                          f"does not do; use {' or '.join(sorted(can))} files")
     return fmt.for_source(source)

@@ -5,7 +5,10 @@ files, in record batches of ``writer_batch_size`` rows), ``dataset_info.json`` a
 ``state.json`` (whose ``_data_files`` list the Arrow files in order). A source names the
 directory (the files ``state.json`` lists are its files) or the Arrow files themselves
 (``dir/*.arrow``; any Arrow IPC stream or file, ``.arrow``). A ``DatasetDict`` directory is
-refused naming its splits: a source reads one split.
+refused naming its splits: a source reads one split. A source whose kind reads a record's
+parts together (vision: an ``Image`` feature, stored as the struct ``{bytes, path}``, and a
+caption column) gets a configured copy (:meth:`Hf.for_source`) that decodes a row to
+``{part: value}`` as Parquet does (:mod:`~datalane.engine.formats.columnparts`).
 
 A record's position is its row in the file. At plan time each file's record batches are
 found by walking the IPC message headers (8 bytes and a small flatbuffer per batch; the
@@ -39,16 +42,20 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from datalane.engine.files import SourceFile, file_ident, open_file
 from datalane.engine.formats.arrowvalues import decoded
 from datalane.engine.formats.base import MISSING, Chunk, Decoded, FormatBase, Listed, Ref
+from datalane.engine.formats.columnparts import PART_REASONS, decode_parts, part_rows
 from datalane.engine.indexfiles import inside, read_index
 from datalane.spec.errors import ConfigError, DataError, StorageError
 from datalane.spec.limits import TOO_LARGE
+
+if TYPE_CHECKING:
+    from datalane.spec.recipe import Source
 
 __all__ = ["HF", "ArrowIndex", "arrow_index", "list_hf_directory"]
 
@@ -259,9 +266,11 @@ class _Missing(Sequence[Any]):
 class HfReader:
     """Rows of one source's Arrow files; keeps the last decoded batch."""
 
-    def __init__(self, files: list[SourceFile], field: str) -> None:
+    def __init__(self, files: list[SourceFile], field: str,
+                 parts: dict[str, tuple[str, ...]] | None = None) -> None:
         self._files = files
         self._field = field
+        self._parts = parts  # a kind's parts: each row as {column: value} of their columns
         self._schemas: dict[int, Any] = {}
         self._batch: tuple[int, int, Sequence[Any]] | None = None  # (file, batch, values)
 
@@ -285,13 +294,16 @@ class HfReader:
         schema = self._schema(file)
         index = arrow_index(self._files[file])
         n = int(index.first_rows[batch + 1] - index.first_rows[batch])
-        if self._field not in schema.names:
+        if self._parts is None and self._field not in schema.names:
             return _Missing(n)
         uri = self._files[file].uri
         try:
             rb = pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(message)), schema)
             if rb.num_rows != n:
                 raise ValueError(f"it holds {rb.num_rows} rows, its header {n}")
+            if self._parts is not None:
+                return part_rows(self._parts, schema.names, n,
+                                 lambda c: rb.column(schema.get_field_index(c)))
             return decoded(rb.column(schema.get_field_index(self._field)))
         except (pa.ArrowException, SystemError, ValueError, TypeError, IndexError,
                 OSError) as e:
@@ -358,7 +370,14 @@ class HfReader:
 class Hf(FormatBase):
     name = "hf"
     unit = "row"
-    bad_reasons = frozenset({"missing_field", TOO_LARGE})
+    bad_reasons = frozenset({"missing_field", TOO_LARGE}) | PART_REASONS
+
+    def __init__(self, parts: dict[str, tuple[str, ...]] | None = None) -> None:
+        self._parts = parts
+
+    def for_source(self, source: Source) -> Hf:
+        parts = getattr(source.kind_config, "document_parts", None)
+        return Hf(dict(parts)) if parts else self
 
     def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
             chunk_rows: int | None) -> list[Chunk]:
@@ -376,9 +395,11 @@ class Hf(FormatBase):
         return [Chunk(index, a, b) for a, b in itertools.pairwise(bounds)]
 
     def reader(self, files: list[SourceFile], field: str) -> HfReader:
-        return HfReader(files, field)
+        return HfReader(files, field, self._parts)
 
     def decode(self, raw: Any, field: str) -> Decoded:
+        if self._parts is not None:
+            return decode_parts(raw, self._parts)
         if raw is MISSING or raw is None:
             return None, "missing_field", f"no value in column {field!r}"
         return raw, None, None

@@ -1,7 +1,12 @@
 """Parquet: chunks are row groups (or row ranges of ``chunk_rows`` inside them); a record's
 position is its row index in the file, and its value the Python value of the field's column.
 
-Only the field's column is read, one row group at a time; a reader keeps two files open.
+Only the field's column is read, one row group at a time; a reader keeps two files open. A
+source whose kind reads a record's parts together (vision: an image-bytes column and a caption
+column; its configuration's ``document_parts``) gets a configured copy
+(:meth:`Parquet.for_source`) that reads every column the parts name and decodes a row to
+``{part: value}`` (:mod:`~datalane.engine.formats.columnparts`: binary or Hugging Face's
+``Image`` struct, the bad records of a null, a wrong type or a path without bytes).
 
 A pre-tokenized source (``tokens``) reading an integer list column (``list<int32>``,
 ``large_list<int64>``, ...) gets each row as a numpy view of the column's values, cut at its
@@ -18,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from datalane.engine.files import SourceFile, open_file
 from datalane.engine.formats.base import MISSING, Chunk, Decoded, FormatBase, Ref, TooLarge
+from datalane.engine.formats.columnparts import PART_REASONS, decode_parts, part_rows
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES
 
@@ -61,10 +67,12 @@ def _unreadable(sf: SourceFile, e: Exception, where: str) -> Exception:
 class ParquetReader:
     """Records of one source's Parquet files; keeps one decoded row group."""
 
-    def __init__(self, files: list[SourceFile], field: str, ids: bool = False) -> None:
+    def __init__(self, files: list[SourceFile], field: str, ids: bool = False,
+                 parts: dict[str, tuple[str, ...]] | None = None) -> None:
         self._files = files
         self._field = field
         self._ids = ids  # integer list columns as numpy views (a pre-tokenized source)
+        self._parts = parts  # a kind's parts: each row as {column: value} of their columns
         self._open: OrderedDict[int, Any] = OrderedDict()
         self._group: tuple[int, int, list[Any]] | None = None  # (file, first row, values)
 
@@ -104,8 +112,14 @@ class ParquetReader:
         else:
             raise StorageError(f"{self._files[index].uri} has no row {row}")
         sf = self._files[index]
+        values: list[Any]
         try:
-            if self._field in pf.schema_arrow.names:
+            if self._parts is not None:
+                names = pf.schema_arrow.names
+                wanted = [c for cols in self._parts.values() for c in cols if c in names]
+                table = pf.read_row_group(g, columns=list(dict.fromkeys(wanted)))
+                values = part_rows(self._parts, names, rows, table.column)
+            elif self._field in pf.schema_arrow.names:
                 column = pf.read_row_group(g, columns=[self._field]).column(0)
                 if len(column) != rows:
                     raise DataError(f"{sf.uri}: row group {g} holds {len(column)} values of "
@@ -153,13 +167,16 @@ class ParquetReader:
 class Parquet(FormatBase):
     name = "parquet"
     unit = "row"
-    bad_reasons = frozenset({"missing_field"})
+    bad_reasons = frozenset({"missing_field"}) | PART_REASONS
 
-    def __init__(self, ids: bool = False) -> None:
+    def __init__(self, ids: bool = False,
+                 parts: dict[str, tuple[str, ...]] | None = None) -> None:
         self._ids = ids
+        self._parts = parts
 
     def for_source(self, source: Source) -> Parquet:
-        return Parquet(ids=source.tokens is not None)
+        parts = getattr(source.kind_config, "document_parts", None)
+        return Parquet(ids=source.tokens is not None, parts=dict(parts) if parts else None)
 
     def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
             chunk_rows: int | None) -> list[Chunk]:
@@ -175,9 +192,11 @@ class Parquet(FormatBase):
         return chunks
 
     def reader(self, files: list[SourceFile], field: str) -> ParquetReader:
-        return ParquetReader(files, field, self._ids)
+        return ParquetReader(files, field, self._ids, self._parts)
 
     def decode(self, raw: Any, field: str) -> Decoded:
+        if self._parts is not None:
+            return decode_parts(raw, self._parts)
         if raw is MISSING or raw is None:
             return None, "missing_field", f"no value in field {field!r}"
         return raw, None, None

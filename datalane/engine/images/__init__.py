@@ -15,11 +15,11 @@ from datalane.engine.images.patches import (
     patchify,
     placeholders,
 )
-from datalane.engine.images.pipeline import ImageRule, process
+from datalane.engine.images.pipeline import ImageRule, libraries, process
 from datalane.engine.images.resize import RESAMPLE, ResizeRule, resize, target_size
 
 __all__ = [
     "FORMATS", "RESAMPLE", "Augment", "BadImage", "ImageLimits", "ImageRule", "PatchRule",
-    "Patches", "ResizeRule", "augment", "decode", "normalize", "normalize_table", "patchify",
-    "placeholders", "process", "resize", "sniff", "target_size",
+    "Patches", "ResizeRule", "augment", "decode", "libraries", "normalize", "normalize_table",
+    "patchify", "placeholders", "process", "resize", "sniff", "target_size",
 ]

@@ -18,7 +18,21 @@ from datalane.engine.images.patches import Patches, PatchRule, patchify
 from datalane.engine.images.resize import ResizeRule, resize
 from datalane.spec.errors import ConfigError
 
-__all__ = ["ImageRule", "process"]
+__all__ = ["ImageRule", "libraries", "process"]
+
+
+def libraries() -> dict[str, str]:
+    """The versions of the code that decides an image's pixel bytes beyond the rule: Pillow
+    (its resampling is the resize) and the decoders whose output is not fixed by their format
+    (libjpeg-turbo's IDCT, libwebp's lossy decoder; zlib's inflate is exact and left out). A
+    kind that processes images puts them into the recipe's fingerprint, so that a resume on
+    another Pillow is refused naming it instead of serving other pixels."""
+    import PIL
+    from PIL import features
+
+    return {"pillow": PIL.__version__,
+            "libjpeg_turbo": str(features.version("libjpeg_turbo")),
+            "libwebp": str(features.version("webp"))}
 
 
 @dataclass(frozen=True)

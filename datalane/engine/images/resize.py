@@ -20,7 +20,7 @@ from PIL import Image
 
 from datalane.engine.images.decode import BadImage
 from datalane.spec.errors import ConfigError
-from datalane.spec.limits import IMAGE_ASPECT
+from datalane.spec.limits import IMAGE_ASPECT, IMAGE_TOO_LARGE, MAX_RESIZE_PIXELS
 
 __all__ = ["MAX_ASPECT", "RESAMPLE", "ResizeRule", "resize", "target_size"]
 
@@ -61,6 +61,9 @@ class ResizeRule:
         if self.min_pixels > self.max_pixels:
             raise ConfigError(f"images.min_pixels: {self.min_pixels:,} is over "
                               f"images.max_pixels {self.max_pixels:,}")
+        if self.max_pixels > MAX_RESIZE_PIXELS:
+            raise ConfigError(f"images.max_pixels: {self.max_pixels:,} is over the "
+                              f"{MAX_RESIZE_PIXELS:,} an image may be resized to")
         if self.max_pixels < self.factor ** 2:
             raise ConfigError(f"images.max_pixels: {self.max_pixels:,} is under one "
                               f"{self.factor} x {self.factor} merged patch")
@@ -70,6 +73,9 @@ class ResizeRule:
                        or v % self.factor for v in self.size)):
             raise ConfigError(f"images.size: {self.size!r} is not (height, width), both "
                               f"positive multiples of {self.factor} (patch_size x merge_size)")
+        if self.size is not None and self.size[0] * self.size[1] > MAX_RESIZE_PIXELS:
+            raise ConfigError(f"images.size: {self.size!r} is over the {MAX_RESIZE_PIXELS:,} "
+                              f"pixels an image may be resized to")
 
     @property
     def factor(self) -> int:
@@ -103,9 +109,15 @@ def target_size(height: int, width: int, rule: ResizeRule) -> tuple[int, int]:
 
 
 def resize(image: Image.Image, rule: ResizeRule) -> Image.Image:
-    """``image`` resized by ``rule`` (itself when it already has the target size)."""
+    """``image`` resized by ``rule`` (itself when it already has the target size). Raises
+    :class:`BadImage` (``image_too_large``) for a target over
+    :data:`~datalane.spec.limits.MAX_RESIZE_PIXELS` before any pixel is made."""
     height, width = image.height, image.width
     th, tw = target_size(height, width, rule)
+    if th * tw > MAX_RESIZE_PIXELS:
+        raise BadImage(IMAGE_TOO_LARGE, f"{width} x {height} pixels would be resized to {tw} x "
+                                        f"{th}, over the {MAX_RESIZE_PIXELS:,} pixels an image "
+                                        f"may be resized to")
     if (th, tw) == (height, width):
         return image
     return image.resize((tw, th), Image.Resampling.BICUBIC)

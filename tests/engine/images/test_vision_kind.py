@@ -98,7 +98,8 @@ def test_the_map_result_carries_each_documents_patches(shard) -> None:
     ({"packing": {"algorithm": "wrap"}},
      r"sources\[0\]\.vision: its documents must never be split .* packing\.algorithm 'wrap'"),
     ({"sources": [{"name": "p", "uris": ["x.jsonl"], "vision": {}}]},
-     r"sources\[0\]\.vision: .* the jsonl format does not do; use webdataset"),
+     r"sources\[0\]\.vision: .* the jsonl format does not do; use hf or parquet or "
+     r"webdataset files"),
     ({"sources": [{"name": "p", "uris": ["x.tar"],
                    "vision": {"resize": {"min_pixels": 70000, "max_pixels": 65536}}}]},
      r"sources\[0\]\.vision\.resize\.min_pixels 70,000 is over "
