@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from datalane.corpus_images import hostile_images
 from datalane.engine.loader import Loader
 from datalane.spec.errors import ConfigError, DataError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import load_recipe
+from datalane.testing.images import hostile_images
 from tests.engine.images.test_vision_kind import END, EOS, PAD, START, _encoded
 from tests.support.kinds import VISION_TOKENIZER
 

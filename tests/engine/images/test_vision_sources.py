@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datalane.corpus_images import ImageCorpus, hostile_images
 from datalane.engine.chunks import RecordReader
 from datalane.engine.formats import format_for
 from datalane.engine.loader import Loader
@@ -26,6 +25,7 @@ from datalane.engine.plan import Plan
 from datalane.spec.errors import DataError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import load_recipe
+from datalane.testing.images import ImageCorpus, hostile_images
 from tests.engine.images.test_vision_kind import END, EOS, PAD, START, _caption, _encoded
 from tests.support.kinds import VISION_TOKENIZER
 
@@ -99,8 +99,8 @@ def _documents(recipe: Any) -> list[tuple[list[int], list[int]]]:
     plan = Plan.build(recipe)
     sp = plan.sources[0]
     stage = plan.map_stages()[0]
-    reader = RecordReader(sp.files, sp.spec.field, sp.spec)
-    formats = [format_for(f.format, sp.spec) for f in sp.files]
+    reader = RecordReader(sp.files, sp.source.field, sp.source)
+    formats = [format_for(f.format, sp.source) for f in sp.files]
     out = []
     for chunk in sorted(sp.chunks, key=lambda c: (c.file, c.start)):
         got = stage.run([(chunk.file, pos, raw) for pos, raw in reader.records(chunk)], formats)
@@ -198,9 +198,9 @@ def test_two_image_columns_of_one_row_are_a_malformed_sample(tmp_path: Path) -> 
                              "txt": ["a red square", "two blue discs", "both"]}), path)
     plan = Plan.build(_vision_recipe([str(path)], vision={"image_field": ["jpg", "png"]}))
     sp = plan.sources[0]
-    reader = RecordReader(sp.files, sp.spec.field, sp.spec)
-    fmt = format_for("parquet", sp.spec)
-    got = [fmt.decode(raw, sp.spec.field) for _, raw in reader.records(sp.chunks[0])]
+    reader = RecordReader(sp.files, sp.source.field, sp.source)
+    fmt = format_for("parquet", sp.source)
+    got = [fmt.decode(raw, sp.source.field) for _, raw in reader.records(sp.chunks[0])]
     assert [g[0] for g in got[:2]] == [{"image": jpeg, "text": "a red square"},
                                        {"image": png, "text": "two blue discs"}]
     assert got[2] == (None, "malformed_sample",
@@ -218,9 +218,9 @@ def test_an_image_over_the_record_bound_is_too_large_and_never_read(
                                              IMAGE_STRUCT), "caption": ["a", "b"]}))
     plan = Plan.build(_vision_recipe([str(path)]))
     sp = plan.sources[0]
-    reader = RecordReader(sp.files, sp.spec.field, sp.spec)
-    fmt = format_for("hf", sp.spec)
-    got = [fmt.decode(raw, sp.spec.field) for _, raw in reader.records(sp.chunks[0])]
+    reader = RecordReader(sp.files, sp.source.field, sp.source)
+    fmt = format_for("hf", sp.source)
+    got = [fmt.decode(raw, sp.source.field) for _, raw in reader.records(sp.chunks[0])]
     assert got[0] == ({"image": images[0], "text": "a"}, None, None)
     # the path counts too (a record's bytes); the detail names the contract's bound (the test
     # lowered the reader's)
