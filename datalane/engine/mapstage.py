@@ -153,9 +153,10 @@ class MapStage:
         result = self._finish(n, keep, got, docs, status, detail)
         if self.kind.attaches:
             attached: list[tuple[Attached, ...] | None] = [None] * n
+            ids, at = result.columns["input_ids"], result.offsets
             for k, i in enumerate(keep):
                 if status[i] is None:
-                    attached[i] = self.kind.attach(docs[k])
+                    attached[i] = self.kind.attach(docs[k], ids[at[i]:at[i + 1]])
             result.attached = attached
         return result
 

@@ -70,8 +70,9 @@ class DocumentKind(Protocol):
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
         ...
 
-    def attach(self, doc: Rendered) -> tuple[Attached, ...]:
-        """What the tokenized ``doc`` carries beside its tokens (only if ``attaches``)."""
+    def attach(self, doc: Rendered, ids: np.ndarray) -> tuple[Attached, ...]:
+        """What the tokenized ``doc`` carries beside its tokens (only if ``attaches``);
+        ``ids`` are its token ids, so offsets are found where the tokens put them."""
         ...
 
     def tokenize_values(self, values: list[Any]) -> Tokenized | None:
@@ -92,7 +93,7 @@ class KindBase:
     def identity(self) -> dict[str, Any]:
         return {}
 
-    def attach(self, doc: Rendered) -> tuple[Attached, ...]:
+    def attach(self, doc: Rendered, ids: np.ndarray) -> tuple[Attached, ...]:
         return ()
 
     def tokenize_values(self, values: list[Any]) -> Tokenized | None:

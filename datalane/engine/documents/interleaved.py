@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import Rendered, Tokenized
+from datalane.engine.documents.base import Attached, Rendered, Tokenized
 from datalane.engine.documents.vision import VisionKind
 from datalane.engine.images import BadImage, process
 from datalane.engine.tokenize import TokenizerHandle
@@ -102,6 +102,15 @@ class InterleavedKind(VisionKind):
                 return None, e.reason, f"entry {piece}: {e.detail}"
             at.append((len(text), len(text)))
         return Rendered(text, tuple(at), tuple(patches)), None, None
+
+    def attach(self, doc: Rendered, ids: np.ndarray) -> tuple[Attached, ...]:
+        """One :class:`Attached` per image, at its run's first ``image_token`` (the token after
+        each ``vision_start``: a text holding a vision token's text was set aside, so every
+        ``vision_start`` id opens a run)."""
+        starts = np.flatnonzero(ids == self.start_id)
+        if len(starts) != len(doc.value):
+            raise AssertionError(f"{len(starts)} vision runs for {len(doc.value)} images")
+        return tuple(Attached(int(s) + 1, p) for s, p in zip(starts, doc.value, strict=True))
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
         """Each document's text pieces (cut at its images) tokenized in one batch, the runs

@@ -127,7 +127,7 @@ class VisionKind(KindBase):
             return None, e.reason, e.detail
         return Rendered(caption.rstrip(), None, patches), None, None
 
-    def attach(self, doc: Rendered) -> tuple[Attached, ...]:
+    def attach(self, doc: Rendered, ids: np.ndarray) -> tuple[Attached, ...]:
         return (Attached(self._first_pad, doc.value),)
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:

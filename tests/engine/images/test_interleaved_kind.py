@@ -23,8 +23,8 @@ from datalane.spec.errors import ConfigError, DataError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import load_recipe
 from datalane.testing.images import hostile_images
-from tests.engine.images.test_vision_kind import END, EOS, PAD, START, _encoded
 from tests.support.kinds import VISION_TOKENIZER
+from tests.support.vision import END, EOS, PAD, START, encoded
 
 TEXTS = ["  Look: ", None, " a red square, then", " more", None, " two blue discs.  "]
 
@@ -43,7 +43,7 @@ def _titan_text() -> types.ModuleType:
 
 
 def _images() -> list[Any]:
-    return [None, _encoded(96, 64, "JPEG", 1), None, None, _encoded(512, 256, "PNG", 2), None]
+    return [None, encoded(96, 64, "JPEG", 1), None, None, encoded(512, 256, "PNG", 2), None]
 
 
 def _write(path: Path, rows: list[tuple[list[Any], list[Any]]]) -> Path:
@@ -84,6 +84,12 @@ def test_a_row_gives_torchtitans_token_ids_and_labels(tmp_path: Path) -> None:
     # TorchTitan's labels: -100 on the vision tokens; datalane's loss mask 0 there (and padding)
     assert mask.tolist() == [*(0 if t in (START, PAD, END) else 1 for t in doc),
                              *[0] * (256 - 236)]
+    # each image is a per-image row, at its own run's first placeholder: 5 + 1 and
+    # 5 + 72 + 16 + 1, with its grid (70 = 7 x 10 merged tokens, 128 = 8 x 16)
+    assert step.columns["image_seq"].tolist() == [0, 0]
+    assert step.columns["image_offset"].tolist() == [6, 94]
+    assert step.columns["image_grid_thw"].tolist() == [[1, 14, 20], [1, 16, 32]]
+    assert step.columns["image_patch_start"].tolist() == [0, 280, 280 + 512]
 
 
 BAD: list[tuple[list[Any], list[Any], str, str]] = [

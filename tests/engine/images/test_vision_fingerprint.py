@@ -16,17 +16,17 @@ from datalane.engine.plan import Plan
 from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import check_fingerprint, fingerprint_of
 from datalane.spec.recipe import load_recipe
-from tests.engine.images.test_vision_kind import _encoded, _recipe, _shard
+from tests.support.vision import encoded, vision_recipe, write_shard
 
 
 @pytest.fixture
 def shard(tmp_path: Path) -> Path:
-    _shard(tmp_path / "pairs.tar", [[("jpg", _encoded(96, 64, "JPEG", 1)), ("txt", b"a")]])
+    write_shard(tmp_path / "pairs.tar", [[("jpg", encoded(96, 64, "JPEG", 1)), ("txt", b"a")]])
     return tmp_path / "pairs.tar"
 
 
 def test_a_vision_plan_fingerprints_pillow_and_the_decoders(shard: Path) -> None:
-    plan = Plan.build(_recipe([str(shard)], 150))
+    plan = Plan.build(vision_recipe([str(shard)], 150))
     assert plan.fingerprint_doc["documents"] == {"pairs": {
         "kind": "vision", "pillow": PIL.__version__,
         "libjpeg_turbo": features.version("libjpeg_turbo"),
@@ -36,10 +36,10 @@ def test_a_vision_plan_fingerprints_pillow_and_the_decoders(shard: Path) -> None
 
 def test_a_resume_on_another_pillow_is_refused_naming_it(shard: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    saved = Plan.build(_recipe([str(shard)], 150))
+    saved = Plan.build(vision_recipe([str(shard)], 150))
     was = PIL.__version__
     monkeypatch.setattr(PIL, "__version__", "9.0.0")
-    now = Plan.build(_recipe([str(shard)], 150))
+    now = Plan.build(vision_recipe([str(shard)], 150))
     assert now.fingerprint != saved.fingerprint
     with pytest.raises(MismatchError, match=rf"these fields differ:\n  documents\.pairs\.pillow: "
                                             rf"saved '{was}', now '9\.0\.0'$"):

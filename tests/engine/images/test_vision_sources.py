@@ -26,15 +26,15 @@ from datalane.spec.errors import DataError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import load_recipe
 from datalane.testing.images import ImageCorpus, hostile_images
-from tests.engine.images.test_vision_kind import END, EOS, PAD, START, _caption, _encoded
 from tests.support.kinds import VISION_TOKENIZER
+from tests.support.vision import END, EOS, PAD, START, caption, encoded
 
 IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 CAPTIONS = ["a red square  \n", "two blue discs", "broken"]
 
 
 def _images() -> list[bytes]:
-    return [_encoded(96, 64, "JPEG", 1), _encoded(512, 256, "PNG", 2),
+    return [encoded(96, 64, "JPEG", 1), encoded(512, 256, "PNG", 2),
             hostile_images()["truncated_jpeg"][0]]
 
 
@@ -58,8 +58,8 @@ def _steps(recipe: Any, n: int) -> tuple[list[Any], Any]:
 
 def _check_hand_worked(steps: list[Any]) -> None:
     """The two good pairs as two whole sequences of 151 tokens (test_vision_kind.py's)."""
-    doc_a = [START, *[PAD] * 70, END, *_caption("a red square"), EOS]
-    doc_b = [START, *[PAD] * 128, END, *_caption("two blue discs"), EOS]
+    doc_a = [START, *[PAD] * 70, END, *caption("a red square"), EOS]
+    doc_b = [START, *[PAD] * 128, END, *caption("two blue discs"), EOS]
     for step, doc, run in zip(steps, (doc_a, doc_b), (72, 130), strict=False):
         ids, mask = step.columns["input_ids"][0], step.columns["loss_mask"][0]
         n = len(doc)
