@@ -295,13 +295,16 @@ class DataLaneService(pbg.DataLaneServicer):
                               request.world_size, request.microbatch_size, start,
                               request.skip_microbatches, self.prefetch, readers,
                               self.stream_texts[stream], stream, steps)
+        ring = None
         try:
             ring = self._ring(request, session, hid)
-        except BaseException:
+            generation = session.claim(request.reader)
+        except BaseException:  # neither the session nor its ring is left behind
+            if ring is not None:
+                ring.close()
             session.close()
             raise
         built = time.perf_counter() - t0
-        generation = session.claim(request.reader)
         with self._lock:
             old = [sid for sid, s in self.sessions.items()
                    if (s.stream, s.rank) == (stream, request.rank)]
@@ -352,8 +355,13 @@ class DataLaneService(pbg.DataLaneServicer):
         else:
             return None
         ring = self._ring(request, live, hid)
-        generation = live.attach(request.reader, step, lanes, request.skip_microbatches,
-                                 wait=_ATTACH_WAIT_SECONDS)
+        try:
+            generation = live.attach(request.reader, step, lanes, request.skip_microbatches,
+                                     wait=_ATTACH_WAIT_SECONDS)
+        except BaseException:  # its worker died meanwhile: the new ring is nobody's
+            if ring is not None:
+                ring.close()
+            raise
         with self._lock:
             ok = generation is not None and live.id in self.sessions
             replaced = [h for h, x in self.handles.items()

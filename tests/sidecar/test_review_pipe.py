@@ -25,6 +25,9 @@ class _Process:
     def kill(self) -> None:
         self.exitcode = -9
 
+    def close(self) -> None:
+        return None
+
 
 class _BadPipe:
     """A pipe whose next answer does not unpickle."""
@@ -39,12 +42,15 @@ class _BadPipe:
         self.sent.wait()
         raise pickle.UnpicklingError("invalid load key, '\\x00'.")
 
+    def close(self) -> None:
+        return None
+
 
 def test_a_reply_that_does_not_unpickle_fails_the_calls_instead_of_hanging() -> None:
     w = RankWorker.__new__(RankWorker)
     w.index, w.process, w._conn = 0, _Process(), _BadPipe()
     w._send, w._lock = threading.Lock(), threading.Lock()
-    w._calls, w.lost, w._stopping = {}, None, False
+    w._calls, w.lost, w._stopping, w._pid, w._rings = {}, None, False, 4242, {}
     import itertools
     w._ids = itertools.count(1)
     lost: list[RankWorker] = []
