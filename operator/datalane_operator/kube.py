@@ -25,7 +25,9 @@ namespace and each of ``operator.optedInNamespaces``; elsewhere :meth:`Kube.read
 raises :class:`SecretForbidden`, which the storage looks and the recipe-edit guard report,
 and :meth:`Kube.delete_pod` :class:`PodDeleteForbidden`, which the rollout reports.
 
-The synchronous ``kubernetes`` client runs in worker threads (:func:`asyncio.to_thread`);
+The synchronous ``kubernetes`` client runs in worker threads (:func:`asyncio.to_thread`: the
+default executor, which the checkpoint store's looks never use, so a hanging store cannot take
+its threads; see :mod:`datalane_operator.runtime`);
 responses are decoded straight from JSON (``_preload_content=False``), which is much faster
 than the client's model objects for a job of a thousand pods.
 """
