@@ -128,6 +128,7 @@ class RankWorker:
         try:
             self._read_answers()
         finally:
+            self._gone()  # whatever ended the reader, no call waits for an answer any more
             self._release()
 
     def _read_answers(self) -> None:
@@ -150,8 +151,14 @@ class RankWorker:
                 continue
             if ok:
                 future.set_result(result)
-            else:
-                future.set_exception(worker_module.decode_error(result))
+                continue
+            try:
+                error = worker_module.decode_error(result)
+            except Exception:  # raised here, it ended the reader with this call waiting
+                error = worker_module.RemoteError(
+                    f"rank worker {self.index} answered with an unreadable error: "
+                    f"{result!r:.200}")
+            future.set_exception(error)
 
     def _gone(self) -> None:
         with self._lock:
