@@ -38,6 +38,10 @@ class ShmWriter:
             os.fchmod(fd, mode)
             os.ftruncate(fd, slots * slot_bytes)
             self._map = mmap.mmap(fd, slots * slot_bytes)
+        except BaseException:  # no file is left behind that nobody would remove
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
         finally:
             os.close(fd)
         self._free = list(range(slots))

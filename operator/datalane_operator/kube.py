@@ -28,7 +28,9 @@ of ``operator.optedInNamespaces``; elsewhere :meth:`Kube.read_secret` raises
 recipe ConfigMaps' listing and deletion :class:`ConfigMapsForbidden`, which the reconcile
 logs (old recipes then stay until the pipeline goes).
 
-The synchronous ``kubernetes`` client runs in worker threads (:func:`asyncio.to_thread`);
+The synchronous ``kubernetes`` client runs in worker threads (:func:`asyncio.to_thread`: the
+default executor, which the checkpoint store's looks never use, so a hanging store cannot take
+its threads; see :mod:`datalane_operator.runtime`);
 responses are decoded straight from JSON (``_preload_content=False``), which is much faster
 than the client's model objects for a job of a thousand pods.
 """

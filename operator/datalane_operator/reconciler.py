@@ -13,7 +13,10 @@ admission's read of a run's progress.
 * :func:`store_progress`: the newest committed step, for the recipe-edit guard.
 
 The runtime (:class:`~datalane_operator.runtime.Runtime`) runs the first two, coalesced and
-on the leader only; the webhook handlers call the third.
+on the leader only; the webhook handlers call the third. The store's calls run on the
+runtime's ``store_calls`` (a bounded pool of their own, not asyncio's default executor, which
+the kube client's calls and the Lease's renewal use), each awaited at most
+``storage_timeout``; one that times out and is still queued is dropped.
 """
 
 from __future__ import annotations
@@ -89,7 +92,8 @@ async def look_at_store(rt: Runtime, pipeline: Pipeline) -> Listing:
 
     outcome = "error"
     try:
-        found = await asyncio.wait_for(asyncio.to_thread(listing), rt.config.storage_timeout)
+        found = await asyncio.wait_for(asyncio.wrap_future(rt.store_calls.submit(listing)),
+                                       rt.config.storage_timeout)
         outcome = "ok" if found.ok else "error"
         return found
     except TimeoutError:
@@ -116,7 +120,8 @@ async def store_progress(rt: Runtime, body: Mapping[str, Any]) -> Progress:
     timeout = min(rt.config.storage_timeout, _ADMISSION_STORE_TIMEOUT)
     outcome = "error"
     try:
-        step, error = await asyncio.wait_for(asyncio.to_thread(view.newest), timeout)
+        step, error = await asyncio.wait_for(
+            asyncio.wrap_future(rt.store_calls.submit(view.newest)), timeout)
         outcome = "error" if error else "ok"
     except TimeoutError:
         outcome = "timeout"

@@ -13,7 +13,10 @@ collected but not yet reported, the generations and recipes already handled, sin
 old recipe ConfigMap has been unreferenced), runs reconciles
 through a :class:`~datalane_operator.coalescer.Coalescer` (at most one running and one waiting
 per pipeline) and store looks on the side (at most one in flight per pipeline), and switches
-all of that on and off with leadership (:mod:`datalane_operator.leader`).
+all of that on and off with leadership (:mod:`datalane_operator.leader`). The store looks run
+on a bounded pool of their own (``store_calls``, :class:`datalane.store.calls.StoreCalls`),
+never on asyncio's default executor, where the kube client's calls and the Lease's renewal
+run: a store that hangs holds those few threads, not the ones the operator's API calls need.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from datalane.store.calls import StoreCalls
 from datalane_operator import reconciler
 from datalane_operator.coalescer import Coalescer
 from datalane_operator.kube import Kube
@@ -102,10 +106,13 @@ class Runtime:
     elector: LeaderElector | None = None
     pipelines: Any = None  # kopf's index of DataPipelines, for a new leader's first round
     reconciles: Coalescer[Key] = field(init=False)
+    store_calls: StoreCalls = field(init=False)  # the store looks' threads (reconciler.py)
 
     def __post_init__(self) -> None:
         self.reconciles = Coalescer(self._reconcile, clock=self.clock,
                                     on_done=self._reconciled, loop=self.loop)
+        self.store_calls = StoreCalls("of a DataPipeline", self.config.storage_timeout,
+                                      name="datalane-operator-store")
 
     def k(self) -> Kube:
         if self.kube is None:

@@ -11,7 +11,9 @@ their own, and the ranks' requests wait for them at most :data:`STORE_SECONDS` (
 when the last rank asked. A store that does not answer by then - down, unreachable, throttling
 without end - fails the checkpoint with a ``StorageError`` naming the store and the object
 (``Saved.from_store``: the client raises it to the trainer instead of asking again); the
-write may still complete later, and a checkpoint asked again finds the step committed.
+write may still complete later, and a checkpoint asked again finds the step committed. The
+store's other calls here (whether a step is committed, the confirmation of one that is) run on
+the service's :class:`~datalane.store.calls.StoreCalls`, bounded by the same limit.
 
 A step the store already committed (a previous sidecar process wrote it before it stopped,
 and the rank asking was not told) is confirmed for a rank alone: its lane states must equal
@@ -28,6 +30,7 @@ from typing import Any
 
 from datalane.spec.errors import DatalaneError, StorageError
 from datalane.spec.state import Checkpoint
+from datalane.store.calls import StoreCalls
 
 __all__ = ["STORE_SECONDS", "PodCheckpoints", "Saved"]
 
@@ -60,11 +63,13 @@ class PodCheckpoints:
     """Gathers the pod's sessions for a step, then writes one object and tries to commit."""
 
     def __init__(self, store: Any | None, pod: str, ranks_per_pod: int,
-                 store_seconds: float = STORE_SECONDS) -> None:
+                 store_seconds: float = STORE_SECONDS,
+                 calls: StoreCalls | None = None) -> None:
         self.store = store
         self.pod = pod
         self.ranks_per_pod = ranks_per_pod
         self.store_seconds = store_seconds
+        self.calls = calls or StoreCalls(getattr(store, "uri", ""), store_seconds)
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
         self.last_step: int | None = None
@@ -133,7 +138,9 @@ class PodCheckpoints:
         step is new); a store that cannot tell counts as no."""
         if first and self.store is not None and self.last_step is None:
             try:
-                pending.committed_before = bool(self.store.is_committed(step))
+                store = self.store
+                pending.committed_before = bool(self.calls(
+                    f"whether step {step} is committed", lambda: store.is_committed(step)))
             except DatalaneError:
                 pending.committed_before = False
         return bool(pending.committed_before)
@@ -143,10 +150,14 @@ class PodCheckpoints:
         ones (write_pod writes nothing then), and the commit confirmed."""
         store = self.store
         assert store is not None
-        try:
+
+        def confirm() -> tuple[Any, Any]:
             obj = store.write_pod(step, self.pod, state.lanes, {}, state.fingerprint,
                                   state.fingerprint_doc, state.lanes_total)
-            manifest = store.commit(step)
+            return obj, store.commit(step)
+
+        try:
+            obj, manifest = self.calls(f"confirm the committed step {step}", confirm)
         except BaseException as e:
             return Saved(step, error=self._named(step, e), from_store=isinstance(e, StorageError))
         return Saved(step, str(obj), manifest is not None)

@@ -8,7 +8,9 @@ thread, answered out of order, and one reader thread that notices the worker's d
 the pipe: kill -9, OOM). Every call in flight then fails with :class:`WorkerLost`, a transient
 StorageError, and the service closes the worker's sessions: their streams end UNAVAILABLE
 like a restarting sidecar's, a checkpoint gets "no session", and the client re-opens at its
-position (``SidecarLoader``'s reconnect path). The next Open of such a rank starts a new
+position (``SidecarLoader``'s reconnect path). The reader thread then closes the pipe's end,
+reaps the process and removes the rings the worker was writing (:meth:`RankWorker._release`),
+so a dead worker holds nothing of the server's; the next Open of such a rank starts a new
 worker.
 
 :class:`RemoteSession` stands for a :class:`~datalane_sidecar.session.Session` that lives in a
@@ -62,11 +64,17 @@ class RankWorker:
         self.index = index
         parent, child = ctx.Pipe()
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-        self.process = ctx.Process(target=worker_module.main,
-                                   args=(child, plans, knobs, prefetch, level),
-                                   name=f"datalane-rank-worker-{index}", daemon=True)
-        self.process.start()
-        child.close()  # the worker's end lives in the worker only: its death is EOF here
+        try:
+            self.process = ctx.Process(target=worker_module.main,
+                                       args=(child, plans, knobs, prefetch, level),
+                                       name=f"datalane-rank-worker-{index}", daemon=True)
+            self.process.start()
+        except BaseException:  # a worker that never started leaves no pipe behind
+            parent.close()
+            raise
+        finally:
+            child.close()  # the worker's end lives in the worker only: its death is EOF here
+        self._pid: int | None = self.process.pid
         self._conn = parent
         self._send = threading.Lock()
         self._lock = threading.Lock()
@@ -75,13 +83,16 @@ class RankWorker:
         self.lost: str | None = None
         self._stopping = False
         self._on_lost = on_lost
+        # the rings this worker was asked to write and that are not closed yet (handle ->
+        # file): removed here when the worker dies, since it cannot remove them itself
+        self._rings: dict[str, str] = {}
         self._reader = threading.Thread(target=self._read, daemon=True,
                                         name=f"datalane-rank-worker-{index}-pipe")
         self._reader.start()
 
     @property
     def pid(self) -> int | None:
-        return int(self.process.pid) if self.process.pid is not None else None
+        return self._pid
 
     def call(self, method: str, *args: Any) -> Any:
         """Run ``method`` in the worker and return its result (raise its error); raises
@@ -96,7 +107,7 @@ class RankWorker:
             with self._send:
                 self._conn.send((call, method, args))
         except (OSError, ValueError):
-            self._gone()
+            self._kill()  # the reader then sees EOF and fails this call with WorkerLost
         return future.result()
 
     def tell(self, method: str, *args: Any) -> None:
@@ -107,9 +118,20 @@ class RankWorker:
             with self._send:
                 self._conn.send((None, method, args))
         except (OSError, ValueError):
-            self._gone()
+            self._kill()
+
+    def _kill(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # ValueError: reaped and closed
+            self.process.kill()
 
     def _read(self) -> None:
+        try:
+            self._read_answers()
+        finally:
+            self._gone()  # whatever ended the reader, no call waits for an answer any more
+            self._release()
+
+    def _read_answers(self) -> None:
         while True:
             try:
                 call, ok, result = self._conn.recv()
@@ -120,8 +142,7 @@ class RankWorker:
                 # step, nothing later can be trusted; a reader that ended here silently left
                 # every call in flight, and every later one, waiting forever
                 log.error("rank worker %d: unreadable answer on its pipe: %s", self.index, e)
-                with contextlib.suppress(OSError, ValueError):
-                    self.process.kill()
+                self._kill()
                 self._gone()
                 return
             with self._lock:
@@ -130,8 +151,14 @@ class RankWorker:
                 continue
             if ok:
                 future.set_result(result)
-            else:
-                future.set_exception(worker_module.decode_error(result))
+                continue
+            try:
+                error = worker_module.decode_error(result)
+            except Exception:  # raised here, it ended the reader with this call waiting
+                error = worker_module.RemoteError(
+                    f"rank worker {self.index} answered with an unreadable error: "
+                    f"{result!r:.200}")
+            future.set_exception(error)
 
     def _gone(self) -> None:
         with self._lock:
@@ -152,18 +179,54 @@ class RankWorker:
                                                "exitcode": code})
         self._on_lost(self)
 
+    def _release(self) -> None:
+        """The reader thread's last act, after EOF on the pipe (the worker exited or was
+        killed): close the pipe's end, reap the process (its sentinel pipes) and remove the
+        rings it was writing. A dead worker that no Open replaced held three descriptors of
+        the server and its rings' memory on the pod's tmpfs until the server exited."""
+        with self._send, contextlib.suppress(OSError):
+            self._conn.close()
+        self.process.join(_EXIT_SECONDS)
+        if self.process.exitcode is None:  # EOF, yet it does not exit: no use any more
+            self._kill()
+            self.process.join(_EXIT_SECONDS)
+        if self.process.exitcode is not None:
+            self.process.close()
+        with self._lock:
+            rings, self._rings = self._rings, {}
+        for path in rings.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def track_ring(self, hid: str, path: str) -> None:
+        """Ring ``hid`` (file ``path``) is being made by this worker: removed by
+        :meth:`close_ring`, or when the worker dies or stops."""
+        with self._lock:
+            self._rings[hid] = path
+
+    def close_ring(self, hid: str) -> None:
+        """Close ring ``hid``: the worker removes it, or this process if the worker is gone."""
+        with self._lock:
+            path = self._rings.pop(hid, None)
+            lost = self.lost is not None
+        if lost:  # nobody else will remove the file
+            if path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        else:
+            self.tell("close_ring", hid)
+
     def stop(self) -> None:
-        """Tell the worker to exit; kill it if it does not within a few seconds."""
+        """Tell the worker to exit; kill it if it does not within a few seconds. Returns
+        once its pipe is closed, its process reaped and its rings removed."""
         if self._stopping:
             return
         self._stopping = True
         self.tell("exit")
-        self.process.join(_EXIT_SECONDS)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(_EXIT_SECONDS)
-        with contextlib.suppress(OSError):
-            self._conn.close()
+        self._reader.join(_EXIT_SECONDS)
+        if self._reader.is_alive():  # still running: killed, its EOF ends the reader
+            self._kill()
+            self._reader.join(_EXIT_SECONDS)
 
 
 class RemoteRing:
@@ -178,11 +241,7 @@ class RemoteRing:
 
     def close(self) -> None:
         self.closed = True
-        if self.worker.lost is not None:  # nobody else will remove the file
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-        else:
-            self.worker.tell("close_ring", self.hid)
+        self.worker.close_ring(self.hid)
 
 
 class RemoteSession:
@@ -270,7 +329,13 @@ class RemoteSession:
         return dict(self._call("gauges"))
 
     def new_ring(self, hid: str, path: str, slots: int, mode: int) -> RemoteRing:
-        self.worker.call("ring", self.id, hid, path, slots, mode)
+        # tracked first: a worker that dies while it makes the file still has it removed
+        self.worker.track_ring(hid, path)
+        try:
+            self.worker.call("ring", self.id, hid, path, slots, mode)
+        except BaseException:
+            self.worker.close_ring(hid)
+            raise
         return RemoteRing(self.worker, hid, path, slots * self.layout.slot_bytes)
 
     def gather(self, reader: int, generation: int, ring: RemoteRing | None,
@@ -315,11 +380,17 @@ class RankProcesses:
         self._on_lost = on_lost
         self._lock = threading.Lock()
         self.restarts = 0
-        self.workers = [self._start(i) for i in range(count)]
+        self.workers: list[RankWorker] = []
         # before multiprocessing's own exit hook, which would SIGTERM them (ignored: the
         # server drains them) and wait forever: a server that fails after starting them (its
         # socket cannot be bound) must still exit
         atexit.register(self.stop)
+        try:
+            for i in range(count):
+                self.workers.append(self._start(i))
+        except BaseException:  # the ones started are not left running (nor their pipes)
+            self.stop()
+            raise
 
     def _start(self, index: int) -> RankWorker:
         return RankWorker(index, self._ctx, self._plans, self._knobs, self._prefetch,

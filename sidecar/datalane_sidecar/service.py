@@ -59,6 +59,7 @@ from datalane.spec.integrity import parse_json
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import check_world_size
 from datalane.spec.state import Checkpoint, LaneState
+from datalane.store.calls import StoreCalls
 from datalane.wire import (
     CLIENT_KEY,
     NO_SESSION_KEY,
@@ -71,7 +72,7 @@ from datalane.wire import datalane_pb2_grpc as pbg
 from datalane.wire.shm import ShmWriter
 from datalane_sidecar.admission import Admission, default_max_streams
 from datalane_sidecar.boundaries import CheckpointText, lane_json
-from datalane_sidecar.checkpoints import PodCheckpoints
+from datalane_sidecar.checkpoints import STORE_SECONDS, PodCheckpoints
 from datalane_sidecar.delivery import RingClosed
 from datalane_sidecar.ledger import backfill_from, ledger_since, ledger_steps, next_since
 from datalane_sidecar.metrics import Metrics
@@ -139,7 +140,10 @@ class DataLaneService(pbg.DataLaneServicer):
         self.shm_mode = shm_mode  # the socket's: whoever may connect may map the rings
         self.metrics = metrics
         self.pool = TaskPool(knobs.workers)
-        self.checkpoints = PodCheckpoints(store, pod, ranks_per_pod)
+        # the store's reads on threads of their own, each bounded: a store that hangs holds
+        # those threads, never one that serves batches (datalane.store.calls)
+        self.store_calls = StoreCalls(getattr(store, "uri", ""), STORE_SECONDS)
+        self.checkpoints = PodCheckpoints(store, pod, ranks_per_pod, calls=self.store_calls)
         self.texts = CheckpointText(plan)  # the fingerprint document, serialized once
         # every stream's plan and checkpoint texts: the training stream, then the eval streams
         self.plans: dict[str, Plan] = {TRAIN: plan}
@@ -179,7 +183,9 @@ class DataLaneService(pbg.DataLaneServicer):
             if self.store is None:
                 raise ConfigError("resume from_step needs a checkpoint store; start the sidecar "
                                   "with --store")
-            return self.store.load(request.from_step)  # type: ignore[no-any-return]
+            store, step = self.store, request.from_step
+            return self.store_calls(  # type: ignore[no-any-return]
+                f"load the checkpoint of step {step}", lambda: store.load(step))
         if which == "state_json":
             data = parse_json(request.state_json, "state_json", MismatchError)
             return Checkpoint.from_json(data, "state_json")
@@ -295,13 +301,16 @@ class DataLaneService(pbg.DataLaneServicer):
                               request.world_size, request.microbatch_size, start,
                               request.skip_microbatches, self.prefetch, readers,
                               self.stream_texts[stream], stream, steps)
+        ring = None
         try:
             ring = self._ring(request, session, hid)
-        except BaseException:
+            generation = session.claim(request.reader)
+        except BaseException:  # neither the session nor its ring is left behind
+            if ring is not None:
+                ring.close()
             session.close()
             raise
         built = time.perf_counter() - t0
-        generation = session.claim(request.reader)
         with self._lock:
             old = [sid for sid, s in self.sessions.items()
                    if (s.stream, s.rank) == (stream, request.rank)]
@@ -352,8 +361,13 @@ class DataLaneService(pbg.DataLaneServicer):
         else:
             return None
         ring = self._ring(request, live, hid)
-        generation = live.attach(request.reader, step, lanes, request.skip_microbatches,
-                                 wait=_ATTACH_WAIT_SECONDS)
+        try:
+            generation = live.attach(request.reader, step, lanes, request.skip_microbatches,
+                                     wait=_ATTACH_WAIT_SECONDS)
+        except BaseException:  # its worker died meanwhile: the new ring is nobody's
+            if ring is not None:
+                ring.close()
+            raise
         with self._lock:
             ok = generation is not None and live.id in self.sessions
             replaced = [h for h, x in self.handles.items()
@@ -422,22 +436,41 @@ class DataLaneService(pbg.DataLaneServicer):
     def _start_ledger(self, session: Session | RemoteSession) -> None:
         """The next checkpoint's ledger starts at the newest committed step at or before the
         session's first step; when that is earlier (a restarted sidecar, a trainer resumed
-        from its own position), the digests in between are rebuilt on the side."""
-        store = self.store
-        if store is None:
+        from its own position), the digests in between are rebuilt on the side. Found on a
+        thread of its own after the Open replied: a store that hangs delays the session's
+        first checkpoint (which waits for ``backfilled``), never its batches."""
+        if self.store is None:
             return
+        session.backfilled.clear()
+        threading.Thread(target=self._find_ledger_start, args=(session,), daemon=True,
+                         name=f"ledger-{session.id}").start()
+
+    def _find_ledger_start(self, session: Session | RemoteSession) -> None:
+        store = self.store
+        assert store is not None
+        rebuilding = False
         try:
-            since = backfill_from(store.committed_steps(), session.first_step)
+            since = backfill_from(self.store_calls("list the committed checkpoints",
+                                                   store.committed_steps),
+                                  session.first_step)
+            with self._lock:
+                if since is None or session.id not in self.sessions:  # none, or closed since
+                    return
+                self.last_checkpoint[session.id] = since
+
+            def load() -> Checkpoint:
+                return self.store_calls(  # type: ignore[no-any-return]
+                    f"load the checkpoint of step {since}",
+                    lambda: store.load(since, session.lanes, fingerprint=self.plan.fingerprint,
+                                       fingerprint_doc=self.plan.fingerprint_doc))
+
+            session.backfill(since, load)  # sets backfilled once the rebuild ended
+            rebuilding = True
         except DatalaneError as e:
             log.warning("cannot list committed checkpoints to start the ledger: %s", e)
-            return
-        if since is None:
-            return
-        with self._lock:
-            self.last_checkpoint[session.id] = since
-        session.backfill(since, lambda: store.load(since, session.lanes,
-                                                   fingerprint=self.plan.fingerprint,
-                                                   fingerprint_doc=self.plan.fingerprint_doc))
+        finally:
+            if not rebuilding:
+                session.backfilled.set()
 
     def _close(self, sid: str) -> None:
         """Close session ``sid`` and every reader's handle of it."""
@@ -634,9 +667,11 @@ class DataLaneService(pbg.DataLaneServicer):
     def _committed_steps(self) -> list[int]:
         """The store's committed steps; none when it cannot list them (the ledger is then
         trimmed at a later checkpoint, and the write that follows reports the store)."""
-        assert self.store is not None
+        store = self.store
+        assert store is not None
         try:
-            return list(self.store.committed_steps())
+            return list(self.store_calls("list the committed checkpoints",
+                                         store.committed_steps))
         except DatalaneError as e:
             log.warning("cannot list committed checkpoints: %s", e)
             return []

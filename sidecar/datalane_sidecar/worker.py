@@ -119,6 +119,8 @@ class _Worker:
                 self._calls.submit(self._answer, call, method, args)
         for sid in list(self.sessions):
             self._close(sid)
+        for hid in list(self.rings):  # the server closes them first; none is left behind
+            self._close_ring(hid)
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _answer(self, call: int, method: str, args: tuple[Any, ...]) -> None:

@@ -34,3 +34,12 @@ def test_the_default_is_owner_only(tmp_path: Path) -> None:
         assert stat.S_IMODE((tmp_path / "ring").stat().st_mode) == 0o600
     finally:
         writer.close()
+
+
+def test_a_ring_that_cannot_be_mapped_leaves_no_file(tmp_path: Path) -> None:
+    """Review finding 8's neighbour: a ring whose mapping fails (here none of its 0 slots
+    can be mapped) is not left on the pod's tmpfs, where nothing would remove it."""
+    path = tmp_path / "datalane-0000000000000000.shm"
+    with pytest.raises(ValueError):
+        ShmWriter(str(path), 0, Layout.of(text_schema(0), 2, 8), 0o600)
+    assert not path.exists()
