@@ -2,8 +2,7 @@
 
 ``spec.workload.kind`` picks a :class:`WorkloadKind`, which says
 
-* where the job lives in the API (group, version, plural) and whether it has a ``scale``
-  subresource;
+* where the job lives in the API (group, version, plural);
 * which pods are its trainer pods: the pod label naming the job, and the further labels
   only the trainer's pods carry (a TrainJob's JobSet also runs initializer pods, which get
   no sidecar);
@@ -76,7 +75,6 @@ class WorkloadKind:
     scale_field: str | None
     """The field a resize edits, named with its value in the guard's refusals (None: a
     PyTorchJob's, whose ``kubectl scale`` sets the Worker replicas, keep their words)."""
-    scale_subresource: bool
     done: Mapping[str, str]
     """Condition types (status True) that end the job -> the outcome: Succeeded or Failed."""
     topology: TopologyOf
@@ -122,13 +120,12 @@ PYTORCHJOB = WorkloadKind(
     kind="PyTorchJob", group=PYTORCHJOB_GROUP, version=PYTORCHJOB_VERSION,
     plural=PYTORCHJOB_PLURAL, job_label=JOB_NAME_LABEL, trainer_labels={},
     container=TRAINER_CONTAINERS["PyTorchJob"], scale_field=None,
-    scale_subresource=True,
     done={"Succeeded": "Succeeded", "Failed": "Failed"}, topology=topology_of)
 
 TRAINJOB = WorkloadKind(
     kind=TRAINJOB_KIND, group=TRAINJOB_GROUP, version=TRAINJOB_VERSION, plural=TRAINJOB_PLURAL,
     job_label=JOBSET_NAME_LABEL, trainer_labels={JOBSET_REPLICATED_JOB_LABEL: TRAINJOB_TRAINER},
-    container=TRAINJOB_TRAINER, scale_field="spec.trainer.numNodes", scale_subresource=False,
+    container=TRAINJOB_TRAINER, scale_field="spec.trainer.numNodes",
     done={"Complete": "Succeeded", "Failed": "Failed"}, topology=trainjob_topology_of)
 
 KINDS: Mapping[str, WorkloadKind] = {k.kind: k for k in (PYTORCHJOB, TRAINJOB)}
