@@ -31,6 +31,7 @@ from tests.cluster.util import eventually
 from .builders import RECIPE, jobset_pod, trainjob
 from .stack import Stack, datalane_stack
 from .test_e2e import apply, dp_status, pipeline
+from .trainerv2 import RUNTIME, trainer_v2
 
 pytestmark = [pytest.mark.cluster]
 CRD = Path(__file__).parent / "testdata" / "trainjobs.trainer.kubeflow.org.yaml"
@@ -39,7 +40,8 @@ TG, TV, TP = names.TRAINJOB_GROUP, names.TRAINJOB_VERSION, names.TRAINJOB_PLURAL
 
 @pytest.fixture
 def stack(k8s_cluster: Cluster, k8s_namespace: str, tmp_path: Path) -> Iterator[Stack]:
-    k8s_cluster.kubectl("apply", "--server-side", "--field-manager=e2e", "-f", str(CRD))
+    k8s_cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=e2e",
+                        "-f", str(CRD))
     k8s_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                         f"customresourcedefinitions/{TP}.{TG}")
     with datalane_stack(k8s_cluster, k8s_namespace, tmp_path) as s:
@@ -120,3 +122,55 @@ def test_train_job_resize_guard_injection_and_status(stack: Stack,
                what="the DataPipeline status to count 8 nodes")
     s = dp_status(custom, ns, "tj")
     assert (s["ranksPerPod"], s["ranks"], s["worldSize"], s["lanesPerRank"]) == (1, 8, 8, 1)
+
+
+def test_real_trainer_v2_and_jobset_pods_are_injected_and_resizes_guarded(
+        stack: Stack, k8s_api: client.ApiClient, tmp_path: Path) -> None:
+    """Trainer v2.0.0 and JobSet v0.8.2 themselves (tests/operator/trainerv2.py): a TrainJob of
+    2 nodes becomes a JobSet whose indexed Job's pods the datalane webhook injects; the
+    status counts them; a resize to 9 nodes is refused before either controller sees it."""
+    c, ns = stack.cluster, stack.namespace
+    core, custom = client.CoreV1Api(k8s_api), client.CustomObjectsApi(k8s_api)
+    with trainer_v2(c, tmp_path / "trainer-v2"):
+        body = pipeline("tj2", "llm", json.loads(json.dumps(RECIPE)),
+                        {"uri": f"file://{stack.log.parent}/store2"})
+        body["spec"]["workload"] = {"kind": "TrainJob", "name": "llm"}
+        apply(c, ns, body)
+
+        def probe_injected() -> bool:
+            resp = core.create_namespaced_pod(ns, jobset_pod("probe", jobset="llm",
+                                                             namespace=ns),
+                                              dry_run="All", _preload_content=False)
+            return injected(json.loads(resp.data))
+
+        eventually(probe_injected, timeout=60, what="the JobSet pod injection webhook")
+        job = trainjob("llm", nodes=2, nproc=1, namespace=ns)
+        job["spec"]["runtimeRef"] = {"name": RUNTIME}
+        custom.create_namespaced_custom_object(TG, TV, ns, TP, job)
+
+        def trainer_pods() -> dict[str, dict[str, Any]] | None:
+            items = json.loads(core.list_namespaced_pod(
+                ns, label_selector=f"{names.JOBSET_NAME_LABEL}=llm",
+                _preload_content=False).data)["items"]
+            return {p["metadata"]["name"]: p for p in items} if len(items) == 2 else None
+
+        pods = eventually(trainer_pods, timeout=90,
+                          what="Trainer v2 and JobSet to create 2 pods of TrainJob llm")
+        for p in pods.values():
+            labels = p["metadata"]["labels"]
+            assert labels[names.JOBSET_REPLICATED_JOB_LABEL] == "node"
+            assert injected(p), p["metadata"]["name"]
+            (node,) = p["spec"]["containers"]
+            env = {e["name"]: e.get("value") for e in node["env"]}
+            # Trainer v2's torch plugin set these; the webhook added DATALANE_*
+            assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"]) == ("2", "1")
+            assert env["DATALANE_PIPELINE"] == "tj2"
+        ranks = sorted(int(p["metadata"]["labels"][names.JOB_COMPLETION_INDEX])
+                       for p in pods.values())
+        assert ranks == [0, 1]
+        eventually(lambda: dp_status(custom, ns, "tj2").get("pods") == 2, timeout=60,
+                   what="the DataPipeline status to count 2 nodes")
+        assert dp_status(custom, ns, "tj2")["worldSize"] == 2
+        message = refusal(lambda: num_nodes(custom, ns, "llm", 9))
+        assert message is not None and "spec.trainer.numNodes 9: 8 lanes cannot be split " \
+            "over 9 nodes; use 1 to 8 (DataPipeline tj2)" in message, message
