@@ -8,7 +8,7 @@
   existing workload's data-parallel world size is at most the lanes and its ranks fit
   ``spec.parallelism``; and the cluster :class:`~datalane_operator.policy.Policy`: the
   operator may act on the checkpoint store, the filter predicates come from allowed modules);
-* :func:`review_workload` - a PyTorchJob at CREATE/UPDATE whose data-parallel world size
+* :func:`review_workload` - a PyTorchJob or TrainJob at CREATE/UPDATE whose data-parallel world size
   (ranks / (TP x PP x CP)) must not exceed the lanes of the pipeline that references it, with
   whole TP x CP groups in each pod;
 * :func:`review_scale` - the same for ``pytorchjobs/scale`` (``kubectl scale``).
@@ -29,10 +29,11 @@ from typing import Any
 from datalane.spec.errors import ConfigError
 from datalane.spec.formats import compression_of, infer_format
 from datalane_operator.amend import Progress, review_recipe_edit
+from datalane_operator.kinds import PYTORCHJOB, WorkloadKind, kind_named
 from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline
 from datalane_operator.policy import Policy, predicates_of
 from datalane_operator.storage import DEFAULT_PROTOCOLS, scheme_of, sidecar_store_options
-from datalane_operator.workload import Topology, check_workers, topology_of
+from datalane_operator.workload import Topology, check_workers
 
 __all__ = ["Verdict", "dropped_nulls", "review_pipeline", "review_scale", "review_workload"]
 
@@ -239,7 +240,8 @@ def review_pipeline(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
                 warnings += _check_recipe_edit(old, p, workload, progress)
         if workload is not None:
             par = p.spec.parallelism
-            topo = topology_of(workload, p.spec.workload.container, par)
+            topo = kind_named(p.spec.workload.kind).topology(workload, p.spec.workload.trainer,
+                                                             par)
             try:
                 check_workers(p.spec.lanes, topo)
             except ConfigError as e:
@@ -283,11 +285,13 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _guard(lanes: int, topo: Topology, pipeline: str) -> Verdict:
+def _guard(lanes: int, topo: Topology, pipeline: str, field: str | None = None) -> Verdict:
+    """``field``: the job's field that holds the scaled pods' count, named in a refusal."""
     try:
         check_workers(lanes, topo)
     except ConfigError as e:
-        return Verdict.deny(f"{e} (DataPipeline {pipeline})")
+        where = f"{field} {topo.workers}: " if field else ""
+        return Verdict.deny(f"{where}{e} (DataPipeline {pipeline})")
     warnings = []
     if topo.nproc is None:
         warnings.append(f"DataPipeline {pipeline}: the ranks per pod cannot be known "
@@ -297,10 +301,11 @@ def _guard(lanes: int, topo: Topology, pipeline: str) -> Verdict:
 
 def review_workload(job: Mapping[str, Any], lanes: int, pipeline: str,
                     container: str = "pytorch", parallelism: Parallelism | None = None,
-                    ) -> Verdict:
-    """Verdict on a PyTorchJob (CREATE/UPDATE) that DataPipeline ``pipeline`` references;
-    ``parallelism`` is the pipeline's ``spec.parallelism``."""
-    return _guard(lanes, topology_of(job, container, parallelism), pipeline)
+                    kind: WorkloadKind = PYTORCHJOB) -> Verdict:
+    """Verdict on a job of ``kind`` (CREATE/UPDATE: a TrainJob's resize is an update of
+    ``spec.trainer.numNodes``) that DataPipeline ``pipeline`` references; ``parallelism`` is
+    the pipeline's ``spec.parallelism``."""
+    return _guard(lanes, kind.topology(job, container, parallelism), pipeline, kind.scale_field)
 
 
 def review_scale(scale: Mapping[str, Any], job: Mapping[str, Any], lanes: int, pipeline: str,
@@ -312,5 +317,5 @@ def review_scale(scale: Mapping[str, Any], job: Mapping[str, Any], lanes: int, p
         return Verdict(True)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
         return Verdict.deny(f"spec.replicas {replicas!r} is not a non-negative integer")
-    return _guard(lanes, topology_of(job, container, parallelism).with_workers(replicas),
+    return _guard(lanes, PYTORCHJOB.topology(job, container, parallelism).with_workers(replicas),
                   pipeline)

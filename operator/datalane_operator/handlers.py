@@ -5,10 +5,11 @@ Every handler takes the :class:`~datalane_operator.runtime.Runtime` from kopf's 
 
 * **Admission** (:mod:`datalane_operator.webhooks`, served by kopf's webhook server on the
   paths of :mod:`datalane_operator.names`): validate DataPipelines, inject the sidecar into
-  pods of a pipeline's workload, guard PyTorchJob updates and ``pytorchjobs/scale``, from the
-  in-memory indexes below. Every replica serves admission.
+  trainer pods of a pipeline's workload, guard the updates of PyTorchJobs and TrainJobs
+  (a TrainJob's ``spec.trainer.numNodes``) and ``pytorchjobs/scale``, from the in-memory
+  indexes below (one per kind of :mod:`datalane_operator.kinds`). Every replica serves admission.
 * **Reconcile**, on the leader only (:mod:`datalane_operator.leader`): DataPipeline events
-  whose generation is new to this leader, PyTorchJob and pod events (a reconcile of the
+  whose generation is new to this leader, job and trainer pod events (a reconcile of the
   pipeline that references them), and a periodic look at every checkpoint store
   (:mod:`datalane_operator.loops`), coalesced by the runtime. Status is rebuilt from the world
   every time (:mod:`datalane_operator.reconciler`), so an operator restart or a new leader
@@ -26,18 +27,16 @@ from typing import Any
 import kopf
 
 from datalane_operator import loops, webhooks
+from datalane_operator.kinds import PYTORCHJOB, TRAINJOB, WorkloadKind
 from datalane_operator.names import (
     GROUP,
-    JOB_NAME_LABEL,
     PLURAL,
-    PYTORCHJOB_GROUP,
-    PYTORCHJOB_PLURAL,
-    PYTORCHJOB_VERSION,
     VERSION,
     WEBHOOK_INJECT,
     WEBHOOK_REFUSE_NAMESPACE,
     WEBHOOK_VALIDATE_PIPELINE,
     WEBHOOK_VALIDATE_SCALE,
+    WEBHOOK_VALIDATE_TRAINJOB,
     WEBHOOK_VALIDATE_WORKLOAD,
 )
 from datalane_operator.runtime import Key, Runtime
@@ -69,12 +68,28 @@ def index_pipelines(body: kopf.Body, namespace: str | None, spec: kopf.Spec,
                                           "spec": dict(spec)}}
 
 
-@kopf.index(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL, id="jobs")
+def _job_entry(name: str, namespace: str | None, spec: kopf.Spec) -> dict[Key, Any]:
+    return {(namespace or "", name): {"metadata": {"name": name, "namespace": namespace},
+                                      "spec": dict(spec)}}
+
+
+@kopf.index(PYTORCHJOB.group, PYTORCHJOB.version, PYTORCHJOB.plural, id="jobs")
 def index_jobs(name: str, namespace: str | None, spec: kopf.Spec,
                **_: Any) -> dict[Key, Any]:
     """PyTorchJob specs by (namespace, name)."""
-    return {(namespace or "", name): {"metadata": {"name": name, "namespace": namespace},
-                                      "spec": dict(spec)}}
+    return _job_entry(name, namespace, spec)
+
+
+@kopf.index(TRAINJOB.group, TRAINJOB.version, TRAINJOB.plural, id="trainjobs")
+def index_trainjobs(name: str, namespace: str | None, spec: kopf.Spec,
+                    **_: Any) -> dict[Key, Any]:
+    """TrainJob specs by (namespace, name)."""
+    return _job_entry(name, namespace, spec)
+
+
+def _jobs(kw: Mapping[str, Any]) -> dict[str, Any]:
+    """The job index of each kind, by kind."""
+    return {PYTORCHJOB.kind: kw["jobs"], TRAINJOB.kind: kw["trainjobs"]}
 
 
 # ----------------------------------------------------------------------------- admission
@@ -85,7 +100,7 @@ def index_jobs(name: str, namespace: str | None, spec: kopf.Spec,
 async def validate_pipeline(body: kopf.Body, warnings: list[str], memo: Any,
                             **kw: Any) -> None:
     await webhooks.validate_pipeline(runtime_of(memo), body, kw.get("old"), kw["pipelines"],
-                                     kw["jobs"], warnings)
+                                     _jobs(kw), warnings)
 
 
 @kopf.on.validate(GROUP, VERSION, PLURAL, id=WEBHOOK_REFUSE_NAMESPACE, operations=["CREATE"])
@@ -100,15 +115,23 @@ async def inject_sidecar(body: kopf.Body, patch: kopf.Patch, warnings: list[str]
                                   dryrun=dryrun)
 
 
-@kopf.on.validate(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL,
+@kopf.on.validate(PYTORCHJOB.group, PYTORCHJOB.version, PYTORCHJOB.plural,
                   id=WEBHOOK_VALIDATE_WORKLOAD, operations=["CREATE", "UPDATE"])
 async def validate_workload(body: kopf.Body, warnings: list[str], memo: Any,
                             **kw: Any) -> None:
     await webhooks.validate_workload(runtime_of(memo), body, kw.get("old"), kw["pipelines"],
-                                     warnings)
+                                     warnings, PYTORCHJOB)
 
 
-@kopf.on.validate(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL,
+@kopf.on.validate(TRAINJOB.group, TRAINJOB.version, TRAINJOB.plural,
+                  id=WEBHOOK_VALIDATE_TRAINJOB, operations=["CREATE", "UPDATE"])
+async def validate_trainjob(body: kopf.Body, warnings: list[str], memo: Any,
+                            **kw: Any) -> None:
+    await webhooks.validate_workload(runtime_of(memo), body, kw.get("old"), kw["pipelines"],
+                                     warnings, TRAINJOB)
+
+
+@kopf.on.validate(PYTORCHJOB.group, PYTORCHJOB.version, PYTORCHJOB.plural,
                   subresource="scale", id=WEBHOOK_VALIDATE_SCALE, operations=["UPDATE"])
 async def validate_scale(body: kopf.Body, warnings: list[str], memo: Any, **kw: Any) -> None:
     await webhooks.validate_scale(runtime_of(memo), body, kw["pipelines"], kw["jobs"],
@@ -125,16 +148,34 @@ async def pipeline_event(type: str, name: str, namespace: str | None, meta: kopf
                                       int(meta.get("generation") or 0))
 
 
-@kopf.on.event(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL, id="job-event")
+@kopf.on.event(PYTORCHJOB.group, PYTORCHJOB.version, PYTORCHJOB.plural, id="job-event")
 async def job_event(name: str, namespace: str | None, memo: Any, **kw: Any) -> None:
     runtime_of(memo).workload_changed(namespace or "", name, kw["pipelines"])
 
 
-@kopf.on.event("", "v1", "pods", id="pod-event", labels={JOB_NAME_LABEL: kopf.PRESENT})
+@kopf.on.event(TRAINJOB.group, TRAINJOB.version, TRAINJOB.plural, id="trainjob-event")
+async def trainjob_event(name: str, namespace: str | None, memo: Any, **kw: Any) -> None:
+    runtime_of(memo).workload_changed(namespace or "", name, kw["pipelines"])
+
+
+def _pod_changed(kind: WorkloadKind, labels: Mapping[str, str], namespace: str | None,
+                 memo: Any, pipelines: Any) -> None:
+    runtime_of(memo).workload_changed(namespace or "", labels.get(kind.job_label, ""),
+                                      pipelines)
+
+
+@kopf.on.event("", "v1", "pods", id="pod-event",
+               labels={PYTORCHJOB.job_label: kopf.PRESENT})
 async def pod_event(labels: Mapping[str, str], namespace: str | None, memo: Any,
                     **kw: Any) -> None:
-    runtime_of(memo).workload_changed(namespace or "", labels.get(JOB_NAME_LABEL, ""),
-                                      kw["pipelines"])
+    _pod_changed(PYTORCHJOB, labels, namespace, memo, kw["pipelines"])
+
+
+@kopf.on.event("", "v1", "pods", id="trainjob-pod-event",
+               labels={TRAINJOB.job_label: kopf.PRESENT, **TRAINJOB.trainer_labels})
+async def trainjob_pod_event(labels: Mapping[str, str], namespace: str | None, memo: Any,
+                             **kw: Any) -> None:
+    _pod_changed(TRAINJOB, labels, namespace, memo, kw["pipelines"])
 
 
 # ----------------------------------------------------------------------------- lifecycle

@@ -54,11 +54,11 @@ from typing import Any
 from datalane.spec.codepolicy import PREDICATE_MODULES_ENV
 from datalane.spec.errors import ConfigError
 from datalane.store.signing import LEDGER_KEY_ENV
+from datalane_operator.kinds import trainer_pod_of
 from datalane_operator.names import (
     ANN_INJECTED,
     ANN_RECIPE,
     DATA_CREDENTIALS_MOUNT,
-    JOB_NAME_LABEL,
     LABEL_PIPELINE,
     RECIPE_FILE,
     RECIPE_MOUNT,
@@ -103,14 +103,17 @@ def socket_path(pipeline: Pipeline) -> str:
 
 def pipeline_for_pod(pod: Mapping[str, Any], pipelines: Iterable[Pipeline],
                      namespace: str | None = None) -> Pipeline | None:
-    """The pipeline whose workload created ``pod`` (same namespace, job-name label), or None."""
+    """The pipeline whose workload's trainer ``pod`` is (same namespace, the kind's job label
+    and trainer labels, :mod:`datalane_operator.kinds`), or None."""
     meta = pod.get("metadata") or {}
-    job = (meta.get("labels") or {}).get(JOB_NAME_LABEL)
-    if not job:
+    owner = trainer_pod_of(pod)
+    if owner is None:
         return None
+    kind, job = owner
     ns = namespace or meta.get("namespace") or ""
     for p in pipelines:
-        if p.spec.workload.name == job and (not ns or not p.namespace or p.namespace == ns):
+        if (p.spec.workload.kind == kind.kind and p.spec.workload.name == job
+                and (not ns or not p.namespace or p.namespace == ns)):
             return p
     return None
 
@@ -129,8 +132,9 @@ def _env_value(container: Mapping[str, Any], name: str) -> str | None:
 
 
 def ranks_per_pod(trainer: Mapping[str, Any]) -> int | None:
-    """Ranks torchrun starts in this pod: the ``PET_NPROC_PER_NODE`` the training-operator set
-    on the trainer (``auto``/``gpu`` resolved from its GPU limit), or None if unknown."""
+    """Ranks torchrun starts in this pod: the ``PET_NPROC_PER_NODE`` the training-operator (or
+    Trainer v2) set on the trainer (``auto``/``gpu`` resolved from its GPU limit), or None if
+    unknown."""
     return nproc_of_container(_env_value(trainer, "PET_NPROC_PER_NODE"), trainer)[0]
 
 
@@ -324,7 +328,7 @@ def mutate_pod(pod: Mapping[str, Any], pipeline: Pipeline, default_image: str,
     out: dict[str, Any] = copy.deepcopy(dict(pod))
     spec = out.setdefault("spec", {})
     meta = out.setdefault("metadata", {})
-    trainer_name = pipeline.spec.workload.container
+    trainer_name = pipeline.spec.workload.trainer
     containers = spec.get("containers") or []
     trainer = next((c for c in containers if c.get("name") == trainer_name), None)
     if trainer is None:

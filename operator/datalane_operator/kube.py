@@ -8,7 +8,7 @@ resource                                   verbs
 datapipelines (+ watch by kopf)            get, list, watch
 datapipelines/status                       patch
 customresourcedefinitions (kopf)           list, watch
-pytorchjobs (+ watch by kopf)              get, list, watch
+pytorchjobs, trainjobs (+ watch by kopf)   get, list, watch
 pods (watch by kopf)                       list, watch, delete (to roll an edited recipe)
 configmaps (the recipes)                   create, patch (adopt); list, delete (collect, below)
 secrets (spec.checkpoint.secretRef)        get (only where the chart binds it, see below)
@@ -48,15 +48,12 @@ from typing import Any
 from kubernetes import client  # type: ignore[import-untyped]
 from kubernetes.client.rest import ApiException  # type: ignore[import-untyped]
 
+from datalane_operator.kinds import PYTORCHJOB, WorkloadKind
 from datalane_operator.names import (
     FIELD_MANAGER,
     GROUP,
-    JOB_NAME_LABEL,
     KIND,
     PLURAL,
-    PYTORCHJOB_GROUP,
-    PYTORCHJOB_PLURAL,
-    PYTORCHJOB_VERSION,
     VERSION,
 )
 from datalane_operator.reconcile import Event
@@ -172,15 +169,18 @@ class Kube:
                               namespace, PLURAL)
         return list((out or {}).get("items") or [])
 
-    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def get_job(self, namespace: str, name: str,
+                      kind: WorkloadKind = PYTORCHJOB) -> dict[str, Any] | None:
         out: dict[str, Any] | None = await self._get(
-            self.custom.get_namespaced_custom_object, PYTORCHJOB_GROUP, PYTORCHJOB_VERSION,
-            namespace, PYTORCHJOB_PLURAL, name)
+            self.custom.get_namespaced_custom_object, kind.group, kind.version, namespace,
+            kind.plural, name)
         return out
 
-    async def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+    async def list_job_pods(self, namespace: str, job: str,
+                            kind: WorkloadKind = PYTORCHJOB) -> list[dict[str, Any]]:
+        """The trainer pods of ``job`` (a TrainJob's initializer pods are not)."""
         resp = await self._call(self.core.list_namespaced_pod, namespace,
-                                label_selector=f"{JOB_NAME_LABEL}={job}",
+                                label_selector=kind.selector(job),
                                 _preload_content=False)
         return list(self._json(resp).get("items") or [])
 

@@ -14,6 +14,9 @@ __all__ = [
     "DEFAULT_SOCKET_DIR",
     "FIELD_MANAGER",
     "GROUP",
+    "JOBSET_NAME_LABEL",
+    "JOBSET_REPLICATED_JOB_LABEL",
+    "JOB_COMPLETION_INDEX",
     "JOB_NAME_LABEL",
     "KIND",
     "LABEL_MANAGED_BY",
@@ -33,6 +36,10 @@ __all__ = [
     "SIDECAR_CONTAINER",
     "SINGULAR",
     "SOCKET_FILE",
+    "TRAINJOB_GROUP",
+    "TRAINJOB_PLURAL",
+    "TRAINJOB_TRAINER",
+    "TRAINJOB_VERSION",
     "VERSION",
     "VOLUME_DATA_CREDENTIALS",
     "VOLUME_RECIPE",
@@ -42,6 +49,7 @@ __all__ = [
     "WEBHOOK_REFUSE_NAMESPACE",
     "WEBHOOK_VALIDATE_PIPELINE",
     "WEBHOOK_VALIDATE_SCALE",
+    "WEBHOOK_VALIDATE_TRAINJOB",
     "WEBHOOK_VALIDATE_WORKLOAD",
     "WEBHOOKS",
     "legacy_recipe_configmap_name",
@@ -67,12 +75,23 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 
+TRAINJOB_GROUP = "trainer.kubeflow.org"
+TRAINJOB_VERSION = "v1alpha1"
+TRAINJOB_PLURAL = "trainjobs"
+TRAINJOB_TRAINER = "node"
+"""Kubeflow Trainer v2's trainer: the name of its replicated job and of its container."""
+# Labels JobSet puts on every pod of a JobSet (a TrainJob's JobSet is named after it).
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+"""An indexed Job's pod's index (label and annotation): a TrainJob pod's node rank."""
+
 LABEL_PIPELINE = "datalane.io/pipeline"
 """On an injected pod and on the recipe ConfigMaps: the DataPipeline's name."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 NAMESPACE_OPT_IN_LABEL = "datalane.io/inject"
 NAMESPACE_OPT_IN_VALUE = "enabled"
-"""The namespace label that opts a namespace in: the pod and PyTorchJob webhooks fire only in
+"""The namespace label that opts a namespace in: the pod and job webhooks fire only in
 namespaces labelled ``datalane.io/inject=enabled`` (set by the namespace's administrator; the
 operator never patches namespaces), and a DataPipeline is created only there."""
 ANN_INJECTED = "datalane.io/injected"
@@ -100,11 +119,12 @@ WEBHOOK_VALIDATE_PIPELINE = "validate-datapipeline"
 WEBHOOK_INJECT = "inject-sidecar"
 WEBHOOK_VALIDATE_WORKLOAD = "validate-pytorchjob"
 WEBHOOK_VALIDATE_SCALE = "validate-pytorchjob-scale"
+WEBHOOK_VALIDATE_TRAINJOB = "validate-trainjob"
 WEBHOOK_REFUSE_NAMESPACE = "refuse-datapipeline-namespace"
 """Refuses the creation of a DataPipeline in a namespace that is not opted in (the chart
 registers it with a namespaceSelector matching exactly those namespaces)."""
 WEBHOOKS = (WEBHOOK_VALIDATE_PIPELINE, WEBHOOK_INJECT, WEBHOOK_VALIDATE_WORKLOAD,
-            WEBHOOK_VALIDATE_SCALE, WEBHOOK_REFUSE_NAMESPACE)
+            WEBHOOK_VALIDATE_SCALE, WEBHOOK_VALIDATE_TRAINJOB, WEBHOOK_REFUSE_NAMESPACE)
 """Every webhook id (log filtering, metric labels)."""
 
 

@@ -29,7 +29,7 @@ from datalane.spec.errors import ConfigError
 from datalane.spec.lanes import nearest_multiples
 from datalane.spec.model import doc
 from datalane.spec.recipe import Recipe
-from datalane_operator.names import DATA_CREDENTIALS_MOUNT, DEFAULT_SOCKET_DIR
+from datalane_operator.names import DATA_CREDENTIALS_MOUNT, DEFAULT_SOCKET_DIR, TRAINJOB_TRAINER
 
 __all__ = [
     "CheckpointSpec",
@@ -56,6 +56,10 @@ _NAME_PART = r"[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?"
 RESOURCE_NAME = rf"({_NAME_PART}/)?{_NAME_PART}"
 REGION = r"[a-z0-9][-a-z0-9]{0,62}"  # us-east-1, eu-west-3, or an S3-compatible store's name
 
+TRAINER_CONTAINERS = {"PyTorchJob": "pytorch", "TrainJob": TRAINJOB_TRAINER}
+"""The trainer container of each ``spec.workload.kind`` unless ``spec.workload.container``
+names another (:mod:`datalane_operator.kinds` holds the rest of what a kind means)."""
+
 LIFTED_RECIPE_FIELDS = {"lanes": "spec.lanes", "global_batch_size": "spec.globalBatchSize"}
 """Recipe fields that live at the top of the spec instead of in ``spec.recipe``."""
 
@@ -65,11 +69,19 @@ class WorkloadRef:
     """The training job whose pods get a sidecar (same namespace as the DataPipeline)."""
 
     name: str = doc("Name of the job.", pattern=DNS_SUBDOMAIN)
-    kind: Literal["PyTorchJob"] = doc("Kind of the job (Kubeflow training-operator).",
-                                      default="PyTorchJob")
-    container: str = doc("The trainer container: it gets DATALANE_SOCKET, DATALANE_PIPELINE, "
-                         "the socket volume and, under spec.parallelism, DATALANE_DP_SIZE and "
-                         "DATALANE_DP_READERS.", default="pytorch", pattern=DNS_LABEL)
+    kind: Literal["PyTorchJob", "TrainJob"] = doc(
+        "Kind of the job: PyTorchJob (kubeflow.org/v1, Kubeflow training-operator) or TrainJob "
+        "(trainer.kubeflow.org/v1alpha1, Kubeflow Trainer v2 on JobSet).", default="PyTorchJob")
+    container: str | None = doc(
+        "The trainer container: it gets DATALANE_SOCKET, DATALANE_PIPELINE, the socket volume "
+        "and, under spec.parallelism, DATALANE_DP_SIZE and DATALANE_DP_READERS. Null: the "
+        "kind's own, pytorch for a PyTorchJob, node for a TrainJob.", default=None,
+        pattern=DNS_LABEL)
+
+    @property
+    def trainer(self) -> str:
+        """The trainer container's name: ``container``, else the kind's default."""
+        return self.container or TRAINER_CONTAINERS[self.kind]
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from typing import Any
 from datalane.spec.errors import ConfigError
 from datalane.store.layout import format_steps
 from datalane_operator.inject import is_injected
+from datalane_operator.kinds import WorkloadKind, kind_named
 from datalane_operator.names import (
     NAMESPACE_OPT_IN_LABEL,
     NAMESPACE_OPT_IN_VALUE,
@@ -47,7 +48,7 @@ from datalane_operator.recipemap import configmap_name
 from datalane_operator.rollout import CONDITION as ROLLED
 from datalane_operator.rollout import Roll, plan_roll, stamp_of
 from datalane_operator.storage import Listing
-from datalane_operator.workload import Topology, check_workers, lanes_per_rank, topology_of
+from datalane_operator.workload import Topology, check_workers, lanes_per_rank
 
 __all__ = ["MAX_LISTED_CHECKPOINTS", "Decision", "Event", "PodCounts", "SidecarFailure", "decide",
            "decide_invalid", "count_pods", "sidecar_failures"]
@@ -207,10 +208,12 @@ def _failures_message(failures: Sequence[SidecarFailure]) -> str:
     return text
 
 
-def _job_outcome(job: Mapping[str, Any]) -> str | None:
+def _job_outcome(job: Mapping[str, Any], kind: WorkloadKind) -> str | None:
+    """Succeeded or Failed once the job's controller says it ended (a TrainJob's Complete is
+    Succeeded), else None."""
     for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("status") == "True" and cond.get("type") in ("Succeeded", "Failed"):
-            return str(cond["type"])
+        if cond.get("status") == "True" and cond.get("type") in kind.done:
+            return kind.done[str(cond["type"])]
     return None
 
 
@@ -244,8 +247,9 @@ def decide(pipeline: Pipeline, workload: Mapping[str, Any] | None,
     counts = count_pods(pods)
     outcome = None
     if workload is not None:
-        topo = topology_of(workload, spec.workload.container, spec.parallelism)
-        outcome = _job_outcome(workload)
+        kind = kind_named(spec.workload.kind)
+        topo = kind.topology(workload, spec.workload.trainer, spec.parallelism)
+        outcome = _job_outcome(workload, kind)
         failures = sidecar_failures(pods) if outcome is None else []
         if failures:  # first: it carries the sidecar's own words, the likeliest root cause
             problems.append(("SidecarFailed", _failures_message(failures)))

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from datalane.spec.errors import ConfigError
 from datalane_operator.amend import Progress
+from datalane_operator.kinds import kind_named
 from datalane_operator.kube import (
     ConfigMapsForbidden,
     PodDeleteForbidden,
@@ -219,8 +220,10 @@ async def reconcile(rt: Runtime, key: Key) -> None:
         collected = rt.collected.pop(key, [])
         if listing is not None and collected:
             listing = Listing(listing.uri, listing.committed, collected)
-        job = await kube.get_job(namespace, pipeline.spec.workload.name)
-        pods = await kube.list_job_pods(namespace, pipeline.spec.workload.name) if job else None
+        kind = kind_named(pipeline.spec.workload.kind)
+        job = await kube.get_job(namespace, pipeline.spec.workload.name, kind)
+        pods = await kube.list_job_pods(namespace, pipeline.spec.workload.name,
+                                        kind) if job else None
         decision = decide(pipeline, job, pods or [], listing, previous, _stamp(rt.wallclock()))
         decision = await _restart(rt, namespace, pods or [], decision)
     try:

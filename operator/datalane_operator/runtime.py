@@ -179,7 +179,8 @@ class Runtime:
         self.look(key)
 
     def workload_changed(self, namespace: str, job: str, pipelines: Any) -> None:
-        """A PyTorchJob or one of its pods changed: reconcile the pipelines naming it."""
+        """A job (of any kind) or one of its trainer pods changed: reconcile the pipelines naming
+        it."""
         if not self.leading:
             return
         for found in pipelines.get((namespace, job), []):

@@ -1,7 +1,8 @@
 """The admission webhooks' work, from kopf's arguments to a verdict, and the timed server.
 
 Each function takes the :class:`~datalane_operator.runtime.Runtime` and what kopf hands the
-handler (the object, the old object, the in-memory indexes of DataPipelines and PyTorchJobs)
+handler (the object, the old object, the in-memory indexes of DataPipelines and of the jobs of each
+kind, :mod:`datalane_operator.kinds`)
 and raises :class:`kopf.AdmissionError` to refuse; the registrations in
 :mod:`datalane_operator.handlers` call them. Lookups come from the indexes (no API call on the
 hot path); an index miss for a training pod falls back to one live list, so a pod created in
@@ -21,12 +22,12 @@ import kopf
 from datalane.spec.errors import ConfigError
 from datalane_operator.admission import Verdict, review_pipeline, review_scale, review_workload
 from datalane_operator.inject import mutate_pod
-from datalane_operator.names import JOB_NAME_LABEL, NAMESPACE_OPT_IN_LABEL, NAMESPACE_OPT_IN_VALUE
+from datalane_operator.kinds import PYTORCHJOB, WorkloadKind, trainer_pod_of
+from datalane_operator.names import NAMESPACE_OPT_IN_LABEL, NAMESPACE_OPT_IN_VALUE
 from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline, parallelism_of
 from datalane_operator.recipemap import WRITTEN_TTL_S, configmap_body, configmap_name
 from datalane_operator.reconciler import store_progress
 from datalane_operator.stats import timed
-from datalane_operator.workload import topology_of
 
 if TYPE_CHECKING:
     from datalane_operator.runtime import Key, Runtime
@@ -74,20 +75,38 @@ def _deny(verdict: Verdict, warnings: list[str]) -> None:
         raise kopf.AdmissionError(verdict.message, code=422)
 
 
+def _names_job(item: Mapping[str, Any], kind: WorkloadKind, job: str) -> bool:
+    workload = (item.get("spec") or {}).get("workload") or {}
+    return bool(workload.get("name") == job
+                and (workload.get("kind") or PYTORCHJOB.kind) == kind.kind)
+
+
 async def _pipeline_for(rt: Runtime, namespace: str, job: str, pipelines: Index,
-                        ) -> dict[str, Any] | None:
-    """The DataPipeline referencing ``job``: from the index, else from one live list."""
-    found: dict[str, Any] | None = _first(pipelines, (namespace, job))
+                        kind: WorkloadKind = PYTORCHJOB) -> dict[str, Any] | None:
+    """The DataPipeline referencing ``job`` of ``kind``: from the index, else from one live
+    list."""
+    try:
+        indexed = list(pipelines[(namespace, job)])
+    except KeyError:
+        indexed = []
+    found = next((item for item in indexed if _names_job(item, kind, job)), None)
     if found is not None:
-        return found
+        return dict(found)
     for item in await rt.k().list_pipelines(namespace):
-        if ((item.get("spec") or {}).get("workload") or {}).get("name") == job:
-            return item
+        if _names_job(item, kind, job):
+            return dict(item)
     return None
 
 
+def _jobs_of(found: Mapping[str, Any], jobs: Mapping[str, Index]) -> Index:
+    """The index of the jobs of the kind that pipeline ``found`` names (empty if unknown)."""
+    kind = ((found.get("spec") or {}).get("workload") or {}).get("kind") or PYTORCHJOB.kind
+    return jobs.get(str(kind), {})
+
+
 async def validate_pipeline(rt: Runtime, body: kopf.Body, old: Any, pipelines: Index,
-                            jobs: Index, warnings: list[str]) -> None:
+                            jobs: Mapping[str, Index], warnings: list[str]) -> None:
+    """``jobs``: the index of each kind's jobs, by kind."""
     namespace = body.metadata.namespace or ""
     if not rt.config.watches(namespace):
         return  # not this operator's namespace (the chart's namespaceSelector keeps it away)
@@ -95,7 +114,7 @@ async def validate_pipeline(rt: Runtime, body: kopf.Body, old: Any, pipelines: I
     workload = ((new.get("spec") or {}).get("workload") or {}).get("name", "")
     others = [(str(v["metadata"].get("name")), workload)
               for v in pipelines.get((namespace, workload), [])]
-    job = _first(jobs, (namespace, workload))
+    job = _first(_jobs_of(new, jobs), (namespace, workload))
     progress = None
     if old and (old.get("spec") or {}).get("recipe") != (new.get("spec") or {}).get("recipe"):
         progress = await store_progress(rt, dict(old))  # the store, never the status
@@ -123,13 +142,14 @@ def refuse_namespace(rt: Runtime, body: kopf.Body) -> None:
 
 async def inject_sidecar(rt: Runtime, body: kopf.Body, patch: kopf.Patch, pipelines: Index,
                          warnings: list[str], dryrun: bool = False) -> None:
-    job = body.metadata.labels.get(JOB_NAME_LABEL)
-    if not job:
-        return  # not a training pod: untouched
+    owner = trainer_pod_of(body)
+    if owner is None:
+        return  # not a trainer pod (nor a TrainJob's initializer): untouched
+    kind, job = owner
     namespace = body.metadata.namespace or ""
     if not rt.config.watches(namespace):
         return
-    found = await _pipeline_for(rt, namespace, job, pipelines)
+    found = await _pipeline_for(rt, namespace, job, pipelines, kind)
     if found is None:
         return
     try:
@@ -191,15 +211,16 @@ def _become(wanted: Mapping[str, Any]) -> Callable[[Any], None]:
 
 
 async def _job_pipeline(rt: Runtime, body: kopf.Body, pipelines: Index,
+                        kind: WorkloadKind = PYTORCHJOB,
                         ) -> tuple[Key, dict[str, Any], str] | None:
-    """The PyTorchJob ``body``'s (namespace, name), the DataPipeline referencing it and the
-    name of its trainer container; None when no pipeline references it."""
+    """The job ``body``'s (namespace, name), the DataPipeline referencing it and the name of
+    its trainer container; None when no pipeline references it."""
     key = (body.metadata.namespace or "", body.metadata.name or "")
-    found = await _pipeline_for(rt, *key, pipelines)
+    found = await _pipeline_for(rt, *key, pipelines, kind)
     if found is None:
         return None
-    container = ((found.get("spec") or {}).get("workload") or {}).get("container", "pytorch")
-    return key, found, str(container)
+    container = ((found.get("spec") or {}).get("workload") or {}).get("container")
+    return key, found, str(container or kind.container)
 
 
 def _lanes(found: Mapping[str, Any]) -> int:
@@ -207,17 +228,18 @@ def _lanes(found: Mapping[str, Any]) -> int:
 
 
 async def validate_workload(rt: Runtime, body: kopf.Body, old: Any, pipelines: Index,
-                            warnings: list[str]) -> None:
-    referenced = await _job_pipeline(rt, body, pipelines)
+                            warnings: list[str], kind: WorkloadKind = PYTORCHJOB) -> None:
+    """A job of ``kind`` created or updated (a TrainJob's resize: ``spec.trainer.numNodes``)."""
+    referenced = await _job_pipeline(rt, body, pipelines, kind)
     if referenced is None:
         return
     _, found, container = referenced
     if old is not None:
-        before = topology_of(dict(old), container).ranks
-        if before == topology_of(dict(body), container).ranks:
+        before = kind.topology(dict(old), container, None).ranks
+        if before == kind.topology(dict(body), container, None).ranks:
             return  # the world size did not change: never wedge a job's other updates
-    _deny(review_workload(dict(body), _lanes(found),
-                          found["metadata"]["name"], container, _parallelism(found)), warnings)
+    _deny(review_workload(dict(body), _lanes(found), found["metadata"]["name"], container,
+                          _parallelism(found), kind), warnings)
 
 
 async def validate_scale(rt: Runtime, body: kopf.Body, pipelines: Index, jobs: Index,

@@ -1,11 +1,20 @@
-"""What a PyTorchJob means for the lanes: pods, ranks per pod and the data-parallel world size.
+"""What a training job means for the lanes: pods, ranks per pod and the data-parallel world size.
 
-Kubeflow's training-operator runs ``replicas`` pods per replica type (``Master``, ``Worker``)
-and torchrun starts ``nprocPerNode`` ranks in each, so the job has
-``(sum of replicas) x nprocPerNode`` ranks. ``nprocPerNode`` is ``auto``, ``gpu``, ``cpu`` or an
-integer (training-operator v1; the deprecated ``elasticPolicy.nProcPerNode`` is honoured);
-``gpu`` and ``auto`` resolve to the trainer container's ``nvidia.com/gpu`` limit, ``cpu`` to
-an integer CPU limit, as torchrun would count them.
+Two kinds of job (the registry is :mod:`datalane_operator.kinds`):
+
+* **PyTorchJob** (Kubeflow training-operator v1, :func:`topology_of`): the training-operator
+  runs ``replicas`` pods per replica type (``Master``, ``Worker``) and torchrun starts
+  ``nprocPerNode`` ranks in each, so the job has ``(sum of replicas) x nprocPerNode`` ranks.
+  ``nprocPerNode`` is ``auto``, ``gpu``, ``cpu`` or an integer (training-operator v1; the
+  deprecated ``elasticPolicy.nProcPerNode`` is honoured); ``gpu`` and ``auto`` resolve to the
+  trainer container's ``nvidia.com/gpu`` limit, ``cpu`` to an integer CPU limit, as torchrun
+  would count them.
+* **TrainJob** (Kubeflow Trainer v2 on JobSet, :func:`trainjob_topology_of`): the trainer runs
+  ``spec.trainer.numNodes`` pods with ``spec.trainer.numProcPerNode`` ranks each (resolved the
+  same way, from ``spec.trainer.resourcesPerNode``). Either field left out is the training
+  runtime's to decide (``mlPolicy``), which the TrainJob alone does not tell: the world is then
+  unknown and the guard is off, with a warning and a status condition saying which field to
+  set.
 
 Lanes are dealt to *data-parallel* (DP) ranks. Under the pipeline's
 :class:`~datalane_operator.pipeline.Parallelism` (TP, PP, CP) the DP world size is
@@ -38,6 +47,7 @@ __all__ = [
     "lanes_per_rank",
     "nproc_of_container",
     "topology_of",
+    "trainjob_topology_of",
     "trainer_container",
     "valid_worker_counts",
 ]
@@ -73,13 +83,16 @@ def lanes_per_rank(lanes: int, dp: int) -> int | str:
 class Topology:
     """Pods and ranks of a job, and the parallelism of its pipeline.
 
-    ``nproc`` is None when it cannot be known from the spec.
+    ``nproc`` is None when it cannot be known from the spec. ``unit`` is what the scaled
+    pods are called in messages ("worker": PyTorchJob's Worker replicas; "node": a TrainJob's
+    ``numNodes``).
     """
 
     replicas: Mapping[str, int]
     nproc: int | None
     nproc_source: str = ""
     parallelism: Parallelism = field(default_factory=Parallelism)
+    unit: str = "worker"
 
     @property
     def pods(self) -> int:
@@ -115,7 +128,7 @@ class Topology:
     def with_workers(self, workers: int) -> Topology:
         replicas = dict(self.replicas)
         replicas[WORKER] = workers
-        return Topology(replicas, self.nproc, self.nproc_source, self.parallelism)
+        return Topology(replicas, self.nproc, self.nproc_source, self.parallelism, self.unit)
 
     def pod_problem(self) -> str | None:
         """Why no pod of this job can hold whole TP x CP groups (whatever the worker count),
@@ -156,8 +169,8 @@ class Topology:
         return f"{text}, {par} -> DP {self.dp_size}" if par and self.dp_size else text
 
 
-def _workers(n: int) -> str:
-    return "1 worker" if n == 1 else f"{n} workers"
+def _workers(n: int, unit: str = "worker") -> str:
+    return f"1 {unit}" if n == 1 else f"{n} {unit}s"
 
 
 def _product(par: Parallelism) -> str:
@@ -234,6 +247,35 @@ def topology_of(job: Mapping[str, Any], container: str = "pytorch",
     return Topology(replicas, nproc, why, parallelism or Parallelism())
 
 
+def trainjob_topology_of(job: Mapping[str, Any], container: str = "node",
+                         parallelism: Parallelism | None = None) -> Topology:
+    """Pods and ranks per pod of a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org
+    v1alpha1): ``spec.trainer.numNodes`` pods of ``spec.trainer.numProcPerNode`` ranks.
+
+    ``numProcPerNode`` resolves as for a PyTorchJob, against ``spec.trainer.resourcesPerNode``
+    (the trainer container's resources; ``container`` is unused: a TrainJob carries no pod
+    template). A field left out is the training runtime's: the ranks are then unknown.
+    """
+    del container
+    trainer = (job.get("spec") or {}).get("trainer") or {}
+    par = parallelism or Parallelism()
+    nodes = trainer.get("numNodes")
+    if nodes is None:
+        return Topology({}, None, "spec.trainer.numNodes is not set, so the training runtime's "
+                        "mlPolicy.numNodes decides the pods; set it in the TrainJob", par,
+                        "node")
+    setting = trainer.get("numProcPerNode")
+    if setting is None:
+        nproc: int | None = None
+        why = ("spec.trainer.numProcPerNode is not set, so the training runtime's "
+               "mlPolicy.torch.numProcPerNode decides the ranks per pod; set it in the TrainJob")
+    else:
+        nproc, why = nproc_of_container(setting, {"resources": trainer.get("resourcesPerNode")
+                                                  or {}})
+        why = why.replace("nprocPerNode", "numProcPerNode")
+    return Topology({WORKER: int(nodes)}, nproc, why, par, "node")
+
+
 def valid_worker_counts(lanes: int, topo: Topology) -> list[int]:
     """Worker counts (>= 1) whose DP world size is at most ``lanes`` and whose ranks fit the
     parallelism, for the job's other pods and ranks per pod."""
@@ -276,13 +318,14 @@ def check_workers(lanes: int, topo: Topology, workers: int | None = None) -> Non
     plain = t.others == 0 and t.nproc == 1 and par.model_parallel == 1
     if mesh is not None:
         verb = "does" if t.workers == 1 else "do"
-        head = f"{_workers(t.workers)} {verb} not fit {par.describe()}: {mesh}"
+        head = f"{_workers(t.workers, t.unit)} {verb} not fit {par.describe()}: {mesh}"
     else:
-        what = _workers(t.workers) if plain else f"{_workers(t.workers)} ({t.describe()})"
+        what = (_workers(t.workers, t.unit) if plain
+                else f"{_workers(t.workers, t.unit)} ({t.describe()})")
         head = f"{lanes} lanes cannot be split over {what}"
     if not options:
         with_par = f" under {par.describe()}" if par.model_parallel > 1 else ""
-        raise ConfigError(f"{head}; no worker count works with {t.others} other pods and "
+        raise ConfigError(f"{head}; no {t.unit} count works with {t.others} other pods and "
                           f"{t.nproc} ranks per pod{with_par}")
-    suffix = "" if plain else " workers"
+    suffix = "" if plain else f" {t.unit}s"
     raise ConfigError(f"{head}; use {_or_list(options)}{suffix}")

@@ -104,3 +104,46 @@ def pod(name: str = "llama-worker-0", *, job_name: str | None = "llama", nproc: 
                           "conditions": [{"type": "Ready",
                                           "status": "True" if phase == "Running" else "False"}]}
     return body
+
+
+def trainjob(name: str = "llama", *, nodes: int | None = 4, nproc: Any = "1",
+             gpus: int | None = 1, namespace: str = "ml") -> dict[str, Any]:
+    """A Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) on the torch runtime."""
+    trainer: dict[str, Any] = {"image": "trainer:1"}
+    if nodes is not None:
+        trainer["numNodes"] = nodes
+    if nproc is not None:
+        trainer["numProcPerNode"] = nproc
+    if gpus is not None:
+        trainer["resourcesPerNode"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": trainer}}
+
+
+def jobset_pod(name: str = "llama-node-0-0", *, jobset: str = "llama", index: int = 0,
+               replicated_job: str = "node", container: str = "node", nproc: str = "1",
+               nnodes: str = "4", gpus: int = 1, namespace: str = "ml") -> dict[str, Any]:
+    """A pod as JobSet creates it for a TrainJob: the labels JobSet and the indexed Job set, the
+    PET_ variables Trainer v2's torch plugin sets on the trainer container."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {
+            "jobset.sigs.k8s.io/jobset-name": jobset,
+            "jobset.sigs.k8s.io/replicatedjob-name": replicated_job,
+            "jobset.sigs.k8s.io/job-index": "0",
+            "batch.kubernetes.io/job-completion-index": str(index)},
+            "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
+        "spec": {
+            "containers": [
+                {"name": container, "image": "trainer:1",
+                 "env": [{"name": "PET_NNODES", "value": nnodes},
+                         {"name": "PET_NPROC_PER_NODE", "value": nproc},
+                         {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+                             "fieldPath": "metadata.annotations['batch.kubernetes.io/"
+                                          "job-completion-index']"}}}],
+                 "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}},
+            ],
+            "restartPolicy": "OnFailure",
+        },
+    }

@@ -20,6 +20,7 @@ OPERATOR_RULES = {
     ("datalane.io", "datapipelines/status", ""): {"patch"},
     ("apiextensions.k8s.io", "customresourcedefinitions", ""): {"list", "watch"},
     ("kubeflow.org", "pytorchjobs", ""): {"get", "list", "watch"},
+    ("trainer.kubeflow.org", "trainjobs", ""): {"get", "list", "watch"},
     ("", "pods", ""): {"list", "watch"},
     ("", "configmaps", ""): {"create", "patch"},
     ("", "events", ""): {"create"},

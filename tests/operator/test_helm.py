@@ -75,7 +75,11 @@ def test_webhooks_reach_the_kopf_handlers() -> None:
     docs = render()
     (mut,) = by_kind(docs, "MutatingWebhookConfiguration")
     (val,) = by_kind(docs, "ValidatingWebhookConfiguration")
-    (inject,) = mut["webhooks"]
+    inject, inject_jobset = mut["webhooks"]
+    assert inject_jobset["clientConfig"]["service"] == {
+        "name": "dl-datalane", "namespace": "datalane-system",
+        "path": f"/{names.WEBHOOK_INJECT}", "port": 443}
+    assert inject_jobset["rules"] == inject["rules"]
     assert inject["clientConfig"]["service"] == {
         "name": "dl-datalane", "namespace": "datalane-system",
         "path": f"/{names.WEBHOOK_INJECT}", "port": 443}
@@ -93,9 +97,12 @@ def test_webhooks_reach_the_kopf_handlers() -> None:
         "pytorchjobs.datalane.io": (f"/{names.WEBHOOK_VALIDATE_WORKLOAD}", ["pytorchjobs"]),
         "scale.pytorchjobs.datalane.io": (f"/{names.WEBHOOK_VALIDATE_SCALE}",
                                           ["pytorchjobs/scale"]),
+        "trainjobs.datalane.io": (f"/{names.WEBHOOK_VALIDATE_TRAINJOB}", ["trainjobs"]),
     }
-    # the pod webhook writes the ConfigMap of the recipe it injects, never on a dry run
-    assert inject["sideEffects"] == "NoneOnDryRun"
+    assert next(w for w in val["webhooks"] if w["name"] == "trainjobs.datalane.io")[
+        "rules"][0]["apiGroups"] == [names.TRAINJOB_GROUP]
+    # the pod webhooks write the ConfigMap of the recipe they inject, never on a dry run
+    assert inject["sideEffects"] == inject_jobset["sideEffects"] == "NoneOnDryRun"
     for w in val["webhooks"]:
         assert w["sideEffects"] == "None"
 
@@ -118,7 +125,13 @@ def test_webhooks_fire_only_where_a_pipeline_can_apply() -> None:
             for name, w in hooks.items()} == {
         "inject.pods.datalane.io": (opted_in, {"matchExpressions": [
             {"key": names.JOB_NAME_LABEL, "operator": "Exists"}]}, "Fail", 10, ["CREATE"]),
+        # a TrainJob's trainer pods only, not its JobSet's initializer pods
+        "inject.jobset-pods.datalane.io": (opted_in, {"matchExpressions": [
+            {"key": names.JOBSET_NAME_LABEL, "operator": "Exists"},
+            {"key": names.JOBSET_REPLICATED_JOB_LABEL, "operator": "In",
+             "values": [names.TRAINJOB_TRAINER]}]}, "Fail", 10, ["CREATE"]),
         "pytorchjobs.datalane.io": (opted_in, None, "Fail", 5, ["CREATE", "UPDATE"]),
+        "trainjobs.datalane.io": (opted_in, None, "Fail", 5, ["CREATE", "UPDATE"]),
         "scale.pytorchjobs.datalane.io": (opted_in, None, "Fail", 5, ["UPDATE"]),
         "datapipelines.datalane.io": (None, None, "Fail", 10, ["CREATE", "UPDATE"]),
         "namespace.datapipelines.datalane.io": ({"matchExpressions": [
@@ -224,9 +237,10 @@ def test_watched_namespaces_get_roles_not_cluster_wide_secrets() -> None:
     selectors = {w["name"]: w["namespaceSelector"] for c in confs for w in c["webhooks"]}
     watched = {"key": "kubernetes.io/metadata.name", "operator": "In",
                "values": ["team-a", "team-b"]}
-    assert len(selectors) == 5
-    for name in ("inject.pods.datalane.io", "pytorchjobs.datalane.io",
-                 "scale.pytorchjobs.datalane.io"):
+    assert len(selectors) == 7
+    for name in ("inject.pods.datalane.io", "inject.jobset-pods.datalane.io",
+                 "pytorchjobs.datalane.io", "scale.pytorchjobs.datalane.io",
+                 "trainjobs.datalane.io"):
         assert selectors[name] == {"matchLabels": {names.NAMESPACE_OPT_IN_LABEL: "enabled"},
                                    "matchExpressions": [watched]}, name
     assert selectors["datapipelines.datalane.io"] == {"matchExpressions": [watched]}

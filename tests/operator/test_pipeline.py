@@ -16,7 +16,7 @@ from .builders import RECIPE, dp
 def test_loads_and_composes_the_full_recipe() -> None:
     p = load_pipeline(dp(lanes=8, batch=32))
     assert (p.name, p.namespace, p.generation) == ("pretrain", "ml", 1)
-    assert p.spec.workload.name == "llama" and p.spec.workload.container == "pytorch"
+    assert p.spec.workload.name == "llama" and p.spec.workload.trainer == "pytorch"
     assert p.spec.checkpoint.keep == 2 and p.spec.checkpoint.secretRef is not None
     assert p.spec.sidecar.socketDir == "/var/run/datalane"
     assert (p.recipe.lanes, p.recipe.global_batch_size, p.recipe.lane_batch) == (8, 32, 4)

@@ -59,7 +59,7 @@ clientConfig:
 
 {{/*
 The common part of one webhook: (list $root POLICY SCOPE). POLICY names the entry of
-.Values.webhook (pods, datapipelines, pytorchjobs, scale) with its failurePolicy and
+.Values.webhook (pods, datapipelines, pytorchjobs, scale, trainjobs) with its failurePolicy and
 timeoutSeconds. SCOPE is "optedIn" (only namespaces labelled datalane.io/inject=enabled),
 "notOptedIn" (only namespaces without it) or "all"; each is ANDed with webhook.namespaceSelector
 (or, without one, operator.watchNamespaces).
