@@ -144,7 +144,8 @@ class FakeKube(Kube):
     async def list_pipelines(self, namespace: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(self.body)]
 
-    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def get_job(self, namespace: str, name: str,
+                      kind: Any = None) -> dict[str, Any] | None:
         return copy.deepcopy(self.job)
 
     async def patch_status(self, namespace: str, name: str, patch: Any) -> None:

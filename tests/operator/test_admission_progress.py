@@ -51,7 +51,8 @@ def _validate(old: dict[str, Any], new: dict[str, Any], policy: Policy = OWN_IDE
     try:
         asyncio.run(handlers.validate_pipeline(body=kopf.Body(copy.deepcopy(new)), warnings=[],
                                                old=kopf.Body(copy.deepcopy(old)),
-                                               pipelines={}, jobs={}, memo=memo))
+                                               pipelines={}, jobs={}, trainjobs={},
+                                               memo=memo))
     except kopf.AdmissionError as e:
         return str(e)
     return "admitted"

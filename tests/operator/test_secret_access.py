@@ -83,10 +83,11 @@ class ForbiddenNamespace(Kube):
     async def ensure_recipe_configmap(self, pipeline: Any) -> None:
         return None
 
-    async def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_job(self, namespace: str, name: str, kind: Any = None) -> dict[str, Any]:
         return job(workers=2)
 
-    async def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+    async def list_job_pods(self, namespace: str, job: str,
+                            kind: Any = None) -> list[dict[str, Any]]:
         return self.pods
 
     async def patch_status(self, namespace: str, name: str, patch: Any) -> None:

@@ -169,8 +169,15 @@ def test_jobset_trainer_pods_get_the_sidecar() -> None:
 class NoMorePipelines:
     """The API server's live list behind an index miss: the index was complete."""
 
+    def __init__(self) -> None:
+        self.created: list[str] = []
+
     async def list_pipelines(self, namespace: str) -> list[dict[str, Any]]:
         return []
+
+    async def create_configmap(self, body: Any) -> bool:  # the injected recipe's ConfigMap
+        self.created.append(body["metadata"]["name"])
+        return True
 
 
 def runtime() -> Runtime:
