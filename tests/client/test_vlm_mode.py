@@ -135,3 +135,29 @@ def test_torchtitans_dataloader_turns_vlm_mode_on_for_a_vision_recipe(
             next(iter(dl))
     finally:
         dl.close()
+
+
+def test_torchtitans_dataloader_refuses_a_vision_recipe_from_the_sidecar(
+        corpus: ImageCorpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sidecar announces the columns, not the recipe's vision tokens: refused, not served as
+    text batches without their images."""
+    pytest.importorskip("torchtitan")
+    from datalane.client import torchtitan
+
+    with InProcessLoader(_recipe(corpus), 0, 1, 1) as inproc:
+        schema = inproc.schema
+
+    class Announced:  # what DataLaneDataLoader reads of a SidecarLoader before iterating
+        lanes, lanes_total, per_step = range(2), 2, 2
+
+        def __init__(self) -> None:
+            self.schema = schema
+
+        def close(self) -> None: ...
+
+    monkeypatch.setattr(torchtitan, "_open_loader", lambda *args: Announced())
+    with pytest.raises(ConfigError, match=r"set --dataloader\.recipe \(in-process\) for a "
+                                          r"vision recipe"):
+        torchtitan.DataLaneDataLoader(torchtitan.DataLaneDataLoader.Config(socket="/x"),
+                                      dp_world_size=1, dp_rank=0, seq_len=255,
+                                      local_batch_size=1)
