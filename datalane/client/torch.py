@@ -44,12 +44,13 @@ out of the checkpoint.
 TorchTitan's multimodal ``(input_dict, labels)`` of :func:`datalane.client.torchvlm.to_vlm`
 (``input``, ``positions``, ``pixel_values``, ``grid_thw``, ``special_tokens``,
 ``mrope_positions``, ...), the special-token ids read from the recipe's tokenizer by the names
-of its ``vision`` settings and the ``PatchRule`` from them (:func:`~datalane.client.torchvlm.
-vlm_settings`; an in-process loader knows its recipe, a sidecar loader is given
-``vlm=vlm_settings(Plan.build(recipe))``). Opt-in, because it changes what an item is: the
-default dict above carries a vision recipe's per-image columns as they are, for trainers that
-build their own batch. :class:`datalane.client.torchtitan.DataLaneDataLoader` turns it on by
-itself for a vision recipe (TorchTitan's batch is the only form its trainer reads).
+of its ``vision`` settings and the ``PatchRule`` from them
+(:func:`~datalane.client.torchvlm.vlm_settings`; an in-process loader knows its recipe, a
+sidecar loader is given ``vlm=vlm_settings(Plan.build(recipe))``). Opt-in, because it changes
+what an item is: the default dict above carries a vision recipe's per-image columns as they
+are, for trainers that build their own batch.
+:class:`datalane.client.torchtitan.DataLaneDataLoader` turns it on by itself for a vision
+recipe (TorchTitan's batch is the only form its trainer reads).
 
 Use it with ``DataLoader(dataset, batch_size=None, num_workers=0)`` (or iterate it directly):
 every item already is a whole microbatch, and the loader runs ahead on threads of its own (or

@@ -52,11 +52,13 @@ LOCAL_BATCH = 2  # sequences per microbatch: DP 1 reads 4 a step, DP 2 2 each
 
 
 def write_recipe(root: Path, images: int = 32) -> Path:
-    """The corpus and its recipe: 8 lanes, one sequence each a step, chunks of 2 samples."""
+    """The corpus and its recipe: 8 lanes, one sequence each a step, chunks of 2 samples, the
+    corpus repeated (an epoch of 32 pairs lasts about 4 steps)."""
     corpus = make_image_corpus(str(root / "corpus"), images=images, per_shard=8)
     recipe = {"lanes": LANES, "global_batch_size": LANES, "seq_len": SEQ_LEN,
               "packing": {"algorithm": "bestfit"}, "tokenizer": {"uri": corpus.tokenizer},
               "sources": [{"name": "pairs", "uris": corpus.shards, "chunk_rows": 2,
+                           "epochs": None,  # repeated: --steps may run past one epoch
                            "vision": {"resize": {"size": [128, 128]}}}]}
     path = root / "corpus" / "vlm.json"
     path.write_text(json.dumps(recipe, indent=1), encoding="utf-8")
@@ -115,7 +117,7 @@ def run(work: Path, steps: int, resume_at: int, tolerance: float) -> int:
     reference = reference_hashes(recipe, steps)
     bad = mismatches(reference, hashes, steps)
     print_steps(names, reference, hashes, bad, loss, resume_at)
-    drifts = [max((abs(lo.get(s, float("inf")) - loss[0][s]) / abs(loss[0][s])
+    drifts = [max((abs(lo.get(s, float("inf")) - loss[0][s]) / max(abs(loss[0][s]), 1e-30)
                    for s in range(1, steps + 1)), default=0.0) for lo in loss[1:]]
     each = ", ".join(f"{n} {d:.2e}" for n, d in zip(names[1:], drifts, strict=True))
     print(f"\n6 torchrun ranks in {total:.0f}s; largest relative loss difference to DP2: "
