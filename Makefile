@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-torchtitan check test lint bench cluster images playground \
+.PHONY: setup demo demo-torchtitan demo-vlm check test lint bench cluster images playground \
 	playground-down clean generate
 
 # Everything (the dev extra: torch, TorchTitan, the test and lint tools; about 6.7 GB with CUDA
@@ -33,6 +33,12 @@ demo: $(DEMO_STAMP)
 # the same global batch hash at every step (a few minutes on 2 cores).
 demo-torchtitan: $(STAMP)
 	$(BIN)/python -m datalane.demos.torchtitan
+
+# A tiny Qwen3.5 vision-language model on CPU (gloo) on generated image-caption pairs: DP 2, DP 1,
+# DP 2 -> 1 and DP 1 -> 2 through a checkpoint, the same global batch hash at every step and the
+# losses within float tolerance (`--short`: the CI size, about 2 minutes on 2 cores).
+demo-vlm: $(STAMP)
+	$(BIN)/python -m datalane.demos.vlm
 
 # Every file generated from the models (docs/recipe.md's reference, the CRD in crds/ and the
 # chart's template of it, docs/operator.md's reference), in one command; tests/unit/test_generated.py

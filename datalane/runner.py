@@ -40,8 +40,11 @@ class WorldRun:
 def run_world(recipe: Recipe, world_size: int, knobs: Knobs, steps: int | None,
               *, plan: Plan | None = None, start: Checkpoint | None = None,
               save_at: frozenset[int] = frozenset(),
-              on_step: Callable[[int, str], None] | None = None) -> WorldRun:
-    """Run ``steps`` steps (None: until every lane has ended) on ``world_size`` ranks."""
+              on_step: Callable[[int, str], None] | None = None,
+              on_rank_step: Callable[[int, Step], None] | None = None) -> WorldRun:
+    """Run ``steps`` steps (None: until every lane has ended) on ``world_size`` ranks;
+    ``on_step(step, global hash)`` after each step, ``on_rank_step(rank, step)`` with each
+    rank's local batch of it (``datalane verify`` counts documents and images there)."""
     check_world_size(recipe.lanes, world_size)
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
                               or steps < 1):
@@ -71,6 +74,9 @@ def run_world(recipe: Recipe, world_size: int, knobs: Knobs, steps: int | None,
                     out.ended = True
                     break
                 out.hashes[step] = global_hash(digests[k] for k in sorted(digests))
+                if on_rank_step is not None:
+                    for rank, res in enumerate(results):
+                        on_rank_step(rank, res)
                 if on_step is not None:
                     on_step(step, out.hashes[step])
                 step += 1

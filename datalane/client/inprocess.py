@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datalane.client import dataparallel
 from datalane.client.batch import Batch
@@ -24,6 +24,9 @@ from datalane.spec.lanes import rank_shape
 from datalane.spec.recipe import Recipe
 from datalane.spec.schema import SampleSchema
 from datalane.spec.state import Checkpoint
+
+if TYPE_CHECKING:
+    from datalane.engine.plan import Plan
 
 __all__ = ["InProcessLoader"]
 
@@ -67,6 +70,11 @@ class InProcessLoader:
     @property
     def lanes_total(self) -> int:
         return self._loader.recipe.lanes
+
+    @property
+    def plan(self) -> Plan:
+        """The recipe's plan (the engine's): its tokenizer and document kinds."""
+        return self._loader.plan
 
     @property
     def schema(self) -> SampleSchema:

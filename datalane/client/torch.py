@@ -40,6 +40,18 @@ one), every ``iter()`` of the dataset is one evaluation: the stream's ``steps`` 
 same batches each time. Such a dataset has no ``state_dict`` (the loader refuses it): keep it
 out of the checkpoint.
 
+**VLM mode** (``DataLaneDataset(loader, vlm=True)``, a vision recipe): each item is instead
+TorchTitan's multimodal ``(input_dict, labels)`` of :func:`datalane.client.torchvlm.to_vlm`
+(``input``, ``positions``, ``pixel_values``, ``grid_thw``, ``special_tokens``,
+``mrope_positions``, ...), the special-token ids read from the recipe's tokenizer by the names
+of its ``vision`` settings and the ``PatchRule`` from them
+(:func:`~datalane.client.torchvlm.vlm_settings`; an in-process loader knows its recipe, a
+sidecar loader is given ``vlm=vlm_settings(Plan.build(recipe))``). Opt-in, because it changes
+what an item is: the default dict above carries a vision recipe's per-image columns as they
+are, for trainers that build their own batch.
+:class:`datalane.client.torchtitan.DataLaneDataLoader` turns it on by itself for a vision
+recipe (TorchTitan's batch is the only form its trainer reads).
+
 Use it with ``DataLoader(dataset, batch_size=None, num_workers=0)`` (or iterate it directly):
 every item already is a whole microbatch, and the loader runs ahead on threads of its own (or
 in the sidecar). A ``batch_size`` or DataLoader worker processes would stack or duplicate
@@ -51,7 +63,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -61,12 +73,12 @@ from datalane.client import lanekeys
 from datalane.client.batch import Batch
 from datalane.spec import imagecolumns
 from datalane.spec.errors import ConfigError
-from datalane.spec.targets import trained_targets
+from datalane.spec.targets import IGNORE_INDEX, trained_targets
+
+if TYPE_CHECKING:
+    from datalane.client.torchvlm import VlmSettings
 
 __all__ = ["DataLaneDataset", "cu_seqlens", "to_tensors"]
-
-IGNORE_INDEX = -100
-
 
 class _Loader(Protocol):
     @property
@@ -120,6 +132,26 @@ def to_tensors(batch: Batch) -> dict[str, torch.Tensor]:
     return out
 
 
+def _vlm_settings(loader: _Loader, vlm: bool | VlmSettings) -> VlmSettings:
+    """VLM mode's settings: given, or (``vlm=True``) read from the in-process loader's
+    recipe."""
+    from datalane.client.torchvlm import vlm_settings
+
+    if vlm is not True:
+        return vlm  # type: ignore[return-value]
+    plan = getattr(loader, "plan", None)
+    if plan is None:
+        raise ConfigError(f"DataLaneDataset(vlm=True) over a {type(loader).__name__} that does "
+                          f"not know its recipe: pass vlm=vlm_settings(Plan.build(recipe)) "
+                          f"(datalane.client.torchvlm) instead")
+    settings = vlm_settings(plan)
+    if settings is None:
+        raise ConfigError(f"DataLaneDataset(vlm=True): the recipe has no source with `vision` "
+                          f"settings (sources {[sp.source.name for sp in plan.sources]}), so "
+                          f"there are no images for TorchTitan's multimodal batch")
+    return settings
+
+
 def _check_consumer(frame: Any) -> None:
     """Refuse the two DataLoader settings that would silently change what the trainer sees."""
     info = torch.utils.data.get_worker_info()
@@ -150,14 +182,26 @@ class DataLaneDataset(IterableDataset[dict[str, torch.Tensor]]):
     """
 
     def __init__(self, loader: _Loader, *, global_tokens: bool = False,
-                 dp_group: Any = None) -> None:
+                 dp_group: Any = None, vlm: bool | VlmSettings = False) -> None:
         self.loader = loader
         self.global_tokens = global_tokens  # add item["global_tokens"] (an all-reduce a step)
         self.dp_group = dp_group  # the data-parallel process group (None: the default one)
         self._global: tuple[int, torch.Tensor] | None = None  # (step, global_tokens)
+        self.vlm = _vlm_settings(loader, vlm) if vlm is not False else None
+        """VLM mode's special tokens and patch rule (None: items are dicts of tensors)."""
+        if self.vlm is not None and global_tokens:
+            raise ConfigError("DataLaneDataset(vlm=..., global_tokens=True): a VLM item is "
+                              "TorchTitan's (input_dict, labels), whose every input key "
+                              "reaches the model; count the labels that are not -100 instead")
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Any]:
         _check_consumer(sys._getframe(1))
+        if self.vlm is not None:
+            from datalane.client.torchvlm import to_vlm
+
+            for batch in self.loader:
+                yield to_vlm(batch.columns, self.vlm.special_tokens, self.vlm.rule)
+            return
         for batch in self.loader:
             item = to_tensors(batch)
             if self.global_tokens:

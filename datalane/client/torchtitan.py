@@ -40,6 +40,15 @@ any other DP degree up to float-reduction order. A checkpoint saved in the middl
 step means TorchTitan's steps are not datalane's (a wrong ``global_batch_size``):
 :meth:`DataLaneDataLoader.state_dict` refuses it, naming the value to set.
 
+**Vision recipes.** When the recipe's schema has per-image columns (a ``vision`` source), each
+item is TorchTitan's multimodal ``(input_dict, labels)`` instead, as its ``MMDataLoader`` and
+``MultiModalCollator`` yield it (:func:`datalane.client.torchvlm.to_vlm`; ``DataLaneDataset``'s
+VLM mode, with the special-token ids from the recipe's tokenizer by the names of its
+``vision`` settings and its ``PatchRule``). This is automatic, not a flag: TorchTitan's trainer
+reads the one batch form its model takes, and the text form would drop the images without a
+word. A sidecar-fed vision loader is refused for now (the sidecar announces the columns, not
+the recipe's vision tokens); read the recipe in-process.
+
 Callers: TorchTitan's ``Trainer`` (through its config), :mod:`datalane.demos.torchtitan_rank`.
 """
 
@@ -57,6 +66,8 @@ from torchtitan.components.dataloader import BaseDataLoader
 from datalane.client.batch import Batch
 from datalane.client.inprocess import InProcessLoader
 from datalane.client.torch import DataLaneDataset
+from datalane.client.torchvlm import VlmSettings, vlm_settings
+from datalane.spec import imagecolumns
 from datalane.spec.errors import ConfigError
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import rank_shape
@@ -67,16 +78,20 @@ if TYPE_CHECKING:
 
 __all__ = ["DataLaneDataLoader", "titan_global_batch_size", "to_titan"]
 
-TitanBatch = tuple[dict[str, torch.Tensor], torch.Tensor]
+TitanBatch = tuple[dict[str, Any], torch.Tensor]
+
+
+def _check_seq_len(ids: torch.Tensor, seq_len: int) -> None:
+    if ids.shape[1] != seq_len:
+        raise ConfigError(f"the recipe's sequences have {ids.shape[1]} tokens but TorchTitan's "
+                          f"training.seq_len is {seq_len}; set --training.seq_len "
+                          f"{ids.shape[1]}")
 
 
 def to_titan(item: dict[str, torch.Tensor], seq_len: int) -> TitanBatch:
     """One :class:`DataLaneDataset` item as TorchTitan's ``(input_dict, labels)``."""
     ids = item["input_ids"]
-    if ids.shape[1] != seq_len:
-        raise ConfigError(f"the recipe's sequences have {ids.shape[1]} tokens but TorchTitan's "
-                          f"training.seq_len is {seq_len}; set --training.seq_len "
-                          f"{ids.shape[1]}")
+    _check_seq_len(ids, seq_len)
     return {"input": ids, "positions": item["positions"].clamp(min=0)}, item["labels"]
 
 
@@ -163,11 +178,25 @@ class DataLaneDataLoader(BaseDataLoader):  # type: ignore[misc]
         self.local_batch_size = local_batch_size
         self.loader = _open_loader(config, dp_rank, dp_world_size, local_batch_size)
         self._tap = _Tap(self.loader, self._on_step)
-        self.dataset = DataLaneDataset(self._tap)
+        self.vlm = any(name in imagecolumns.NAMES for name in self.loader.schema.names)
+        """Items are TorchTitan's multimodal batch (a vision recipe; the module docstring)."""
+        vlm: bool | VlmSettings = False
+        if self.vlm:
+            if not isinstance(self.loader, InProcessLoader):
+                raise ConfigError("DataLaneDataLoader reads a vision recipe from the sidecar, "
+                                  "which announces its columns but not the recipe's vision "
+                                  "tokens and patch rule: set --dataloader.recipe (in-process) "
+                                  "for a vision recipe")
+            vlm = vlm_settings(self.loader.plan) or False
+        self.dataset = DataLaneDataset(self._tap, vlm=vlm)
 
     def __iter__(self) -> Iterator[TitanBatch]:
         for item in self.dataset:
-            yield to_titan(item, self.seq_len)
+            if self.vlm:
+                _check_seq_len(item[0]["input"], self.seq_len)
+                yield item
+            else:
+                yield to_titan(item, self.seq_len)
 
     def _on_step(self, step: int, digests: dict[int, bytes]) -> None:
         self.last_step = (step, digests)

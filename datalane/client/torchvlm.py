@@ -40,13 +40,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from datalane.client.torch import IGNORE_INDEX
+from datalane.engine.documents.vision import VisionKind
 from datalane.engine.images import PatchRule, normalize
+from datalane.engine.plan import Plan
 from datalane.spec.errors import ConfigError, DataError
-from datalane.spec.targets import trained_targets
+from datalane.spec.targets import IGNORE_INDEX, trained_targets
 
-__all__ = ["IMAGE_COLUMNS", "QWEN35", "SPECIAL_TOKENS", "Images", "check_images", "mrope_positions",
-           "pixel_values", "to_vlm"]
+__all__ = ["IMAGE_COLUMNS", "QWEN35", "SPECIAL_TOKENS", "Images", "VlmSettings", "check_images",
+           "mrope_positions", "pixel_values", "to_vlm", "vlm_settings"]
 
 #: The per-image columns of a microbatch (docs/vlm.md, "Per-image columns").
 IMAGE_COLUMNS = ("image_patches", "image_grid_thw", "image_seq", "image_offset",
@@ -55,6 +56,39 @@ IMAGE_COLUMNS = ("image_patches", "image_grid_thw", "image_seq", "image_offset",
 SPECIAL_TOKENS = ("image_id", "video_id", "vision_start_id", "vision_end_id", "pad_id")
 #: Qwen3.5's patching and normalisation (torchtitan/models/qwen3_5/config_registry.py).
 QWEN35 = PatchRule()
+
+
+@dataclass(frozen=True)
+class VlmSettings:
+    """What :func:`to_vlm` needs besides the columns: TorchTitan's five ``special_tokens`` ids
+    and the recipe's patching rule (:func:`vlm_settings` reads both from a recipe)."""
+
+    special_tokens: dict[str, int]
+    rule: PatchRule
+
+
+def vlm_settings(plan: Plan) -> VlmSettings | None:
+    """The recipe's :class:`VlmSettings` (None for a recipe without a vision source): the ids
+    of its tokenizer for the names its ``vision`` settings give, ``<|video_pad|>`` where the
+    vocabulary has it (else -1, an id no token has: videos are not carried), the tokenizer's
+    pad id (what the lanes pad ``input_ids`` with), and the ``PatchRule`` of those settings.
+    Every vision source must agree on both (ConfigError naming the two sources)."""
+    found: list[tuple[str, VlmSettings]] = []
+    for sp in plan.sources:
+        kind = sp.kind
+        if not isinstance(kind, VisionKind):
+            continue
+        video = plan.tokenizer.tokenizer.token_to_id("<|video_pad|>")
+        specials = {"image_id": kind.image_id, "video_id": -1 if video is None else int(video),
+                    "vision_start_id": kind.start_id, "vision_end_id": kind.end_id,
+                    "pad_id": plan.tokenizer.pad_id}
+        found.append((sp.source.name, VlmSettings(specials, kind.rule.patches)))
+    for name, settings in found[1:]:
+        if settings != found[0][1]:
+            raise ConfigError(f"sources {found[0][0]!r} and {name!r} give different vision "
+                              f"tokens or patching ({found[0][1]} and {settings}): one "
+                              f"TorchTitan batch has one set of special tokens and one rule")
+    return found[0][1] if found else None
 
 
 @dataclass(frozen=True)

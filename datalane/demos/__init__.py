@@ -5,7 +5,10 @@
 * :mod:`~datalane.demos.sidecars`: the same through sidecar processes, Unix sockets and a
   checkpoint store (``datalane demo --sidecars``);
 * :mod:`~datalane.demos.torchtitan` and its ranks :mod:`~datalane.demos.torchtitan_rank`:
-  TorchTitan's debug llama3 on CPU (``make demo-torchtitan``).
+  TorchTitan's debug llama3 on CPU (``make demo-torchtitan``);
+* :mod:`~datalane.demos.vlm`, its ranks :mod:`~datalane.demos.vlm_rank` and the model
+  :mod:`~datalane.demos.vlm_model`: a tiny Qwen3.5 vision-language model on CPU on image-caption
+  pairs, resized between DP degrees (``make demo-vlm``).
 
 Their corpus comes from :mod:`datalane.testing`.
 """

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +46,8 @@ from datalane.spec.errors import ConfigError
 from datalane.spec.hashing import global_hash
 from datalane.testing import make_corpus
 
-__all__ = ["Leg", "main", "mismatches", "parse_legs", "step_hashes"]
+__all__ = ["Leg", "in_workdir", "main", "mismatches", "parse_legs", "print_mismatch",
+           "print_steps", "step_hashes", "steps_of"]
 
 LANES = 8
 GLOBAL_BATCH = 16  # sequences per step (the recipe's)
@@ -145,6 +146,42 @@ def mismatches(reference: dict[int, str], legs: Sequence[dict[int, str]],
             if got.get(step) != reference[step]]
 
 
+def print_steps(names: Sequence[str], reference: dict[int, str], hashes: Sequence[dict[int, str]],
+                bad: Sequence[tuple[int, int]], loss: Sequence[dict[int, float]],
+                resume_at: int) -> None:
+    """One row per step: datalane's own hash, each leg's (``=`` or ``X``), each leg's loss."""
+    print(f"\n{'step':>4}  {'datalane sha256':<17}" + "".join(f"{n:<19}" for n in names)
+          + "".join(f"{'loss ' + n:>14}" for n in names))
+    for step in sorted(reference):
+        cells = "".join(f"{(h.get(step) or 'missing')[:16]} {'X' if (step, i) in bad else '='} "
+                        for i, h in enumerate(hashes))
+        print(f"{step:>4}  {reference[step][:16]} {cells}"
+              + "".join(f"{lo.get(step, float('nan')):>14.6f}" for lo in loss)
+              + (" <- resumed" if step == resume_at + 1 else ""))
+
+
+def print_mismatch(names: Sequence[str], bad: Sequence[tuple[int, int]]) -> None:
+    print(f"MISMATCH: {len(bad)} step hash(es) missing or different from datalane's "
+          f"stream: " + ", ".join(f"{names[i]} step {s}" for s, i in bad))
+
+
+def steps_of(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[int, int]:
+    """``(steps, resume_at)`` of the command line (4 and 2 with ``--short``), checked."""
+    steps, resume_at = (4, 2) if args.short else (args.steps, args.resume_at)
+    if not 0 < resume_at < steps:
+        p.error(f"--resume-at must be between 1 and --steps - 1 ({steps - 1}), got {resume_at}")
+    return steps, resume_at
+
+
+def in_workdir(workdir: str | None, prefix: str, fn: Callable[[Path], int]) -> int:
+    """``fn`` in ``workdir`` (kept) or in a temporary folder (removed after)."""
+    if workdir:
+        os.makedirs(workdir, exist_ok=True)
+        return fn(Path(workdir))
+    with tempfile.TemporaryDirectory(prefix=prefix) as work:
+        return fn(Path(work))
+
+
 def parse_legs(text: str) -> list[tuple[int, ...]]:
     """``"2,2>1,1>2"`` -> ``[(2,), (2, 1), (1, 2)]``: comma-separated legs, each one DP degree
     or two joined by ``>`` (resized at ``--resume-at``), each from 1 to the lanes."""
@@ -186,15 +223,7 @@ def run(work: Path, steps: int, resume_at: int, leg_dps: Sequence[tuple[int, ...
     hashes = [step_hashes(leg.dump) for leg in legs]
     bad = mismatches(reference, hashes, steps)
     loss = [losses(leg.dump) for leg in legs]
-    print(f"\n{'step':>4}  {'datalane sha256':<17}"
-          + "".join(f"{leg.name:<19}" for leg in legs)
-          + "".join(f"{'loss ' + leg.name:>14}" for leg in legs))
-    for step in range(1, steps + 1):
-        cells = "".join(f"{(h.get(step) or 'missing')[:16]} {'X' if (step, i) in bad else '='} "
-                        for i, h in enumerate(hashes))
-        print(f"{step:>4}  {reference[step][:16]} {cells}"
-              + "".join(f"{lo.get(step, float('nan')):>14.6f}" for lo in loss)
-              + (" <- resumed" if step == resume_at + 1 else ""))
+    print_steps([leg.name for leg in legs], reference, hashes, bad, loss, resume_at)
     drifts = [max((abs(lo[s] - loss[0][s]) for s in lo if s in loss[0]), default=0.0)
               for lo in loss[1:]]
     drift = max(drifts, default=0.0)
@@ -203,11 +232,10 @@ def run(work: Path, steps: int, resume_at: int, leg_dps: Sequence[tuple[int, ...
     each = ", ".join(f"{leg.name} {d:.2e}" for leg, d in zip(legs[1:], drifts, strict=True))
     print(f"\n{sum(len(leg.dps) for leg in legs)} torchrun jobs in {total:.0f}s ({times}); "
           f"largest loss difference to {legs[0].name} {drift:.2e} ({each})")
-    if bad:
-        print(f"MISMATCH: {len(bad)} step hash(es) missing or different from datalane's "
-              f"stream: " + ", ".join(f"{legs[i].name} step {s}" for s, i in bad))
-        return 1
     names = [leg.name for leg in legs]
+    if bad:
+        print_mismatch(names, bad)
+        return 1
     listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     resized = (f" (resized at step {resume_at + 1})" if any(len(leg.dps) > 1 for leg in legs)
                else "")
@@ -228,18 +256,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--short", action="store_true", help="CI size: 4 steps, resize after 2")
     p.add_argument("--workdir", help="keep the corpus, checkpoints and logs here")
     args = p.parse_args(argv)
-    steps, resume_at = (4, 2) if args.short else (args.steps, args.resume_at)
-    if not 0 < resume_at < steps:
-        p.error(f"--resume-at must be between 1 and --steps - 1 ({steps - 1}), got {resume_at}")
+    steps, resume_at = steps_of(p, args)
     try:
         legs = parse_legs(args.legs)
     except ConfigError as e:
         p.error(str(e))
-    if args.workdir:
-        os.makedirs(args.workdir, exist_ok=True)
-        return run(Path(args.workdir), steps, resume_at, legs)
-    with tempfile.TemporaryDirectory(prefix="datalane-titan-") as work:
-        return run(Path(work), steps, resume_at, legs)
+    return in_workdir(args.workdir, "datalane-titan-",
+                      lambda work: run(work, steps, resume_at, legs))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["trained_targets", "trained_tokens"]
+__all__ = ["IGNORE_INDEX", "trained_targets", "trained_tokens"]
+
+#: the label of a target that is not trained (torch's ``cross_entropy`` default ignore index)
+IGNORE_INDEX = -100
 
 
 def trained_targets(columns: Mapping[str, np.ndarray]) -> np.ndarray:

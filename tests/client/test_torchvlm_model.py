@@ -22,10 +22,7 @@ instead (docs/vlm.md, "The trainer side"):
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -39,100 +36,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
 
 from datalane.client.torchvlm import to_vlm  # noqa: E402  (needs torch)
+from datalane.demos.vlm_model import VOCAB, cpu_attention, tiny_qwen35  # noqa: E402
 
 pytestmark = pytest.mark.slow  # about 20 s: importing TorchTitan's model, a CPU forward twice
 
 PAD, VIDEO, START, END, EOS, TPAD = 1024, 1025, 1026, 1027, 1, 1028
 SPECIAL = {"image_id": PAD, "video_id": VIDEO, "vision_start_id": START,
            "vision_end_id": END, "pad_id": TPAD}
-VOCAB, DIM = 1152, 64
-
-
-def _without_fla() -> None:
-    """Empty stand-ins for the flash-linear-attention names qwen3_5/model.py imports (its
-    Gated DeltaNet kernels), for a model without Gated DeltaNet layers; removed again once the
-    model's module is imported."""
-    if importlib.util.find_spec("fla") is not None:
-        return
-
-    def absent(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("flash-linear-attention is not installed")
-
-    names: dict[str, dict[str, Any]] = {
-        "fla.modules.conv.triton.ops": {"CausalConv1dFunction": None},
-        "fla.modules.conv.causal_conv1d": {"causal_conv1d": absent},
-        "fla.ops.gated_delta_rule": {"chunk_gated_delta_rule": absent,
-                                     "fused_recurrent_gated_delta_rule": absent},
-        "fla.ops.gated_delta_rule.chunk": {"ChunkGatedDeltaRuleFunction": None},
-        "fla.ops.gated_delta_rule.fused_recurrent": {"FusedRecurrentFunction": None}}
-    for name, attrs in names.items():
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
-        for attr, value in attrs.items():  # autograd Functions spmd_types registers
-            setattr(sys.modules[name], attr, value if value is not None else
-                    type(attr, (torch.autograd.Function,), {}))
-
-
-def _tiny_qwen35() -> Any:
-    """Qwen3.5 from TorchTitan's own config builders (models/qwen3_5/__init__.py), the
-    "debugmodel" shrunk: dim 64, 2 decoder layers of full attention (flex), a vision encoder of
-    2 layers (patch 16, temporal 2, merge 2: the batch's layout), vocabulary 1,152."""
-    before = set(sys.modules)
-    _without_fla()
-    from torchtitan.distributed.utils import set_spmd_backend
-    from torchtitan.models import qwen3_5 as q
-    from torchtitan.models.common import Embedding, Linear
-
-    for name in set(sys.modules) - before:  # the stand-ins go; the model keeps what it bound
-        if name == "fla" or name.startswith("fla."):
-            del sys.modules[name]
-
-    set_spmd_backend("partial_dtensor")
-    config = q.Qwen35Model.Config(
-        vocab_size=VOCAB, dim=DIM, norm=q._offset_norm(DIM),
-        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM,
-                                        param_init=q._EMBEDDING_INIT),
-        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB,
-                              param_init=q._output_linear_init(DIM)),
-        layers=q._build_qwen35_layers(
-            rope=q.MRoPE.Config(dim=16, max_seq_len=4096, theta=10_000_000.0,
-                                mrope_section=[3, 3, 2]),
-            attn_backend="flex", n_layers=2, dim=DIM, n_heads=2, n_kv_heads=1, head_dim=32,
-            rotary_dim=16, hidden_dim=128, n_key_heads=1, n_value_heads=2, key_head_dim=32,
-            value_head_dim=32, full_attention_interval=1),
-        vision_encoder=q._qwen35_vision_encoder_config(
-            dim=DIM, ffn_dim=128, num_layers=2, num_heads=2, patch_size=16,
-            temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=DIM,
-            num_position_embeddings=1024))
-    torch.manual_seed(0)
-    with torch.device("meta"):  # as TorchTitan's Trainer builds it
-        model = config.build()
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        model.init_weights(buffer_device=torch.device("cpu"))
-    return model.train()
-
-
-def _dense_flex(q: Any, k: Any, v: Any, *, score_mod: Any, block_mask: Any, scale: Any,
-                enable_gqa: bool, return_aux: Any, kernel_options: Any) -> tuple[Any, Any]:
-    """FlexAttention's result, computed densely (which CPU can differentiate): the mask is
-    torch's ``create_mask`` of the BlockMask's ``mask_mod``; a row with nothing to attend to
-    (a padded patch) is 0, as FlexAttention gives it."""
-    from torch.nn.attention.flex_attention import AuxOutput, create_mask
-
-    assert score_mod is None
-    (b, h, length, dim), kv = q.shape, k.shape[2]
-    if enable_gqa:
-        k = k.repeat_interleave(h // k.shape[1], dim=1)
-        v = v.repeat_interleave(h // v.shape[1], dim=1)
-    mask = create_mask(block_mask.mask_mod, b, h, length, kv, device=q.device)
-    scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(dim))
-    scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    weights = torch.softmax(scores.masked_fill(~mask.any(-1, keepdim=True), 0.0), dim=-1)
-    out = (weights * mask.any(-1, keepdim=True)) @ v
-    return out, AuxOutput(lse=lse if return_aux.lse else None)
 
 
 @pytest.fixture(scope="module")
@@ -156,16 +66,8 @@ def test_torchtitans_qwen35_runs_forward_and_backward_on_the_batch(
         batch: tuple[dict[str, Any], Any], monkeypatch: pytest.MonkeyPatch) -> None:
     inputs, labels = batch
     assert inputs["grid_thw"].shape == (2, 3) and inputs["mrope_positions"] is not None
-    model = _tiny_qwen35()
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    from torchtitan.models.common import attention
-    from torchtitan.models.common.attention import FlexAttention
-    from torchtitan.models.qwen3_5 import vision_encoder
-
-    # TorchTitan's kernels, not compiled
-    monkeypatch.setattr(FlexAttention, "_compiled_flex_attn", flex_attention)
-    monkeypatch.setattr(attention, "_compiled_create_block_mask", create_block_mask)
-    monkeypatch.setattr(vision_encoder, "compiled_create_block_mask", create_block_mask)
+    model = tiny_qwen35()
+    cpu_attention(monkeypatch.setattr, dense=False)  # TorchTitan's kernels, not compiled
     # what TorchTitan's Trainer.post_dataloading_process hands the model
     extra = {k: v for k, v in inputs.items() if k != "input"}
     extra["attention_masks"] = model.get_attention_masks(positions=inputs["positions"])
@@ -174,7 +76,7 @@ def test_torchtitans_qwen35_runs_forward_and_backward_on_the_batch(
     assert reference.shape == (*inputs["input"].shape, VOCAB)
     assert torch.isfinite(reference).all()
 
-    monkeypatch.setattr(FlexAttention, "_compiled_flex_attn", _dense_flex)
+    cpu_attention(monkeypatch.setattr)  # the same attention, computed densely
     logits = model(inputs["input"], **extra)
     assert torch.allclose(logits, reference, atol=1e-4, rtol=1e-4)
     trained = labels != -100
