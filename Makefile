@@ -35,7 +35,7 @@ demo-torchtitan: $(STAMP)
 	$(BIN)/python -m datalane.demos.torchtitan
 
 # Every file generated from the models (docs/recipe.md's reference, the CRD in crds/ and the
-# chart's copy, docs/operator.md's reference), in one command; tests/unit/test_generated.py
+# chart's copy, docs/operator.md's reference), in one command; tests/docs/test_generated.py
 # fails naming this target when one of them drifts.
 generate: $(STAMP)
 	$(BIN)/python tools/generate.py
@@ -48,14 +48,12 @@ lint: $(STAMP)
 # The fast tier for the edit loop: lint, types, import contracts, then the unit, wire and golden
 # tests (no sidecar processes, no control plane).
 check: lint
-	$(BIN)/python -m pytest -q tests/unit tests/stages tests/wire tests/hostile tests/formats \
-	    tests/test_golden.py tests/test_bad_inputs.py tests/test_bad_records.py \
-	    tests/test_engine_edges.py tests/operator/test_admission.py tests/operator/test_workload.py \
+	$(BIN)/python -m pytest -q tests/spec tests/engine tests/wire tests/guarantees/test_golden.py \
+	    tests/operator/test_admission.py tests/operator/test_workload.py \
 	    tests/operator/test_inject.py tests/operator/test_reconcile.py tests/operator/test_policy.py \
-	    tests/test_hostile_states.py tests/test_code_policy.py tests/operator/test_code_policy.py \
+	    tests/operator/test_code_policy.py \
 	    tests/operator/test_admission_progress.py tests/operator/test_signed_gc.py \
-	    tests/operator/test_coalescer.py tests/operator/test_metrics.py tests/operator/test_runtime.py \
-	    tests/engine
+	    tests/operator/test_coalescer.py tests/operator/test_metrics.py tests/operator/test_runtime.py
 
 # The test control plane (kube-apiserver, etcd, kwok, helm, ...) built from Go modules into
 # ~/.cache/datalane/cluster: ~25 min on a fresh 2-core machine, seconds once cached.

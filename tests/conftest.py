@@ -17,7 +17,7 @@ from hypothesis import settings
 from datalane.corpus import DemoCorpus, make_corpus
 from datalane.spec.recipe import Recipe, load_recipe
 
-pytest_plugins = ["tests.s3server", "tests.cluster.plugin"]
+pytest_plugins = ["tests.support.s3server", "tests.cluster.plugin"]
 
 # Property tests check behaviour, not speed: on a busy 2-core machine one example can take
 # longer than hypothesis' default 200 ms deadline, which would fail a correct test.

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import paths
+
+ROOT = paths.REPO
 
 
 def _maker():

@@ -22,7 +22,9 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import paths
+
+ROOT = paths.REPO
 
 
 def _bench(name: str) -> ModuleType:

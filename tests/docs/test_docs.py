@@ -13,8 +13,9 @@ import yaml
 
 from datalane.spec import model
 from datalane.spec.recipe import Recipe
+from tests.support import paths
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = paths.REPO
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 

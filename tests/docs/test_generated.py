@@ -12,9 +12,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tests.support import paths
 from tools import generate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.REPO
 
 
 def test_generated_files_are_up_to_date() -> None:

@@ -41,8 +41,9 @@ from datalane.corpus import DemoCorpus, tokenizer_path
 from datalane.engine.plan import Plan
 from datalane.spec.state import Checkpoint, Counters
 from tests.conftest import base_recipe_dict
+from tests.support import paths
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 GOOD = ["first good document", "second good document, a little longer than the first",
         "third and last good document"]
 

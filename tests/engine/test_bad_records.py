@@ -21,7 +21,7 @@ import pytest
 
 from datalane import ConfigError, DataError, Loader, load_recipe
 from datalane.corpus import tokenizer_path
-from tests.test_bad_inputs import drain, expected_tokens
+from tests.engine.test_bad_inputs import drain, expected_tokens
 
 GOOD = ["first good document", "second good one", "third and last"]
 

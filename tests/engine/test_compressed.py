@@ -40,7 +40,7 @@ from datalane.engine.pool import TaskPool
 from datalane.runner import run_world
 from datalane.spec.state import Counters, SourceCursor
 from datalane.verify import verify
-from tests.test_resume import assert_resume_anywhere
+from tests.guarantees.test_resume import assert_resume_anywhere
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ import pytest
 
 from datalane import Knobs, Loader, load_recipe
 from datalane.engine.plan import Plan
-from tests.stages.helpers import (
+from tests.support.stages import (
     DOC0,
     EOS,
     PAD,

@@ -142,8 +142,8 @@ def test_an_object_overwritten_on_s3_after_planning_fails_naming_it(
 
 def _container(tmp_path: Path, fmt: str) -> tuple[Path, dict[str, Any]]:
     """A small dataset of ``fmt``, the file a rewrite should change, and its recipe source."""
-    from tests.hostile.mdsbytes import text_dataset
-    from tests.hostile.tarbytes import write_tar
+    from tests.support.mdsbytes import text_dataset
+    from tests.support.tarbytes import write_tar
 
     texts = [f"document number {i} " * 4 for i in range(40)]
     if fmt == "webdataset":

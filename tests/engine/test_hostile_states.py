@@ -23,8 +23,9 @@ from datalane.spec.errors import DatalaneError, MismatchError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe, load_recipe
 from datalane.spec.state import Checkpoint, checkpoint_sha256
+from tests.support import paths
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 
 
 def _state_after(r: Recipe, steps: int) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 
 from datalane.engine.documents.base import Doc
 from datalane.engine.mixture import Mixture
-from tests.stages.helpers import DOC0, make_doc, picked
+from tests.support.stages import DOC0, make_doc, picked
 
 
 class FakeStream:

@@ -15,7 +15,7 @@ import numpy as np
 
 from datalane.engine.documents.base import Run
 from datalane.engine.mixture import Mixture
-from tests.stages.test_mixture import FakeStream, order, streams
+from tests.engine.test_mixture import FakeStream, order, streams
 
 
 class FakeRunStream(FakeStream):

@@ -30,8 +30,8 @@ from datalane.engine.documents.base import Doc
 from datalane.engine.mixture import Mixture
 from datalane.spec.phases import Schedule
 from datalane.spec.state import Counters, LaneState, MixtureBase, PackerState
-from tests.stages.helpers import make_doc, picked
-from tests.stages.test_mixture import FakeStream, order, streams
+from tests.engine.test_mixture import FakeStream, order, streams
+from tests.support.stages import make_doc, picked
 
 
 class RandomStream:

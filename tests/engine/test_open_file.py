@@ -4,10 +4,11 @@ fsspec's memory filesystem (``memory://``, handy for tests and notebooks) hands 
 of a path the *same* file object; two readers of one file - a lane reading a chunk while
 another lane opens the same file on another thread - then move each other's position, and a
 reader that closes its handle closes the file for everyone. Seen as a WebDataset sample read
-from the wrong offset about one run in ten (tests/test_formats_more.py, memory:// URIs).
+from the wrong offset about one run in ten (tests/engine/formats/test_formats_more.py,
+memory:// URIs).
 
 Remote files open with fsspec's cache options (``cache_type``, ``block_size``: see
-tests/test_remote_reads.py); a filesystem that does not take them opens with its own.
+tests/engine/test_remote_reads.py); a filesystem that does not take them opens with its own.
 """
 
 from __future__ import annotations

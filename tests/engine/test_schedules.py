@@ -1,7 +1,7 @@
 """Mixture schedules and phases through the whole engine: resume anywhere, any world size,
 phases appended to a running recipe, new sources for a later phase.
 
-The stage tests (tests/stages/test_mixture_schedule.py) prove the mixture's arithmetic; here
+The stage tests (tests/engine/test_mixture_schedule.py) prove the mixture's arithmetic; here
 the recipes are real (the test corpus: web Parquet and code JSONL) and runs go through
 :func:`datalane.runner.run_world`, whose global step hashes are the proof of identity.
 """
@@ -26,9 +26,10 @@ from datalane.spec.phases import prefix_document
 from datalane.spec.recipe import Recipe, load_recipe
 from datalane.spec.state import Checkpoint
 from tests.conftest import base_recipe_dict
+from tests.support import paths
 
 STEPS = 10
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+GOLDEN = str(paths.GOLDEN)
 
 
 def recipe(corpus: DemoCorpus, phases: list[dict[str, Any]] | None = None,
@@ -81,7 +82,7 @@ def test_a_recipe_without_phases_keeps_its_lane_state_json(corpus: DemoCorpus) -
 @pytest.mark.parametrize("name", ["checkpoint-v1.json", "checkpoint-v1-bestfit.json",
                                   "checkpoint-v2-wrap.json", "checkpoint-v2-bestfit.json"])
 def test_golden_checkpoints_resume_with_a_phase_appended(corpus: DemoCorpus, name: str) -> None:
-    # the golden recipe (tests/test_golden.py), saved at step 3 by datalane 0.1 / 0.2
+    # the golden recipe (tests/guarantees/test_golden.py), saved at step 3 by datalane 0.1 / 0.2
     packing = "bestfit" if "bestfit" in name else "wrap"
     golden_recipe = load_recipe(base_recipe_dict(corpus, packing={"algorithm": packing}))
     plan = Plan.build(golden_recipe)
@@ -91,7 +92,7 @@ def test_golden_checkpoints_resume_with_a_phase_appended(corpus: DemoCorpus, nam
         ckpt = Checkpoint.from_json(json.load(f), allow_unsealed=True)  # 0.1 wrote no sha256
     with open(os.path.join(GOLDEN, "hashes.json")) as f:
         golden = json.load(f)[packing]
-    # the file identities differ on this machine (as in tests/test_golden.py)
+    # the file identities differ on this machine (as in tests/guarantees/test_golden.py)
     ckpt.fingerprint, ckpt.fingerprint_doc = plan.fingerprint, plan.fingerprint_doc
     data = base_recipe_dict(corpus, packing={"algorithm": packing})
     data["phases"] = [{"name": "code-only", "start_step": 5, "weights": {"web": 0.0}}]

@@ -20,7 +20,7 @@ import pytest
 
 from datalane import Knobs, Loader, load_recipe
 from datalane.engine.rng import permutation
-from tests.stages.helpers import doc_ids, recipe_dict, write_jsonl, write_tokenizer
+from tests.support.stages import doc_ids, recipe_dict, write_jsonl, write_tokenizer
 
 SEED = 3
 

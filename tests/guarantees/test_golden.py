@@ -4,7 +4,7 @@
 deterministic test corpus, for both packers. ``tests/golden/checkpoint-v1.json`` (wrap,
 written by datalane 0.1) and ``checkpoint-v1-bestfit.json`` (bestfit: open sequences and
 pending pieces) are checkpoints of lane-state schema v1; they must keep loading and must
-continue the stream exactly. Golden files are append-only: ``python -m tests.test_golden
+continue the stream exactly. Golden files are append-only: ``python -m tests.guarantees.test_golden
 --update`` rewrites the hashes (explain the change in the commit message) and *adds* a
 checkpoint of today's lane-state version when none exists; it never rewrites an old one.
 """
@@ -24,8 +24,9 @@ from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import load_recipe
 from datalane.spec.state import Checkpoint
 from tests.conftest import base_recipe_dict
+from tests.support import paths
 
-HERE = os.path.join(os.path.dirname(__file__), "golden")
+HERE = str(paths.GOLDEN)
 STEPS = 6
 SAVED_AT = 3
 

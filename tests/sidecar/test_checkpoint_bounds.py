@@ -25,8 +25,8 @@ import pytest
 from datalane import StorageError
 from datalane.client import SidecarLoader
 from datalane.store import CheckpointStore
-from tests.s3server import ACCESS_KEY, SECRET_KEY, _free_port, _wait_ready
 from tests.sidecar.test_edges import _take
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, _free_port, _wait_ready
 
 
 @pytest.fixture

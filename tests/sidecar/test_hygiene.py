@@ -16,7 +16,7 @@ from pathlib import Path
 from datalane_sidecar.logs import JsonFormatter, Redactor, credentials_in
 
 from datalane.client import SidecarLoader
-from tests.s3server import ACCESS_KEY, SECRET_KEY, S3Bucket
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, S3Bucket
 
 
 def _free_port() -> int:

@@ -23,7 +23,7 @@ from datalane.spec.evals import (
     training_view,
 )
 from datalane.spec.recipe import _NAME
-from tests.unit.test_recipe import error_of
+from tests.spec.test_recipe import error_of
 
 
 def minimal(**overrides: Any) -> dict[str, Any]:

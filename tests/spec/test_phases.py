@@ -25,7 +25,7 @@ from datalane.spec.phases import (
     used_sources,
     weights_at,
 )
-from tests.unit.test_recipe import error_of
+from tests.spec.test_recipe import error_of
 
 
 def recipe(phases: list[dict[str, Any]] | None = None, weights: tuple[float, ...] = (1.0, 1.0),

@@ -19,7 +19,7 @@ import pytest
 from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.integrity import read_json_file
 from datalane.spec.recipe import load_recipe
-from tests.deadline import deadline
+from tests.support.deadline import deadline
 
 LAUGHS = ["lol0: &lol0 [" + ", ".join(['"lol"'] * 10) + "]"] + [
     f"lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * 10) + "]" for i in range(1, 10)]

@@ -1,6 +1,7 @@
 """What the hostile-input tests of the container formats share: a wall bound on a read (a
-hang fails the test instead of stalling it), and (from tests/test_formats_more.py) one-lane
-recipes read in file order and the tokens the documents they keep must give."""
+hang fails the test instead of stalling it), and (from
+tests/engine/formats/test_formats_more.py) one-lane recipes read in file order and the tokens
+the documents they keep must give."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Any, TypeVar
 import pytest
 
 from datalane import DataError
-from tests.test_bad_inputs import drain
-from tests.test_formats_more import _expected as expected
-from tests.test_formats_more import _one_lane as one_lane
+from tests.engine.formats.test_formats_more import _expected as expected
+from tests.engine.formats.test_formats_more import _one_lane as one_lane
+from tests.engine.test_bad_inputs import drain
 
 __all__ = ["bounded", "drain", "expected", "fail_message", "one_lane"]
 

@@ -1,6 +1,6 @@
 """pytest plugin: a real S3 endpoint on loopback (moto's standalone server in a subprocess).
 
-Registered from ``tests/conftest.py`` (``pytest_plugins = ["tests.s3server"]``). Fixtures:
+Registered from ``tests/conftest.py`` (``pytest_plugins = ["tests.support.s3server"]``). Fixtures:
 
 * ``s3_server`` (session): starts ``python -m moto.server`` on a free 127.0.0.1 port - the
   real S3 HTTP protocol through botocore and s3fs, not an in-process patch - sets dummy AWS

@@ -1,10 +1,11 @@
 """Building blocks of the stage tests: documents, a word-level tokenizer, tiny sources.
 
-Every expectation in ``tests/stages`` is computed by hand, so the inputs must be countable by
-hand too. The tokenizer here is a word-level one: each whitespace-separated word is exactly
-one token, ``x`` is token 4 and ``d<i>`` is token ``DOC0 + i``, so a document written as
-``"d7 x x"`` is the tokens ``[DOC0 + 7, 4, 4]`` plus EOS (``EOS``): four tokens, and its first
-token names it. :func:`make_doc` is the one place that builds an engine document.
+Every expectation in the stage tests (in ``tests/engine``) is computed by hand, so the inputs
+must be countable by hand too. The tokenizer here is a word-level one: each
+whitespace-separated word is exactly one token, ``x`` is token 4 and ``d<i>`` is token
+``DOC0 + i``, so a document written as ``"d7 x x"`` is the tokens ``[DOC0 + 7, 4, 4]`` plus EOS
+(``EOS``): four tokens, and its first token names it. :func:`make_doc` is the one place that
+builds an engine document.
 """
 
 from __future__ import annotations

@@ -28,8 +28,9 @@ from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec import ConfigError, model
 from datalane.spec.chat import ChatSpec
 from datalane.spec.recipe import TokenizerSpec
+from tests.support import paths
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "chat"
+DATA = paths.DATA / "chat"
 TOKENIZER = str(DATA / "tokenizer.json")
 CONFIGS = {"chatml": DATA / "chatml" / "tokenizer_config.json",
            "llama3": DATA / "llama3" / "tokenizer_config.json"}

@@ -27,9 +27,10 @@ from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec import model
 from datalane.spec.chat import ChatSpec
 from datalane.spec.recipe import TokenizerSpec
-from tests.unit.test_chat import trimming_tokenizer
+from tests.engine.documents.test_chat import trimming_tokenizer
+from tests.support import paths
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "chat"
+DATA = paths.DATA / "chat"
 MERGES = [("Ċ", "Ġ"), ("Ċ", "Ċ"), ("Ġ", "Ġ"), ("ĊĊ", "Ċ"), ("Ã", "©"), ("Ġ", "Ã©"),
           ("ð", "Ł")]
 

@@ -1,7 +1,7 @@
 """A chat recipe end to end through the engine: schema, masks through both packers, worlds.
 
 The chat kind's own rendering and masks are checked against ``transformers`` in
-``tests/unit/test_chat.py``; here the recipe is the product's chat corpus
+``tests/engine/documents/test_chat.py``; here the recipe is the product's chat corpus
 (:func:`datalane.corpus.make_chat_corpus`) and what is checked is what the engine does with
 the columns: a third column in the schema and the hash, masks that travel with their tokens
 through ``wrap`` and ``bestfit``, text documents of the same recipe trained on every token,

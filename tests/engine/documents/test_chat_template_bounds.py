@@ -15,7 +15,6 @@ documented bounds.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,9 +25,10 @@ from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec import ConfigError, model
 from datalane.spec.chat import ChatSpec
 from datalane.spec.recipe import TokenizerSpec
-from tests.deadline import deadline
+from tests.support import paths
+from tests.support.deadline import deadline
 
-TOKENIZER = str(Path(__file__).resolve().parents[1] / "data" / "chat" / "tokenizer.json")
+TOKENIZER = str(paths.DATA / "chat" / "tokenizer.json")
 CONVERSATION = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
 # each hostile part is rendered after a normal ChatML-like turn list, so that the record
 # would otherwise be a good one

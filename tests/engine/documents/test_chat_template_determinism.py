@@ -24,8 +24,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
-ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "tests" / "data" / "chat"
+from tests.support import paths
+
+ROOT = paths.REPO
+DATA = paths.DATA / "chat"
 SHIPPED = [json.loads((DATA / "chatml" / "tokenizer_config.json").read_text())["chat_template"],
            (DATA / "llama3" / "chat_template.jinja").read_text(),
            (DATA / "chatml_generation.jinja").read_text()]

@@ -42,8 +42,8 @@ from datalane.spec.state import Counters, SourceCursor
 from datalane.verify import verify
 from tests.data.format_corpus import WRITERS, FormatData, text_of
 from tests.data.make_mds import HERE as MDS_DATA
-from tests.test_bad_inputs import drain
-from tests.test_resume import assert_resume_anywhere
+from tests.engine.test_bad_inputs import drain
+from tests.guarantees.test_resume import assert_resume_anywhere
 
 NEW_FORMATS = ["mds", "webdataset", "hf", "lance"]
 _DOC = re.compile(r"^(\w+) doc (\d+) ")

@@ -18,8 +18,8 @@ from datalane import ConfigError, DataError
 from datalane.engine.plan import Plan
 from datalane.spec.limits import MAX_RECORD_BYTES
 from tests.data.format_corpus import text_of
-from tests.hostile.arrowbytes import messages
-from tests.hostile.common import bounded, drain, expected, fail_message, one_lane
+from tests.support.arrowbytes import messages
+from tests.support.common import bounded, drain, expected, fail_message, one_lane
 
 GOOD = [text_of("hf", i) for i in range(6)]
 
@@ -141,7 +141,8 @@ def test_a_state_json_nested_past_the_parsers_limit_is_a_config_error(tmp_path: 
         bounded(lambda: Plan.build(one_lane([str(tmp_path / "ds")], format="hf")), 20)
 
 
-# found by tests/fuzz/test_fuzz_hf.py: each dropped batches silently, or raised pyarrow's own
+# found by tests/engine/formats/fuzz/test_fuzz_hf.py: each dropped batches silently, or raised
+# pyarrow's own
 
 
 def test_an_end_marker_before_the_last_batch_is_a_data_error(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from datalane.engine.chunks import RecordReader, cut_file
 from datalane.engine.files import SourceFile, compression_of, expand
 from datalane.engine.formats.base import TooLarge
 from datalane.spec.limits import MAX_RECORD_BYTES
-from tests.test_bad_inputs import GOOD, drain, expected_tokens, recipe
+from tests.engine.test_bad_inputs import GOOD, drain, expected_tokens, recipe
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from datalane import DataError
 from datalane.engine.plan import Plan
 from datalane.spec.limits import MAX_RECORD_BYTES
 from tests.data.format_corpus import text_of
-from tests.hostile.common import bounded, drain, expected, fail_message, one_lane
+from tests.support.common import bounded, drain, expected, fail_message, one_lane
 
 lance = pytest.importorskip("lance")
 

@@ -17,8 +17,8 @@ from datalane.engine.plan import Plan
 from datalane.spec.limits import MAX_RECORD_BYTES
 from datalane.spec.state import Counters
 from tests.data.format_corpus import text_of
-from tests.hostile.common import bounded, drain, expected, fail_message, one_lane
-from tests.hostile.mdsbytes import TEXT_ONLY, shard_bytes, text_dataset, write_index
+from tests.support.common import bounded, drain, expected, fail_message, one_lane
+from tests.support.mdsbytes import TEXT_ONLY, shard_bytes, text_dataset, write_index
 
 GOOD = [text_of("mds", i) for i in range(4)]
 

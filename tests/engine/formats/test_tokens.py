@@ -3,8 +3,9 @@ and the Parquet integer-list fast path (issue 10 part 1).
 
 Every expectation is written out by hand from the documented layouts (``docs/recipe.md``,
 the format modules' docstrings); the Megatron writer is checked byte for byte against
-megatron-core's own ``IndexedDatasetBuilder`` in ``tests/test_tokens_sources.py`` (importing
-megatron-core takes 10 s, too long for this tier).
+megatron-core's own ``IndexedDatasetBuilder`` in
+``tests/engine/formats/test_tokens_sources.py`` (importing megatron-core takes 10 s, too long
+for this tier).
 """
 
 from __future__ import annotations

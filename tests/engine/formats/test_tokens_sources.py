@@ -31,9 +31,10 @@ from datalane.runner import run_world
 from datalane.spec.errors import DataError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe, load_recipe
+from tests.support import paths
 
 MARK, EOS, VOCAB = 0, 1, 1024
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = paths.REPO
 
 
 def document(i: int, body: int, rng: np.random.Generator) -> np.ndarray:

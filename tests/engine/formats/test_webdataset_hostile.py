@@ -15,8 +15,8 @@ from datalane import DataError
 from datalane.engine.plan import Plan
 from datalane.spec.limits import MAX_RECORD_BYTES
 from tests.data.format_corpus import text_of
-from tests.hostile.common import bounded, drain, expected, fail_message, one_lane
-from tests.hostile.tarbytes import set_field, write_tar
+from tests.support.common import bounded, drain, expected, fail_message, one_lane
+from tests.support.tarbytes import set_field, write_tar
 
 GOOD = [text_of("wds", i) for i in range(3)]
 

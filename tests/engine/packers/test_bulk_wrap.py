@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from datalane.engine.documents.base import Run
-from tests.stages.test_packers import SIZE, Feed, packer_of, pieces_of
+from tests.engine.packers.test_packers import SIZE, Feed, packer_of, pieces_of
 
 
 class RunFeed(Feed):

@@ -27,7 +27,7 @@ from datalane.engine.packers import PACKERS, PackContext
 from datalane.spec.recipe import Packing
 from datalane.spec.schema import Column, SampleSchema, text_schema
 from datalane.spec.state import Counters, PackerState
-from tests.stages.helpers import make_doc
+from tests.support.stages import make_doc
 
 SIZE = 8
 PAD = 0

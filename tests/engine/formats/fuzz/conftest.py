@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fuzz.stream_harness import ALL
+from tests.engine.formats.fuzz.stream_harness import ALL
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -38,7 +38,7 @@ from datalane.engine.formats import format_for
 from datalane.engine.formats.base import TooLarge
 from datalane.engine.plan import Plan
 from datalane.spec.limits import TOO_LARGE
-from tests.hostile.common import bounded, one_lane
+from tests.support.common import bounded, one_lane
 
 __all__ = ["FUZZ", "Dataset", "Mutation", "Site", "check", "fuzz", "mutations", "read_documents"]
 

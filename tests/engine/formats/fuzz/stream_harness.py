@@ -1,6 +1,6 @@
 """What the stream-format fuzzers (JSONL, Parquet, token files) share: field-targeted mutations,
 a wall bound per case, reading through the plan. (The dataset fuzzers of MDS, WebDataset, Arrow
-and Lance share tests/fuzz/harness.py.)
+and Lance share tests/engine/formats/fuzz/harness.py.)
 
 A case is a small valid file (or dataset) of one format, mutated, then planned and read by
 datalane's real plan and record reader (``Plan.build`` cuts the files with the format's own
@@ -177,7 +177,7 @@ ALL: list[Outcomes] = []  # every fuzzer's counts, reported when the session end
 
 class Outcomes:
     """Counts of each outcome, for the report (printed at the end of a session by
-    ``tests/fuzz/conftest.py``, and appended to ``$DATALANE_FUZZ_REPORT`` if set)."""
+    ``tests/engine/formats/fuzz/conftest.py``, and appended to ``$DATALANE_FUZZ_REPORT`` if set)."""
 
     def __init__(self, name: str) -> None:
         self.name = name

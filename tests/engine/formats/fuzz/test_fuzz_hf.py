@@ -14,8 +14,8 @@ import pyarrow as pa
 from hypothesis import strategies as st
 
 from tests.data.format_corpus import text_of
-from tests.fuzz.harness import EDGES, Dataset, Site, fuzz
-from tests.hostile.arrowbytes import messages
+from tests.engine.formats.fuzz.harness import EDGES, Dataset, Site, fuzz
+from tests.support.arrowbytes import messages
 
 CASES = 300
 DOCS = [text_of("hf", i) for i in range(9)]

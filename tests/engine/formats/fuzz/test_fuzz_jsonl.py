@@ -1,5 +1,5 @@
 """JSONL readers (plain, gzip members, zstd frames) against mutated files
-(tests/fuzz/stream_harness.py).
+(tests/engine/formats/fuzz/stream_harness.py).
 
 Content flips: a flipped bit inside a JSON document changes its text and leaves a valid file
 of the same size, which no reader can tell from what the writer meant (JSONL has no checksum;
@@ -28,7 +28,7 @@ import zstandard
 from hypothesis import given
 
 import datalane.engine.compressed as compressed
-from tests.fuzz.stream_harness import (
+from tests.engine.formats.fuzz.stream_harness import (
     Field,
     Outcomes,
     check_case,

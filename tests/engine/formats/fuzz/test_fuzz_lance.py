@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.data.format_corpus import text_of
-from tests.fuzz.harness import FUZZ, Dataset, Mutation, check, mutations
+from tests.engine.formats.fuzz.harness import FUZZ, Dataset, Mutation, check, mutations
 
 CASES = 100
 DOCS = [text_of("lance", i) for i in range(12)]

@@ -13,8 +13,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from tests.data.format_corpus import text_of
-from tests.fuzz.harness import EDGES, Dataset, Site, fuzz
-from tests.hostile.mdsbytes import Columns, config_of, shard_bytes
+from tests.engine.formats.fuzz.harness import EDGES, Dataset, Site, fuzz
+from tests.support.mdsbytes import Columns, config_of, shard_bytes
 
 CASES = 300
 COLUMNS: Columns = (["id", "text", "tag"], ["int", "str", "str"], [8, None, None])

@@ -1,5 +1,5 @@
 """Parquet readers (a text column, a token id column) against mutated files
-(tests/fuzz/stream_harness.py).
+(tests/engine/formats/fuzz/stream_harness.py).
 
 The files are written uncompressed, so a flip inside a data page can change a value and leave
 a valid file (Parquet's page checksums are optional and off by default): each case is planned
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 
-from tests.fuzz.stream_harness import (
+from tests.engine.formats.fuzz.stream_harness import (
     Field,
     Outcomes,
     check_case,

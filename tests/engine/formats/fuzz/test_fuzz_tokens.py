@@ -1,5 +1,5 @@
 """Token file readers (Megatron ``.idx``/``.bin``, flat token files with a boundary id or an
-offsets file) against mutated files (tests/fuzz/stream_harness.py).
+offsets file) against mutated files (tests/engine/formats/fuzz/stream_harness.py).
 
 Token files carry no checksum: a flipped bit in a token id is another valid file. Each case is
 planned on the mutated files and compared with what a reference written here from the layouts
@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from datalane.engine.formats.flatbin import write_flat
 from datalane.engine.formats.megatron import MAGIC, write_dataset
-from tests.fuzz.stream_harness import (
+from tests.engine.formats.fuzz.stream_harness import (
     Field,
     Outcomes,
     check_case,

@@ -13,8 +13,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from tests.data.format_corpus import text_of
-from tests.fuzz.harness import EDGES, Dataset, Site, fuzz
-from tests.hostile.tarbytes import FIELDS, fix_checksum
+from tests.engine.formats.fuzz.harness import EDGES, Dataset, Site, fuzz
+from tests.support.tarbytes import FIELDS, fix_checksum
 
 CASES = 300
 LONG = "d" * 120 + "/k3"
