@@ -9,6 +9,8 @@ import pytest
 from datalane import MismatchError
 from datalane.client import InProcessLoader
 from datalane.client.lanekeys import join, lane_key, split
+from datalane.client.position import CLIENT_STATE_FORMAT
+from datalane.spec.state import CHECKPOINT_FORMAT, checkpoint_sha256
 
 
 def _states(recipe, world: int, microbatches: int) -> list[dict]:
@@ -105,3 +107,35 @@ def test_a_negative_resume_step_is_refused_before_any_call() -> None:
     with pytest.raises(ConfigError, match=r"resume_step must be an integer in \[0, 10\^12\), "
                                           r"got -3"):
         SidecarLoader("/nonexistent.sock", rank=0, world_size=1, resume_step=-3)
+
+
+def _saved(lanes: range, step: int = 2) -> dict:
+    """A hand-made client state of a rank owning ``lanes`` of 8 at ``step`` (world 2,
+    microbatch 2); lane ``i``'s state is a marker naming it (join does not read inside)."""
+    return {"format": CLIENT_STATE_FORMAT, "step": step, "consumed": 0, "world_size": 2,
+            "microbatch_size": 2, "fingerprint": "f" * 64,
+            "state": {"step": step, "fingerprint_doc": {"recipe": {"lanes": 8}},
+                      "lanes": {str(i): {"lane": i, "marker": f"state of lane {i}"}
+                                for i in lanes}}}
+
+
+def test_a_rank_owning_lanes_3_to_5_joins_exactly_its_lanes_from_two_saved_ranks() -> None:
+    # saved by world 2 (lanes 0-3 and 4-7); read back by a rank of world 3 owning lanes 3-5,
+    # which straddles both saved ranks and does not start at lane 0
+    entries = {**split(_saved(range(0, 4)), range(0, 4), 8),
+               **split(_saved(range(4, 8)), range(4, 8), 8)}
+    joined = join(entries, range(3, 6), 8)
+    lanes = {"3": {"lane": 3, "marker": "state of lane 3"},
+             "4": {"lane": 4, "marker": "state of lane 4"},
+             "5": {"lane": 5, "marker": "state of lane 5"}}
+    assert joined["state"]["lanes"] == lanes
+    assert (joined["step"], joined["consumed"], joined["world_size"],
+            joined["microbatch_size"]) == (2, 0, 2, 2)
+    state = {"format": CHECKPOINT_FORMAT, "step": 2, "fingerprint": "f" * 64,
+             "lanes_total": 8, "lanes": lanes,
+             "fingerprint_doc": {"recipe": {"lanes": 8}}}
+    assert joined["state"] == {**state, "sha256": checkpoint_sha256(state)}
+    # without the second saved rank, the first lane of 3-5 it held is named
+    first = split(_saved(range(0, 4)), range(0, 4), 8)
+    with pytest.raises(MismatchError, match="no entry 'lane_00004' for lane 4"):
+        join(first, range(3, 6), 8)
