@@ -45,15 +45,12 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# The fast tier for the edit loop: lint, types, import contracts, then the unit, wire and golden
-# tests (no sidecar processes, no control plane).
+# The fast tier for the edit loop: lint, types, import contracts, then every test of tests/ that
+# carries no tier marker (pyproject.toml): no sidecar processes, no torchrun, no control plane,
+# no containers, no fuzzers. A few minutes on 2 cores.
+FAST := not slow and not cluster and not containers and not fuzz
 check: lint
-	$(BIN)/python -m pytest -q tests/spec tests/engine tests/wire tests/guarantees/test_golden.py \
-	    tests/operator/test_admission.py tests/operator/test_workload.py \
-	    tests/operator/test_inject.py tests/operator/test_reconcile.py tests/operator/test_policy.py \
-	    tests/operator/test_code_policy.py \
-	    tests/operator/test_admission_progress.py tests/operator/test_signed_gc.py \
-	    tests/operator/test_coalescer.py tests/operator/test_metrics.py tests/operator/test_runtime.py
+	$(BIN)/python -m pytest -q -m "$(FAST)"
 
 # The test control plane (kube-apiserver, etcd, kwok, helm, ...) built from Go modules into
 # ~/.cache/datalane/cluster: ~25 min on a fresh 2-core machine, seconds once cached.

@@ -25,6 +25,14 @@ settings.register_profile("datalane", deadline=None)
 settings.load_profile("datalane")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that runs the images (the ``container_images`` fixture) is in the ``containers``
+    tier, as one using ``k8s_cluster`` is in ``cluster`` (tests/cluster/plugin.py)."""
+    for item in items:
+        if "container_images" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.containers)
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> DemoCorpus:
     """600 short web documents in 4 Parquet files and 30 long code documents in 2 JSONL."""

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the CLI end to end, in subprocesses
+
 
 def datalane(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([sys.executable, "-m", "datalane.cli", *args], capture_output=True,
@@ -120,7 +122,6 @@ def test_bad_world_is_refused_with_the_sizes_that_work(write_recipe) -> None:
             "size of 1 to 8") in proc.stderr
 
 
-@pytest.mark.slow
 def test_demo_matches_across_4_2_and_8_rank_processes(tmp_path) -> None:
     proc = datalane("demo", "--steps", "2", "--dir", str(tmp_path))
     lines = proc.stdout.strip().splitlines()

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from datalane import load_recipe
 from datalane.client import InProcessLoader, SidecarLoader
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 
 def _key(b: Any) -> tuple[int, int, bytes]:

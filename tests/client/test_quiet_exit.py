@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a real sidecar process exits, for each transport
+
 _TRAINER = textwrap.dedent("""
     import sys
     from torch.utils.data import DataLoader

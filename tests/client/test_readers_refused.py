@@ -15,8 +15,12 @@ import sys
 import textwrap
 from typing import Any
 
+import pytest
+
 from datalane import load_recipe
 from datalane.client import InProcessLoader, SidecarLoader
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 _PEER = textwrap.dedent("""
     import sys

@@ -81,6 +81,10 @@ def test_cu_seqlens_start_every_row() -> None:
     assert cu_seqlens(pos).tolist() == [0, 2, 4, 5, 6, 8]
 
 
+@pytest.mark.slow  # a real sidecar process
+# DCP saves and loads in this one process on purpose (no process group): torch says it assumes so
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized"
+                            ":UserWarning")
 def test_dcp_round_trip_through_a_sidecar(sidecar, write_recipe, corpus, tmp_path) -> None:
     recipe_path = write_recipe(sources=[
         {"name": "web", "uris": [corpus.web], "epochs": None, "chunk_rows": 50}])

@@ -28,6 +28,7 @@ def _blocks(lang: str) -> list[tuple[str, int, str]]:
     return out
 
 
+@pytest.mark.slow  # the examples start sidecars and run loaders end to end (minutes)
 @pytest.mark.parametrize("name,line,code", _blocks("python"),
                          ids=lambda v: str(v) if isinstance(v, (int,)) else None)
 def test_python_examples_run(name, line, code, tmp_path) -> None:

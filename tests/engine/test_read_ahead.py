@@ -110,6 +110,8 @@ def test_a_block_is_consumed_while_the_next_one_is_read(tmp_path: Path, pool) ->
     stream.close()
 
 
+# forks on purpose; Lance (imported by other tests of the run) warns at every fork
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning")
 def test_a_forked_child_reads_with_threads_of_its_own(tmp_path: Path, pool) -> None:
     import multiprocessing
 

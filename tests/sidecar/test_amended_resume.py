@@ -14,12 +14,16 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from datalane import load_recipe
 from datalane.client.sidecar import SidecarLoader
 from datalane.runner import run_world
 from datalane.spec.knobs import Knobs
 from datalane.store import CheckpointStore
 from datalane.store.amendments import PhaseStart
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 WARMUP = {"name": "warmup", "start_step": 2, "weights": {"web": 1.0}}
 ANNEAL = {"name": "anneal", "start_step": 8, "weights": {"web": 0.1, "code": 0.9},

@@ -28,6 +28,8 @@ from datalane.store import CheckpointStore
 from tests.sidecar.test_edges import _take
 from tests.support.s3server import ACCESS_KEY, SECRET_KEY, _free_port, _wait_ready
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 
 @pytest.fixture
 def own_s3(tmp_path: Path, s3_server: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:

@@ -22,6 +22,8 @@ from datalane.wire import NO_SESSION_KEY
 from tests.sidecar.inproc import serve_in_process
 from tests.sidecar.test_edges import _reference, _same, _take
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 
 def test_a_graceful_sigterm_restart_is_ridden_through_like_a_kill9(sidecar,
                                                                    repeat_recipe) -> None:

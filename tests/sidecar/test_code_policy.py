@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 
 def _start(recipe: str, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

@@ -36,6 +36,8 @@ from tests.engine.test_eval_streams import (
 )
 from tests.sidecar.inproc import serve_in_process
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 
 @pytest.fixture
 def eval_recipe_path(corpus: DemoCorpus, eval_files: str, tmp_path: Path) -> str:  # noqa: F811

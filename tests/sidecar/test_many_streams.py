@@ -22,6 +22,8 @@ from datalane.store import CheckpointStore
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 RANKS = 40  # more than 32: 40 streams + 40 checkpoints waiting exceeded the 64 threads
 STEPS = 6
 EVERY = 2

@@ -36,6 +36,8 @@ from datalane.wire import datalane_pb2_grpc as pbg
 from datalane.wire.layout import Layout
 from datalane.wire.shm import ShmReader
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 Item = tuple[int, int, bytes, bytes]  # (step, index, input_ids, positions) as <i4 bytes
 
 

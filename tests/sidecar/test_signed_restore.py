@@ -21,6 +21,8 @@ from datalane.spec.errors import StorageError
 from datalane.store import CheckpointStore
 from datalane.store.signing import sign_manifest
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 KEY = b"s" * 32
 
 

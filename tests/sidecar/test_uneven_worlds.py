@@ -22,6 +22,8 @@ from tests.sidecar.test_columns import (
     chat_recipe,  # noqa: F401  (the fixture)
 )
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 
 @pytest.mark.parametrize("transport", ["inline", "shm"])
 def test_padded_microbatches_over_the_sidecar_are_the_in_process_ones(

@@ -13,8 +13,9 @@ import pytest
 
 from tests.trainers.test_dcp import run_job
 
+pytestmark = pytest.mark.slow  # torchrun jobs on gloo
 
-@pytest.mark.slow
+
 def test_uneven_world_gradient_equals_the_one_rank_gradient(write_recipe: Callable[..., str],
                                                             tmp_path: Path) -> None:
     recipe = write_recipe()  # 8 lanes, B=16: 2 sequences a lane

@@ -163,6 +163,7 @@ def test_token_sources_are_never_tokenized(tokens: TokenCorpus,
         len(tokens.docs[i]) for name in ("meg", "flat") for i in tokens.by_source[name])
 
 
+@pytest.mark.slow  # importing megatron-core takes about 10 s
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # megatron-core's own, on numpy 2
 def test_a_dataset_megatron_core_wrote_is_read_document_by_document(
         tokens: TokenCorpus, tmp_path: Path) -> None:

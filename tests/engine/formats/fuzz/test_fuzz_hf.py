@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import strategies as st
 
 from tests.data.format_corpus import text_of
 from tests.engine.formats.fuzz.harness import EDGES, Dataset, Site, fuzz
 from tests.support.arrowbytes import messages
+
+pytestmark = pytest.mark.fuzz
 
 CASES = 300
 DOCS = [text_of("hf", i) for i in range(9)]

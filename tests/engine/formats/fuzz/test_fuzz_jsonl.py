@@ -40,6 +40,8 @@ from tests.engine.formats.fuzz.stream_harness import (
     workdir,
 )
 
+pytestmark = pytest.mark.fuzz
+
 EXAMPLES = 100
 BOUND = 130  # bytes of a line: one line written here has 322, the others at most 122
 

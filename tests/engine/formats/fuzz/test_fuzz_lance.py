@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from tests.data.format_corpus import text_of
 from tests.engine.formats.fuzz.harness import FUZZ, Dataset, Mutation, check, mutations
 
+pytestmark = pytest.mark.fuzz
+
 CASES = 100
 DOCS = [text_of("lance", i) for i in range(12)]
 

@@ -10,11 +10,14 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import strategies as st
 
 from tests.data.format_corpus import text_of
 from tests.engine.formats.fuzz.harness import EDGES, Dataset, Site, fuzz
 from tests.support.mdsbytes import Columns, config_of, shard_bytes
+
+pytestmark = pytest.mark.fuzz
 
 CASES = 300
 COLUMNS: Columns = (["id", "text", "tag"], ["int", "str", "str"], [8, None, None])

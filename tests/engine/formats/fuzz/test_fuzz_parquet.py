@@ -31,6 +31,8 @@ from tests.engine.formats.fuzz.stream_harness import (
     workdir,
 )
 
+pytestmark = pytest.mark.fuzz
+
 EXAMPLES = 100
 
 

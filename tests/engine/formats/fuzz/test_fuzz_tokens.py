@@ -41,6 +41,8 @@ from tests.engine.formats.fuzz.stream_harness import (
     workdir,
 )
 
+pytestmark = pytest.mark.fuzz
+
 EXAMPLES = 100
 BOUNDARY = 1
 #: the bound on a document's bytes, per layout: document 6 has 20 tokens, over it; the others

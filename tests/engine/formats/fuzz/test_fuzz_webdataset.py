@@ -10,11 +10,14 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import strategies as st
 
 from tests.data.format_corpus import text_of
 from tests.engine.formats.fuzz.harness import EDGES, Dataset, Site, fuzz
 from tests.support.tarbytes import FIELDS, fix_checksum
+
+pytestmark = pytest.mark.fuzz
 
 CASES = 300
 LONG = "d" * 120 + "/k3"
