@@ -1,5 +1,5 @@
-"""The node benchmarks of issue 19: the cost model, the GIL measurement, the feed test's
-figures and search, and the device script at its CPU size (slow tier).
+"""The node benchmarks (docs/benchmarks.md): the cost model, the GIL measurement, the feed
+test's figures and search, and the device script at its CPU size (slow tier).
 
 The model and the figures are checked against values computed by hand; the GIL measurement
 against real processes whose GIL use is known (a pure-Python spin holds it whenever it runs,

@@ -129,7 +129,7 @@ def test_demo_matches_across_4_2_and_8_rank_processes(tmp_path) -> None:
     assert sum(1 for line in lines if line.rstrip().endswith("=")) == 6
 
 
-# -- bad inputs: one line naming the value, exit code 2, nothing run (issue 9, defect 9) -------
+# -- bad inputs: one line naming the value, exit code 2, nothing run ---------------------------
 
 
 def _refused(proc: subprocess.CompletedProcess[str]) -> str:
@@ -202,7 +202,8 @@ def test_demo_trainer_refuses_a_negative_resume_step() -> None:
 
 
 def test_audit_of_a_store_that_does_not_exist_fails_naming_it(tmp_path) -> None:
-    """Issue 9, defect 10: it printed 'OK: 0 checkpoints verified' and exited 0."""
+    """An audit of a missing store fails naming it (it printed 'OK: 0 checkpoints verified'
+    and exited 0)."""
     proc = datalane("audit", str(tmp_path / "typo"), check=False)
     assert proc.returncode == 1
     assert proc.stdout.splitlines()[-2:] == [

@@ -162,7 +162,7 @@ def test_the_tiny_elastic_bench_leaves_the_committed_figure_alone() -> None:
 
 
 def test_helm_chart_states_the_scale_rule() -> None:
-    """Any world size from 1 to the lanes is admitted (issue 12): the chart's description and
+    """Any world size from 1 to the lanes is admitted: the chart's description and
     NOTES said that a world size must divide the lanes."""
     chart = (ROOT / "helm" / "datalane" / "Chart.yaml").read_text()
     notes = (ROOT / "helm" / "datalane" / "templates" / "NOTES.txt").read_text()

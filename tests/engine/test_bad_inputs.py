@@ -210,7 +210,7 @@ def test_bad_parquet_value_skip_and_fail(tmp_path: Path, tok: str, values: list[
 
 def test_parquet_without_the_text_column(tmp_path: Path, tok: str) -> None:
     path = _parquet(tmp_path / "data.parquet", column="content")
-    # issue 10: a source whose records lack the field fails at once, naming the fields there
+    # a source whose records lack the field fails at once, naming the fields there
     # (under `skip` it used to give 0 tokens without a word)
     with pytest.raises(DataError) as info:
         drain(recipe(tok, [path]))
@@ -328,7 +328,7 @@ def test_tokenizer_pin_mismatch(tmp_path: Path, tok: str) -> None:
 
 
 def test_world_size_above_the_lanes(make_recipe: Callable[..., Recipe]) -> None:
-    """Any world size up to the lane count works (issue 12); more ranks than lanes cannot."""
+    """Any world size up to the lane count works; more ranks than lanes cannot."""
     for world in (9, 16):
         with pytest.raises(ConfigError) as info:
             Loader(make_recipe(), 0, world)
@@ -442,7 +442,7 @@ def test_restore_after_a_source_file_changed(tmp_path: Path, tok: str) -> None:
 
 
 def test_restore_names_the_changed_files_among_a_thousand(tmp_path: Path, tok: str) -> None:
-    """Issue 9, defect 10: one changed file among many listed every file, twice."""
+    """One changed file among a thousand is named alone (it listed every file, twice)."""
     folder = tmp_path / "many"
     folder.mkdir()
     paths = [jsonl(folder / f"f{i:04d}.jsonl", [good_line(i % 3)]) for i in range(1000)]
@@ -611,7 +611,7 @@ def test_a_key_given_twice_in_a_recipe_file_is_an_error(tmp_path) -> None:
         load_recipe(empty)
 
 
-# -- persisted states: sealed, range-checked, bounded (issue 9, defects 6 and 9) ------------------
+# -- persisted states: sealed, range-checked, bounded ---------------------------------------------
 
 
 def test_a_state_carries_a_sha256_of_its_content_and_unsealed_ones_load_only_when_allowed(
@@ -624,13 +624,13 @@ def test_a_state_carries_a_sha256_of_its_content_and_unsealed_ones_load_only_whe
     assert state["sha256"] == hashlib.sha256(canonical.encode()).hexdigest()
     unsealed = {k: v for k, v in state.items() if k != "sha256"}  # as datalane 0.1 wrote it
     with pytest.raises(MismatchError, match=r"^checkpoint carries no sha256 of its content"):
-        Checkpoint.from_json(unsealed)  # issue 23: refused unless allowed explicitly
+        Checkpoint.from_json(unsealed)  # refused unless allowed explicitly
     assert Checkpoint.from_json(unsealed, allow_unsealed=True).to_json() == state
 
 
 def test_every_single_bit_flip_of_a_state_file_is_refused(
         make_recipe: Callable[..., Recipe], tmp_path: Path) -> None:
-    """Issue 9, defect 6: 13 of 44 single-bit flips of a resume point changed the stream."""
+    """A single-bit flip of a resume point is refused (13 of 44 flips changed the stream)."""
     data = Checkpoint.from_json(_state_after(make_recipe(), 2)).dumps().encode()
     path = tmp_path / "s.json"
     accepted = []
@@ -708,7 +708,7 @@ def test_a_damaged_unsealed_state_is_refused_naming_the_value(saved_state: dict[
 
 def test_a_carry_over_no_lane_could_hold_is_refused(make_recipe: Callable[..., Recipe],
                                                     saved_state: dict[str, Any]) -> None:
-    """Issue 9, defect 9: 20,000 carried pieces were each re-read, for over a minute."""
+    """20,000 carried pieces are refused at once (each was re-read, for over a minute)."""
     bad = _unsealed(saved_state)
     bad["lanes"]["1"]["pack"] = {"wrap": {"held": [[0, [0, 0], 0, 1]] * 20_000}}
     assert _restore_error(make_recipe(), bad, unsealed=True) == (

@@ -1,4 +1,4 @@
-"""Every bad record counted, none fatal under ``skip`` (issue 10, part 4).
+"""Every bad record counted, none fatal under ``skip``.
 
 Each class of broken input is written by hand next to good records, read through a real
 loader, and checked twice: under ``skip`` the good documents all arrive (tokens equal a direct

@@ -1,4 +1,4 @@
-"""Eval streams in process (issue 12 part 4): what an evaluation holds, and that it repeats.
+"""Eval streams in process: what an evaluation holds, and that it repeats.
 
 The recipe trains on the test corpus and has one eval stream, ``heldout``, over four JSONL
 files of six short documents each (one chunk a file: one file a lane on 4 lanes), packed with

@@ -1,5 +1,5 @@
 """A source file that changes after the plan was made is an error naming it, never fewer
-documents or a parsing library's error (issue 23).
+documents or a parsing library's error.
 
 Object stores overwrite objects in place. Every file a reader opens is compared with what the
 plan listed - its size, and its ETag or modification time - once per open

@@ -1,4 +1,4 @@
-"""Hostile resume states (issue 23): unsealed states are refused unless allowed, and a sealed
+"""Hostile resume states: unsealed states are refused unless allowed, and a sealed
 state that the lane could never have written is refused naming the field and the value.
 
 The states are real: saved by a loader over the test corpus, edited as an attacker (or a

@@ -1,4 +1,4 @@
-"""World sizes that do not divide the lane count, end to end in-process (issue 12 part 1).
+"""World sizes that do not divide the lane count, end to end in-process.
 
 8 lanes over 3, 5 or 7 ranks: each rank owns a contiguous range of floor or ceil of L/W lanes,
 the global batch (every rank's rows in rank order) is the 1-rank one byte for byte, every rank

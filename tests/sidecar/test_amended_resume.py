@@ -1,4 +1,4 @@
-"""A run resumed through a real sidecar with a phase appended (issue 12 part 3, the ledger).
+"""A run resumed through a real sidecar with a phase appended (and its ledger).
 
 A sidecar serves recipe A (phase 'warmup' from step 2) to one rank and commits checkpoint 6
 in its store; it stops, and a sidecar of recipe B = A + phase 'anneal' from step 8 (what an

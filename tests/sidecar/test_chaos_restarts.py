@@ -1,4 +1,4 @@
-"""Chaos with the timing of issue 23's repro: the trainers checkpoint at every step, so the
+"""Chaos timed to hit checkpoints: the trainers checkpoint at every step, so the
 sidecar is stopped inside a checkpoint as often as not - SIGTERM only (kubelet's drain and
 restart on every eviction), and SIGTERM and SIGKILL mixed - and some faults wait for rank 0
 to be inside ``checkpoint()``. The stream stays byte-identical to an uninterrupted run (every

@@ -1,4 +1,4 @@
-"""Checkpoints that end, with a named error or the committed step, instead of waiting (issue 23).
+"""Checkpoints that end, with a named error or the committed step, instead of waiting.
 
 * The checkpoint store goes down (moto's S3 server stopped): ``checkpoint()`` raises a
   ``StorageError`` naming the store and the object within the sidecar's bound (30 s), where it

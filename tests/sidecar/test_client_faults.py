@@ -1,4 +1,4 @@
-"""The client against a sidecar that restarts, drains, breaks or cannot serve (issue 9).
+"""The client against a sidecar that restarts, drains, breaks or cannot serve.
 
 Real sidecar processes on Unix sockets; every stream is compared with the in-process mode.
 """

@@ -1,4 +1,4 @@
-"""One code policy for every stream, in the sidecar (issue 23): a sidecar checks every filter
+"""One code policy for every stream, in the sidecar: a sidecar checks every filter
 predicate of its recipe - training and eval sources - before it plans or imports anything,
 against the allow-list the operator injects as ``$DATALANE_PREDICATE_MODULES`` (and never
 admits Python's standard library). Real sidecar processes; a refusal is exit code 2 with the

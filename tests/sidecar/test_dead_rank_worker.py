@@ -1,4 +1,4 @@
-"""Review: a session whose rank worker died must never be attached to again.
+"""A session whose rank worker died must never be attached to again.
 
 ``_worker_lost`` closes the sessions it finds in ``service.sessions``; a session that an Open
 registers just after that listing (the worker died between its ``claim`` answering and the

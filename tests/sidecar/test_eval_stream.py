@@ -1,4 +1,4 @@
-"""Eval streams through real sidecar processes (issue 12 part 4).
+"""Eval streams through real sidecar processes.
 
 The recipe of :mod:`tests.engine.test_eval_streams` (4 lanes, B = 8, an eval stream ``heldout`` of 5
 steps over 24 short held-out documents). A sidecar serves ``SidecarLoader(stream="heldout")``

@@ -1,4 +1,4 @@
-"""More streams than the sidecar once had server threads for (issue 23).
+"""More streams than the sidecar once had server threads for.
 
 A Stream holds a server thread for its life and a Checkpoint holds one until every rank of the
 pod has asked; with a fixed pool of 64 threads, 40 ranks checkpointing together took them all

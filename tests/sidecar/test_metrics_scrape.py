@@ -1,4 +1,6 @@
-"""Review: with --rank-processes a session's gauges are a call into its rank worker, which
+"""A Prometheus scrape survives a session closed in its rank worker.
+
+With --rank-processes a session's gauges are a call into its rank worker, which
 raises once the worker closed the session (a re-open replacing it) or died: one such session
 must not fail the whole Prometheus scrape (in thread mode a closed Session still answers)."""
 

@@ -1,4 +1,4 @@
-"""A sidecar with a ledger key resumes only from checkpoints its key signed (issue 23).
+"""A sidecar with a ledger key resumes only from checkpoints its key signed.
 
 Real sidecar processes: one commits checkpoint 3 of a store under the key (from a 0600 key
 file, as a Kubernetes Secret mount gives it); a second resumes the trainer there. When the

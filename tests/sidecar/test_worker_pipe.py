@@ -1,8 +1,10 @@
-"""Review: RankWorker's pipe reader notices only EOFError/OSError. Any other error while
-receiving an answer (an answer that does not unpickle: UnpicklingError, AttributeError or
-ImportError for a class; a truncated message) ends the reader thread silently: ``lost`` is
-never set, the calls in flight and every later call wait forever (no timeout), and the
-Stream, Checkpoint and Open RPCs of that worker's ranks hang instead of failing UNAVAILABLE."""
+"""An answer from a rank worker that cannot be read fails the calls instead of hanging them.
+
+RankWorker's pipe reader noticed only EOFError/OSError. Any other error while receiving an
+answer (an answer that does not unpickle: UnpicklingError, AttributeError or ImportError for a
+class; a truncated message) ended the reader thread silently: ``lost`` was never set, the
+calls in flight and every later call waited forever (no timeout), and the Stream, Checkpoint
+and Open RPCs of that worker's ranks hung instead of failing UNAVAILABLE."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One code policy for every stream (issue 23): the engine refuses a filter predicate from
+"""One code policy for every stream: the engine refuses a filter predicate from
 Python's standard library, or from a module outside its allow-list, for training and eval
 sources alike, before it imports anything.
 

@@ -271,7 +271,8 @@ def test_bounds(data: dict[str, Any], message: str) -> None:
      "the limit of 1,073,741,824; use a smaller batch or sequence length"),
 ])
 def test_upper_bounds_of_sizes(data: dict[str, Any], message: str) -> None:
-    """Issue 9, defect 9: numpy raised MemoryError (or ran for minutes) on the first step."""
+    """Sizes past their bounds are refused at load (numpy raised MemoryError, or ran for
+    minutes, on the first step)."""
     assert error_of(data) == message
 
 

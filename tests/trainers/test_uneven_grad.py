@@ -1,5 +1,5 @@
-"""The gradient of a world size that does not divide the lanes equals the one-rank gradient
-(issue 12 part 1): a real gloo DDP job of 3 ranks over 8 lanes (ranks of 2, 3 and 3 lanes; the
+"""The gradient of a world size that does not divide the lanes equals the one-rank gradient:
+a real gloo DDP job of 3 ranks over 8 lanes (ranks of 2, 3 and 3 lanes; the
 2-lane rank ends each step with a fully padded microbatch), the loss normalized by the torch
 adapter's ``global_tokens``, against 1 rank and 4 ranks, over two optimizer steps."""
 

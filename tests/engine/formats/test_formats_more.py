@@ -1,4 +1,4 @@
-"""MDS, Lance, WebDataset and Hugging Face datasets as sources (issue 10, part 2).
+"""MDS, Lance, WebDataset and Hugging Face datasets as sources.
 
 Each format's data is written by that format's own tools (``tests/data/format_corpus.py``).
 Per format: nothing is lost (every document arrives exactly once per epoch, counted from the

@@ -1,5 +1,5 @@
 """Hostile JSONL: long lines, lines over the record bound, decompression bombs, a tampered
-frame-index cache (issue 23).
+frame-index cache.
 
 * A line costs time linear in its length (the last line of a chunk was finished by appending
   each read to the bytes so far: 8/32 MiB lines took 1.2/19 s).

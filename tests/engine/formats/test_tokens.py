@@ -1,5 +1,5 @@
 """Pre-tokenized sources, piece by piece: the tokens kind, the Megatron index, flat token files
-and the Parquet integer-list fast path (issue 10 part 1).
+and the Parquet integer-list fast path.
 
 Every expectation is written out by hand from the documented layouts (``docs/recipe.md``,
 the format modules' docstrings); the Megatron writer is checked byte for byte against

@@ -1,4 +1,4 @@
-"""Pre-tokenized sources end to end (issue 10 parts 1 and "Done when"): Megatron datasets,
+"""Pre-tokenized sources end to end: Megatron datasets,
 flat token files (boundary id and offsets file), Parquet id columns, mixed with text.
 
 The token corpus is written here by hand: document ``i`` is ``[MARK, 3 + i // 1000,

@@ -1,5 +1,5 @@
-"""Review: decode() claims it reads no process-wide Pillow setting, so the same bytes give the
-same result on any process. PIL.ImageFile.LOAD_TRUNCATED_IMAGES (set to True by many VLM
+"""decode() reads no process-wide Pillow setting, so the same bytes give the same result in
+any process. PIL.ImageFile.LOAD_TRUNCATED_IMAGES (set to True by many VLM
 codebases) and a lowered PIL.Image.MAX_IMAGE_PIXELS change its result."""
 
 from __future__ import annotations
