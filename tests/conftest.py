@@ -17,12 +17,20 @@ from hypothesis import settings
 from datalane.corpus import DemoCorpus, make_corpus
 from datalane.spec.recipe import Recipe, load_recipe
 
-pytest_plugins = ["tests.s3server", "tests.cluster.plugin"]
+pytest_plugins = ["tests.support.s3server", "tests.cluster.plugin"]
 
 # Property tests check behaviour, not speed: on a busy 2-core machine one example can take
 # longer than hypothesis' default 200 ms deadline, which would fail a correct test.
 settings.register_profile("datalane", deadline=None)
 settings.load_profile("datalane")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that runs the images (the ``container_images`` fixture) is in the ``containers``
+    tier, as one using ``k8s_cluster`` is in ``cluster`` (tests/cluster/plugin.py)."""
+    for item in items:
+        if "container_images" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.containers)
 
 
 @pytest.fixture(scope="session")

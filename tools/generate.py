@@ -13,7 +13,7 @@ model:
   (:mod:`datalane_operator.reference`).
 
 ``--check`` writes nothing and exits 1 naming the files that differ;
-tests/unit/test_generated.py runs it and tells which command to run. Runs from a fresh clone's
+tests/docs/test_generated.py runs it and tells which command to run. Runs from a fresh clone's
 root with the package installed (``make setup``) or on ``PYTHONPATH``.
 """
 

@@ -2,7 +2,7 @@
 # Does one sidecar feed a GPU node? The device run of issue 19, in one script (< 8 minutes).
 #
 #   bash bench/device/run.sh          # on the lent GPU machine (16 cores, one H200): -> $OUT
-#   bash bench/device/run.sh --cpu    # here, the CI size, no GPU (tests/test_device_script.py)
+#   bash bench/device/run.sh --cpu    # here, the CI size, no GPU (tests/bench/test_node_bench.py)
 #
 # Parts, each under its own time limit, each recorded in $OUT/summary.md whatever the others do:
 #   1. titan    TorchTitan's own `torchtitan.train` on the GPU with datalane's dataloader

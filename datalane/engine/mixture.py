@@ -15,7 +15,7 @@ w_old_i`` in tokens, ``P_i = G + lag_i / w_new_i`` and ``a_i = consumed_i``; a s
 (weight 0 before) starts at ``P_i = G``. The lag of a source is always between 0 and its last
 document's tokens, so over any run of constant weights the tokens taken match the weights
 within one document per source, and over a ramp the tokens track the integral of the weights
-with no drift (tests/stages/test_mixture_schedule.py).
+with no drift (tests/engine/test_mixture_schedule.py).
 
 "In the race" must not depend on what a restore forgets: the mixture learns that a source
 ran out only when it asks it (a restored lane has not asked yet), so a source counts as out

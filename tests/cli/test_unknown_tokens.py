@@ -1,5 +1,5 @@
-"""A valid tokenizer that maps a source's text to its unknown token is warned about (issue 22
-part 6): it used to run silently, training on ``[UNK]`` after ``[UNK]``."""
+"""A valid tokenizer that maps a source's text to its unknown token is warned about: it
+used to run silently, training on ``[UNK]`` after ``[UNK]``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``InProcessLoader`` has the interface docs/client.md gives it: a context manager, as
-``SidecarLoader`` is (issue 22 part 8: the docs said "the same interface", and ``with
+``SidecarLoader`` is (the docs said "the same interface", and ``with
 InProcessLoader(...)`` raised)."""
 
 from __future__ import annotations

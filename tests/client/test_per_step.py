@@ -1,4 +1,4 @@
-"""``SidecarLoader.per_step`` before the first microbatch (issue 22 part 6).
+"""``SidecarLoader.per_step`` before the first microbatch.
 
 It was 0 until the first batch arrived, so ``zip(range(steps * loader.per_step), loader)``
 trained on nothing with no error. Real sidecar processes on real Unix sockets.
@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from datalane import load_recipe
 from datalane.client import InProcessLoader, SidecarLoader
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 
 def _key(b: Any) -> tuple[int, int, bytes]:

@@ -1,4 +1,4 @@
-"""A trainer that exits with its loader's iterator still open exits quietly (issue 22 part 6).
+"""A trainer that exits with its loader's iterator still open exits quietly.
 
 A torch DataLoader's iterator held by the trainer outlived the modules at exit, and the
 client's stream cleanup then printed ``Exception ignored in: <generator object
@@ -13,6 +13,8 @@ import sys
 import textwrap
 
 import pytest
+
+pytestmark = pytest.mark.slow  # a real sidecar process exits, for each transport
 
 _TRAINER = textwrap.dedent("""
     import sys

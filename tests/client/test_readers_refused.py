@@ -1,5 +1,4 @@
-"""Tensor-parallel peers that forget ``readers=`` are refused at Open, naming ``readers``
-(issue 22 part 6).
+"""Tensor-parallel peers that forget ``readers=`` are refused at Open, naming ``readers``.
 
 Two trainer processes of one data-parallel rank, each opening it as reader 0 of 1: the second
 Open took the first one's reader away, so one of them failed - only sometimes, depending on
@@ -15,8 +14,12 @@ import sys
 import textwrap
 from typing import Any
 
+import pytest
+
 from datalane import load_recipe
 from datalane.client import InProcessLoader, SidecarLoader
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 _PEER = textwrap.dedent("""
     import sys

@@ -1,8 +1,8 @@
 """Every declared packer keeps the packer contract (datalane/engine/packers/base.py).
 
 Over the same synthetic documents (token ``j`` of document ``k`` is ``1000 * (k + 1) + j``,
-tests/stages/test_packers.py), with and without a loss mask: every token of the input appears
-exactly once in the output, in its document's order within each piece (no packer drops one:
+tests/engine/packers/test_packers.py), with and without a loss mask: every token of the input
+appears exactly once in the output, in its document's order within each piece (no packer drops one:
 ``bestfit`` splits a long document, ``wrap`` cuts it); a packer rebuilt from the state it
 saved after any sequence, fed from the same point, emits exactly the sequences the unbroken
 packer emitted after it; a packer that fills whole windows (``fills_windows``) fills them with
@@ -18,7 +18,7 @@ import pytest
 from datalane.engine.documents.base import Run
 from datalane.engine.packers import PACKERS
 from datalane.spec.packing import DECLARED, PACKER_NAMES, WHOLE_PACKERS
-from tests.stages.test_packers import SIZE, Feed, packer_of, run
+from tests.engine.packers.test_packers import SIZE, Feed, packer_of, run
 
 LENGTHS = [5, 3, 6, 2, 7, 19, 1, 4, 8, 11, 2, 2, 6, 3, 9, 1, 5, 16, 8, 1]
 
@@ -77,7 +77,7 @@ def run_one(packer: object) -> list[tuple[int, int, int]]:
 
 
 def run_limited(packer: object, n: int) -> list[list[tuple[int, int, int]]]:
-    from tests.stages.test_packers import pieces_of
+    from tests.engine.packers.test_packers import pieces_of
 
     out = []
     for _ in range(n):
@@ -89,7 +89,7 @@ def run_limited(packer: object, n: int) -> list[list[tuple[int, int, int]]]:
 
 @pytest.mark.parametrize("algorithm", [n for n in PACKER_NAMES if PACKERS[n].fills_windows])
 def test_filling_a_window_is_the_same_as_sequence_by_sequence(algorithm: str) -> None:
-    from tests.stages.test_packers import pieces_of
+    from tests.engine.packers.test_packers import pieces_of
 
     whole = run(packer_of(algorithm, Feed(LENGTHS))[0])
     feed = Feed(LENGTHS)

@@ -201,7 +201,7 @@ def test_parallelism_may_change_between_restarts() -> None:
     assert review_pipeline(dp(parallelism={"tensor": 2}), dp()).allowed
 
 
-# ---- editing a running DataPipeline's recipe (issue 12 part 3) ----------------------------
+# ---- editing a running DataPipeline's recipe ---------------------------------------------
 
 WARMUP = {"name": "warmup", "start_step": 100, "weights": {"web": 1.0}}
 ANNEAL = {"name": "anneal", "start_step": 500, "weights": {"web": 0.2, "code": 0.8},

@@ -1,4 +1,4 @@
-"""The recipe-edit guard takes the run's progress from its checkpoint store (issue 23).
+"""The recipe-edit guard takes the run's progress from its checkpoint store.
 
 The tester's repro: a status patch setting ``status.lastCommittedStep`` to null, then an edit
 of a phase that had already started, was admitted (and every resume under it refused: a

@@ -1,5 +1,5 @@
-"""Editing a running DataPipeline on the real control plane (issue 12 part 3, issue 22 part 5),
-and what an operator outage costs pod creation (issue 22 part 4).
+"""Editing a running DataPipeline on the real control plane (phases appended, the edit rolled
+into the running pods), and what an operator outage costs pod creation.
 
 The Helm chart and the operator (tests/operator/stack.py) on the test control plane.
 

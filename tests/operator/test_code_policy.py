@@ -1,4 +1,4 @@
-"""One code policy for every stream, in the operator (issue 23).
+"""One code policy for every stream, in the operator.
 
 The tester's repro: admission refused ``builtins:exec`` as a training source's predicate but
 admitted it on an eval source. Admission and the pod webhook now apply

@@ -21,7 +21,7 @@ def test_reference_is_generated_from_the_schema() -> None:
 
 
 def test_examples_are_valid_pipelines() -> None:
-    # (fenced as ```yaml title=...: tests/test_docs.py reads plain ```yaml blocks as recipes)
+    # (fenced as ```yaml title=...: tests/docs/test_docs.py reads plain ```yaml blocks as recipes)
     blocks = re.findall(r"```yaml[^\n]*\n(.*?)```", DOC.read_text(), re.S)
     docs = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict)]
     pipelines = [d for d in docs if d.get("kind") == "DataPipeline"]

@@ -43,7 +43,7 @@ from datalane.store import CheckpointStore
 from tests.cluster.harness import Cluster
 from tests.cluster.util import eventually
 from tests.conftest import base_recipe_dict
-from tests.s3server import ACCESS_KEY, SECRET_KEY
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY
 
 from .builders import RECIPE
 from .containers import trainer_image

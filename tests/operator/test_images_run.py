@@ -15,7 +15,7 @@ import pytest
 
 from .containers import IMAGE_TAG, podman
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.containers, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 HARDENED = ("--rm", "--pull=never", "--network", "none", "--read-only",
             "--read-only-tmpfs=false", "--cap-drop", "ALL", "--security-opt",

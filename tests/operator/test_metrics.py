@@ -1,4 +1,4 @@
-"""The operator's Prometheus metrics (issue 22): hand-worked counts and buckets in the text
+"""The operator's Prometheus metrics: hand-worked counts and buckets in the text
 format, read back by prometheus_client's parser, and served over real HTTP from the counts
 that real reviews, reconciles and looks at a real store on disk make."""
 

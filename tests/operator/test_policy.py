@@ -24,8 +24,8 @@ from datalane_operator.storage import Listing
 
 from datalane.spec.errors import ConfigError
 from datalane.store import CheckpointStore
-from tests.s3server import S3Bucket
 from tests.store.support import commit_steps
+from tests.support.s3server import S3Bucket
 
 from .builders import dp, job, pod
 from .fakeapi import FakeKube as FakeApi

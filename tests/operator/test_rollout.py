@@ -1,4 +1,4 @@
-"""Rolling an edited recipe into a running job (issue 22 part 5): the pods are stamped with the
+"""Rolling an edited recipe into a running job: the pods are stamped with the
 recipe they serve, and the pure reconcile restarts those serving an older one at the right
 checkpoint. Hand-worked orderings of the committed steps against the phase's start."""
 

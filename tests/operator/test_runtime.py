@@ -215,7 +215,7 @@ def test_refusals_are_logged_at_info_and_other_errors_stay() -> None:
 
 
 def test_a_leader_elected_again_does_not_reconcile_on_its_previous_terms_listing() -> None:
-    """Review: a replica that led, lost the Lease and leads again must not decide on the store
+    """A replica that led, lost the Lease and leads again must not decide on the store
     listing it kept from its previous term (the store moved on under the other leader): its
     first reconciles run before its first look, and with an old listing they set
     lastCommittedStep backwards and plan_roll sees a 'fresh' old checkpoint (restart now)

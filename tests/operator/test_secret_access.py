@@ -1,5 +1,5 @@
-"""Secrets are read, and pods deleted, only where the chart lets the operator (issue 22 parts 4
-and 5): a namespace without the chart's RoleBinding answers 403, and the operator reports a
+"""Secrets are read, and pods deleted, only where the chart lets the operator: a
+namespace without the chart's RoleBinding answers 403, and the operator reports a
 store it may not touch, or pods it may not restart, naming the Helm value that fixes it,
 instead of a failed storage look, edit or reconcile."""
 

@@ -1,4 +1,4 @@
-"""The operator's garbage collection is signed with the run's ledger key (issue 23).
+"""The operator's garbage collection is signed with the run's ledger key.
 
 An audit with a ledger key refuses gc records that are not signed with it, so the operator
 takes the key from the checkpoint Secret (``DATALANE_LEDGER_KEY``, where the sidecars find it

@@ -13,8 +13,8 @@ from datalane_operator.storage import (
 )
 
 from datalane.store import CheckpointStore
-from tests.s3server import S3Bucket
 from tests.store.support import commit_steps, write_step
+from tests.support.s3server import S3Bucket
 
 
 def test_options() -> None:

@@ -38,7 +38,7 @@ from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import load_recipe
 from playground.__main__ import FOLDER, export_line, read_state
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.containers, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 AFTER = 8  # steps the resumed workers read before the comparison
 

@@ -1,4 +1,4 @@
-"""A run resumed through a real sidecar with a phase appended (issue 12 part 3, the ledger).
+"""A run resumed through a real sidecar with a phase appended (and its ledger).
 
 A sidecar serves recipe A (phase 'warmup' from step 2) to one rank and commits checkpoint 6
 in its store; it stops, and a sidecar of recipe B = A + phase 'anneal' from step 8 (what an
@@ -14,12 +14,16 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from datalane import load_recipe
 from datalane.client.sidecar import SidecarLoader
 from datalane.runner import run_world
 from datalane.spec.knobs import Knobs
 from datalane.store import CheckpointStore
 from datalane.store.amendments import PhaseStart
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 WARMUP = {"name": "warmup", "start_step": 2, "weights": {"web": 1.0}}
 ANNEAL = {"name": "anneal", "start_step": 8, "weights": {"web": 0.1, "code": 0.9},

@@ -9,8 +9,9 @@ import pytest
 
 from tests.sidecar.chaos import run_chaos
 
+pytestmark = pytest.mark.slow  # real sidecar processes
 
-@pytest.mark.slow
+
 def test_kill9_and_sigterm_at_random_points_change_nothing(sidecar, repeat_recipe,
                                                            tmp_path) -> None:
     run_chaos(sidecar, repeat_recipe, tmp_path, steps=64, every=4,

@@ -1,4 +1,4 @@
-"""Chaos with the timing of issue 23's repro: the trainers checkpoint at every step, so the
+"""Chaos timed to hit checkpoints: the trainers checkpoint at every step, so the
 sidecar is stopped inside a checkpoint as often as not - SIGTERM only (kubelet's drain and
 restart on every eviction), and SIGTERM and SIGKILL mixed - and some faults wait for rank 0
 to be inside ``checkpoint()``. The stream stays byte-identical to an uninterrupted run (every
@@ -12,15 +12,15 @@ import pytest
 
 from tests.sidecar.chaos import run_chaos
 
+pytestmark = pytest.mark.slow  # real sidecar processes
 
-@pytest.mark.slow
+
 def test_sigterm_drains_with_a_checkpoint_every_step_change_nothing(sidecar, repeat_recipe,
                                                                     tmp_path) -> None:
     run_chaos(sidecar, repeat_recipe, tmp_path, steps=48, every=1,
               faults=["sigterm"] * 3 + ["sigterm-in-checkpoint"] * 3, seed=2312, within=28)
 
 
-@pytest.mark.slow
 def test_kill9_and_sigterm_with_a_checkpoint_every_step_change_nothing(sidecar, repeat_recipe,
                                                                        tmp_path) -> None:
     run_chaos(sidecar, repeat_recipe, tmp_path, steps=64, every=1,
@@ -28,7 +28,6 @@ def test_kill9_and_sigterm_with_a_checkpoint_every_step_change_nothing(sidecar, 
               seed=2313, within=32)
 
 
-@pytest.mark.slow
 def test_rank_workers_killed_with_kill9_among_sidecar_faults_change_nothing(
         sidecar, repeat_recipe, tmp_path) -> None:
     run_chaos(sidecar, repeat_recipe, tmp_path, steps=48, every=1,

@@ -1,4 +1,4 @@
-"""Checkpoints that end, with a named error or the committed step, instead of waiting (issue 23).
+"""Checkpoints that end, with a named error or the committed step, instead of waiting.
 
 * The checkpoint store goes down (moto's S3 server stopped): ``checkpoint()`` raises a
   ``StorageError`` naming the store and the object within the sidecar's bound (30 s), where it
@@ -25,8 +25,10 @@ import pytest
 from datalane import StorageError
 from datalane.client import SidecarLoader
 from datalane.store import CheckpointStore
-from tests.s3server import ACCESS_KEY, SECRET_KEY, _free_port, _wait_ready
 from tests.sidecar.test_edges import _take
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, _free_port, _wait_ready
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The client against a sidecar that restarts, drains, breaks or cannot serve (issue 9).
+"""The client against a sidecar that restarts, drains, breaks or cannot serve.
 
 Real sidecar processes on Unix sockets; every stream is compared with the in-process mode.
 """
@@ -21,6 +21,8 @@ from datalane.client.sidecar import _retryable
 from datalane.wire import NO_SESSION_KEY
 from tests.sidecar.inproc import serve_in_process
 from tests.sidecar.test_edges import _reference, _same, _take
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 
 def test_a_graceful_sigterm_restart_is_ridden_through_like_a_kill9(sidecar,

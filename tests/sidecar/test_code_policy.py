@@ -1,4 +1,4 @@
-"""One code policy for every stream, in the sidecar (issue 23): a sidecar checks every filter
+"""One code policy for every stream, in the sidecar: a sidecar checks every filter
 predicate of its recipe - training and eval sources - before it plans or imports anything,
 against the allow-list the operator injects as ``$DATALANE_PREDICATE_MODULES`` (and never
 admits Python's standard library). Real sidecar processes; a refusal is exit code 2 with the
@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 
 def _start(recipe: str, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

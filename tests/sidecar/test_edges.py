@@ -27,6 +27,8 @@ from datalane.spec.state import Checkpoint
 from datalane.store import CheckpointStore
 from tests.store.support import write_step
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 
 def _copy(b: Batch) -> Batch:
     return b.copy()

@@ -1,6 +1,6 @@
-"""Eval streams through real sidecar processes (issue 12 part 4).
+"""Eval streams through real sidecar processes.
 
-The recipe of :mod:`tests.test_eval_streams` (4 lanes, B = 8, an eval stream ``heldout`` of 5
+The recipe of :mod:`tests.engine.test_eval_streams` (4 lanes, B = 8, an eval stream ``heldout`` of 5
 steps over 24 short held-out documents). A sidecar serves ``SidecarLoader(stream="heldout")``
 next to the training stream: the global eval batch of every step is byte-identical at world
 sizes 1, 2 and 3 and equals the in-process one; each iteration is one evaluation of exactly
@@ -28,13 +28,15 @@ from datalane.spec import ConfigError, load_recipe
 from datalane.wire import PROTOCOL_VERSION
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
-from tests.sidecar.inproc import serve_in_process
-from tests.test_eval_streams import (
+from tests.engine.test_eval_streams import (
     STEPS,
     eval_files,  # noqa: F401  (the fixture)
     eval_recipe_dict,
     global_steps,
 )
+from tests.sidecar.inproc import serve_in_process
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 
 @pytest.fixture

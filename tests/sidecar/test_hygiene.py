@@ -13,10 +13,13 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 from datalane_sidecar.logs import JsonFormatter, Redactor, credentials_in
 
 from datalane.client import SidecarLoader
-from tests.s3server import ACCESS_KEY, SECRET_KEY, S3Bucket
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, S3Bucket
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 
 def _free_port() -> int:

@@ -1,4 +1,4 @@
-"""More streams than the sidecar once had server threads for (issue 23).
+"""More streams than the sidecar once had server threads for.
 
 A Stream holds a server thread for its life and a Checkpoint holds one until every rank of the
 pod has asked; with a fixed pool of 64 threads, 40 ranks checkpointing together took them all
@@ -21,6 +21,8 @@ from datalane.client import SidecarLoader
 from datalane.store import CheckpointStore
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 RANKS = 40  # more than 32: 40 streams + 40 checkpoints waiting exceeded the 64 threads
 STEPS = 6

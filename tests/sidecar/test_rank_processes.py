@@ -30,6 +30,8 @@ from datalane.wire import datalane_pb2_grpc as pbg
 from tests.sidecar.test_columns import chat_recipe  # noqa: F401  (the fixture)
 from tests.sidecar.test_edges import _reference, _same
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 PER_STEP = 4  # B = 16, world 2, microbatch 2
 
 

@@ -36,6 +36,8 @@ from datalane.wire import datalane_pb2_grpc as pbg
 from datalane.wire.layout import Layout
 from datalane.wire.shm import ShmReader
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 Item = tuple[int, int, bytes, bytes]  # (step, index, input_ids, positions) as <i4 bytes
 
 
@@ -315,7 +317,7 @@ def test_readers_of_one_rank_count_once_in_the_pod_object(sidecar, repeat_recipe
 # -- a refused request leaves the rank's session alone ----------------------------------------
 
 def test_a_refused_open_does_not_tear_down_the_ranks_session(sidecar, repeat_recipe) -> None:
-    """Issue 9, defect 8: bad Opens for rank 1 (a microbatch size that does not divide the
+    """Bad Opens for rank 1 (a microbatch size that does not divide the
     local batch, too many microbatches to skip, a state without the rank's lanes) are refused,
     and the healthy trainer of rank 1 streams on without a re-open, the in-process bytes.
     Before, each bad Open closed its session first."""
@@ -381,7 +383,7 @@ def _text_bytes(value: Any) -> int:
 
 
 def test_kept_boundaries_hold_lane_states_not_the_file_list(tmp_path) -> None:
-    """Issue 9, defect 1: a kept boundary costs its lanes' compact states, whatever the file
+    """A kept boundary costs its lanes' compact states, whatever the file
     count; the checkpoint JSON it gives is byte for byte the loader's own dump."""
     kept: dict[int, list[int]] = {}
     docs: dict[int, int] = {}

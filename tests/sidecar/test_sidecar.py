@@ -29,6 +29,8 @@ from datalane.spec.schema import text_schema
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 
 def _take(loader, n: int) -> list:
     out = []
@@ -306,7 +308,6 @@ def test_client_needs_a_socket(monkeypatch) -> None:
                                 open_timeout=1)))
 
 
-@pytest.mark.slow
 def test_sidecar_demo_with_an_s3_store_matches_and_audits(s3_bucket, tmp_path) -> None:
     """2 pods x 2 ranks -> 1 pod -> 4 pods through sidecars, checkpoints on moto's S3."""
     uri = s3_bucket.uri

@@ -1,4 +1,4 @@
-"""A sidecar with a ledger key resumes only from checkpoints its key signed (issue 23).
+"""A sidecar with a ledger key resumes only from checkpoints its key signed.
 
 Real sidecar processes: one commits checkpoint 3 of a store under the key (from a 0600 key
 file, as a Kubernetes Secret mount gives it); a second resumes the trainer there. When the
@@ -20,6 +20,8 @@ from datalane.client.sidecar import SidecarLoader
 from datalane.spec.errors import StorageError
 from datalane.store import CheckpointStore
 from datalane.store.signing import sign_manifest
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 KEY = b"s" * 32
 

@@ -1,4 +1,4 @@
-"""A world size that does not divide the lanes, through a real sidecar (issue 12 part 1).
+"""A world size that does not divide the lanes, through a real sidecar.
 
 The chat recipe's 4 lanes (B=8: 2 sequences a lane) over 3 ranks: ranks 0 and 1 own one lane,
 rank 2 two. With microbatches of 1 sequence every rank yields 4 per step; ranks 0 and 1 end
@@ -21,6 +21,8 @@ from tests.sidecar.test_columns import (
     _take,
     chat_recipe,  # noqa: F401  (the fixture)
 )
+
+pytestmark = pytest.mark.slow  # real sidecar processes
 
 
 @pytest.mark.parametrize("transport", ["inline", "shm"])

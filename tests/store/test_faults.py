@@ -166,8 +166,8 @@ def test_missing_bucket_is_permanent(s3_bucket: object, s3: Backend) -> None:
 
 def test_a_deleted_bucket_is_named_not_taken_for_a_missing_checkpoint(s3_bucket: object,
                                                                        s3: Backend) -> None:
-    """Issue 9, defect 10: the store said "the object does not exist" (or "no committed
-    checkpoint") when the whole bucket had been deleted."""
+    """A deleted bucket is named as such (the store said "the object does not exist", or "no
+    committed checkpoint", when the whole bucket had been deleted)."""
     store = s3.store()
     commit_steps(store, [10])
     bucket = s3.base.split("/", 1)[0]

@@ -122,7 +122,7 @@ def test_audit_detects_ledger_gap(local: Backend) -> None:
 
 
 def test_audit_of_a_store_that_does_not_exist_fails_naming_it(backend: Backend) -> None:
-    """Issue 9, defect 10: a wrong URI audited as 'OK: 0 checkpoints verified'."""
+    """A wrong URI is no store (it audited as 'OK: 0 checkpoints verified')."""
     store = backend.store()  # nothing was ever written under it
     report = store.audit()
     problem = (f"there is no checkpoint store at {store.uri}: nothing is stored under it "

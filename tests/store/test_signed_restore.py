@@ -1,4 +1,4 @@
-"""Restores check signatures, and a ledger key file must be private (issue 23).
+"""Restores check signatures, and a ledger key file must be private.
 
 A store with a ledger key restores only a manifest its ``MANIFEST.sig`` vouches for: an
 unsigned step, a forged one and one signed with another key are refused naming the

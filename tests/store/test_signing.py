@@ -1,4 +1,4 @@
-"""HMAC-signed manifests (issue 9, defect 12): a writer without the key cannot forge history.
+"""HMAC-signed manifests: a writer without the key cannot forge history.
 
 The hash chain alone is consistent for anyone who can write the bucket: the forgery test
 rebuilds two steps with the store's own code and the keyless audit passes, while the audit

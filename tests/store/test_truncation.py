@@ -1,4 +1,4 @@
-"""A cut head or tail of a store's history is evident (issue 23).
+"""A cut head or tail of a store's history is evident.
 
 The tester's repro: deleting the newest or the oldest steps of a signed ledger passed
 ``datalane audit --key``. ``HEAD.json`` names the newest committed step, garbage collection
@@ -133,7 +133,7 @@ def test_the_chain_counts_and_the_head_follows_commits(local: Backend) -> None:
 
 
 def _old_datalane(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Commit and collect as a datalane before issue 23: no seq, no HEAD.json, no gc record."""
+    """Commit and collect as an older datalane did: no seq, no HEAD.json, no gc record."""
     from datalane.store import store as module
 
     real = module.build_manifest

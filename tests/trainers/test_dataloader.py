@@ -25,6 +25,8 @@ def test_batch_size_none_yields_the_stream_in_order(make_recipe) -> None:
     assert got[0]["input_ids"].shape == (4, recipe.seq_len)
 
 
+# DataLoader workers fork on purpose; Lance (imported by other tests of the run) warns at every fork
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning")
 def test_workers_are_refused_instead_of_yielding_each_microbatch_twice(make_recipe) -> None:
     ds = DataLaneDataset(InProcessLoader(make_recipe(), 0, 1, 4))
     loader = DataLoader(ds, batch_size=None, num_workers=2)

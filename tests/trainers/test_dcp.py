@@ -22,6 +22,8 @@ from datalane import load_recipe
 from datalane.client import InProcessLoader
 from datalane.client.torch import DataLaneDataset
 
+pytestmark = pytest.mark.slow  # torchrun jobs on gloo
+
 JOB = Path(__file__).with_name("dcp_job.py")
 MICROBATCH = 2  # B = 16: a rank of W has 16 / W / 2 microbatches per step
 STEPS_BEFORE = 3
@@ -85,7 +87,6 @@ def per_step(world: int) -> int:
 WORLDS = [(2, 1), (1, 2), (4, 2), (2, 4)]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("before", "after"), WORLDS, ids=[f"{a}to{b}" for a, b in WORLDS])
 def test_dcp_in_process_resumes_on_another_world_size(repeat_recipe, tmp_path, before,
                                                       after) -> None:
@@ -97,7 +98,6 @@ def test_dcp_in_process_resumes_on_another_world_size(repeat_recipe, tmp_path, b
     assert got == uninterrupted(repeat_recipe, after, STEPS_BEFORE * per_step(after), FOLLOW)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("before", "after"), WORLDS, ids=[f"{a}to{b}" for a, b in WORLDS])
 def test_dcp_through_a_sidecar_resumes_on_another_world_size(repeat_recipe, sidecar, tmp_path,
                                                              before, after) -> None:
@@ -111,7 +111,6 @@ def test_dcp_through_a_sidecar_resumes_on_another_world_size(repeat_recipe, side
     assert got == uninterrupted(repeat_recipe, after, STEPS_BEFORE * per_step(after), FOLLOW)
 
 
-@pytest.mark.slow
 def test_dcp_inside_a_step_resumes_on_its_own_world_and_is_refused_on_another(
         repeat_recipe, tmp_path) -> None:
     ckpt = str(tmp_path / "ckpt")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # torchrun jobs on gloo
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "elastic_training.py"
 
@@ -33,7 +35,6 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.slow
 def test_datalane_resume_on_another_world_keeps_every_global_batch(result) -> None:
     assert result["config"]["worlds"] == [2, 1] and result["config"]["resume_at"] == [4]
     for key in ("b_vs_a", "b_vs_a_tokens"):  # lane-digest hash and token-bytes hash
@@ -51,7 +52,6 @@ def test_datalane_resume_on_another_world_keeps_every_global_batch(result) -> No
     assert losses[-1] < losses[0] - 0.2  # it trains
 
 
-@pytest.mark.slow
 def test_datalane_on_a_world_that_does_not_divide_the_lanes_keeps_every_global_batch(
         result) -> None:
     assert result["config"]["uneven_worlds"] == [3, 1]
@@ -68,7 +68,6 @@ def test_datalane_on_a_world_that_does_not_divide_the_lanes_keeps_every_global_b
     assert tokens == [r["tokens"] for r in result["curves"]["a_datalane"]]
 
 
-@pytest.mark.slow
 def test_usual_loader_resume_on_another_world_repeats_sequences(result) -> None:
     c = result["c_vs_a"]
     assert c["steps_hash_equal"] == 4 and c["first_step_hash_differs"] == 4

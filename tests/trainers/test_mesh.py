@@ -11,11 +11,12 @@ from datalane import load_recipe
 from datalane.client import InProcessLoader
 from tests.trainers.test_dcp import run_job
 
+pytestmark = pytest.mark.slow  # torchrun jobs on gloo
+
 MICROBATCH = 2
 TAKE = 12  # three steps of a DP rank of 2 (16 / 2 / 2 = 4 microbatches per step)
 
 
-@pytest.mark.slow
 def test_tp_peers_share_one_session_and_get_identical_batches(repeat_recipe, sidecar,
                                                               tmp_path) -> None:
     sc = sidecar(repeat_recipe)

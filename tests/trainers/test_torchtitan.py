@@ -140,6 +140,7 @@ def test_configuration_mistakes_name_the_field(repeat_recipe, monkeypatch) -> No
         build("", 0, 1)
 
 
+@pytest.mark.slow  # a real sidecar process
 def test_reads_the_pods_sidecar(repeat_recipe, sidecar) -> None:
     sc = sidecar(repeat_recipe)
     loader = DataLaneDataLoader.Config(socket=sc.socket).build(

@@ -1,4 +1,4 @@
-"""TorchTitan on a DP degree that does not divide the lanes (issue 12 part 1).
+"""TorchTitan on a DP degree that does not divide the lanes.
 
 TorchTitan has one ``local_batch_size`` and one gradient-accumulation count for all ranks, so
 every rank reads the same number of microbatches per step - a rank with fewer lanes ends its

@@ -1,5 +1,5 @@
-"""The gradient of a world size that does not divide the lanes equals the one-rank gradient
-(issue 12 part 1): a real gloo DDP job of 3 ranks over 8 lanes (ranks of 2, 3 and 3 lanes; the
+"""The gradient of a world size that does not divide the lanes equals the one-rank gradient:
+a real gloo DDP job of 3 ranks over 8 lanes (ranks of 2, 3 and 3 lanes; the
 2-lane rank ends each step with a fully padded microbatch), the loss normalized by the torch
 adapter's ``global_tokens``, against 1 rank and 4 ranks, over two optimizer steps."""
 
@@ -13,8 +13,9 @@ import pytest
 
 from tests.trainers.test_dcp import run_job
 
+pytestmark = pytest.mark.slow  # torchrun jobs on gloo
 
-@pytest.mark.slow
+
 def test_uneven_world_gradient_equals_the_one_rank_gradient(write_recipe: Callable[..., str],
                                                             tmp_path: Path) -> None:
     recipe = write_recipe()  # 8 lanes, B=16: 2 sequences a lane

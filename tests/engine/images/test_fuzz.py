@@ -1,7 +1,8 @@
 """Fuzzing the image decoder: any bytes give an RGB image within the limits or a typed reason.
 
-Seeded (``derandomize``) and small, as every fuzzer here (tests/fuzz): random bytes behind each
-format's magic, and real images of each format mutated (bytes flipped, cut, repeated, spliced).
+Seeded (``derandomize``) and small, as every fuzzer here (tests/engine/formats/fuzz): random
+bytes behind each format's magic, and real images of each format mutated (bytes flipped, cut,
+repeated, spliced).
 Each decode must also end in bounded time: no input may hang it.
 """
 

@@ -2,7 +2,7 @@
 Parquet with a binary or ``Image``-struct image column and a caption column, a Hugging Face
 Arrow stream of the struct (the vision kind), and OBELICS-style ``texts`` / ``images`` list
 columns in both formats (the interleaved kind), mutated by flips, cuts and hostile values in
-their footer / message fields and buffers (tests/fuzz/stream_harness.py).
+their footer / message fields and buffers (tests/engine/formats/fuzz/stream_harness.py).
 
 Each case is planned and read by datalane's plan and record reader with the bound on a
 record's bytes lowered (so that a mutated length reaches it), and compared, row by row, with
@@ -20,9 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.fuzz.stream_harness import Field, Outcomes, fuzz_file, parquet_bytes, read_source, text
-from tests.hostile.arrowbytes import messages
+from tests.engine.formats.fuzz.stream_harness import Field, Outcomes, fuzz_file, parquet_bytes, read_source, text
+from tests.support.arrowbytes import messages
 from tests.support.kinds import VISION_TOKENIZER
+
+pytestmark = pytest.mark.fuzz
 
 EXAMPLES = 120
 BOUND = 200  # bytes a record may hold in these cases (MAX_RECORD_BYTES, lowered)

@@ -1,0 +1,191 @@
+"""The node benchmarks (docs/benchmarks.md): the cost model, the GIL measurement, the feed
+test's figures and search, and the device script at its CPU size (slow tier).
+
+The model and the figures are checked against values computed by hand; the GIL measurement
+against real processes whose GIL use is known (a pure-Python spin holds it whenever it runs,
+a sleeping process never); ``bash bench/device/run.sh --cpu`` end to end (the TorchTitan CPU
+trainer twice, 7 scaling children, 3 feed trials of 8 ranks: 4.3 minutes at a load average of
+8-10 on 2 cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.support import paths
+
+ROOT = paths.REPO
+
+
+def _bench(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+scaling = _bench("scaling")
+feed = _bench("feed")
+
+
+def test_amdahl_from_cpu_and_gil_seconds_per_million_tokens() -> None:
+    # C = 2 s/Mtok of CPU, G = 0.5 s/Mtok of it holding the GIL
+    assert scaling.amdahl(2.0, 0.5, 1) == pytest.approx(500_000)  # 1e6 / 2
+    assert scaling.amdahl(2.0, 0.5, 2) == pytest.approx(800_000)  # 1e6 / (0.5 + 1.5 / 2)
+    assert scaling.amdahl(2.0, 0.5, 1e9) == pytest.approx(2_000_000, rel=1e-6)  # 1e6 / G
+    # 2 processes, each its own GIL, on 2 cores: 2e6 / (0.5 + 1.5 * 2 / 2)
+    assert scaling.amdahl(2.0, 0.5, 2, procs=2) == pytest.approx(1_000_000)
+    # 4 processes on 16 cores: 4e6 / (0.5 + 1.5 / 4)
+    assert scaling.amdahl(2.0, 0.5, 16, procs=4) == pytest.approx(4e6 / 0.875)
+    # a GIL share measured above the CPU (a loaded machine) is all serial, never negative
+    assert scaling.amdahl(1.0, 2.0, 64) == pytest.approx(1_000_000)
+
+
+def test_the_model_predicts_each_configuration_from_the_first() -> None:
+    def rec(tokens: float, wall: float, cpu: float, **kw: Any) -> dict[str, Any]:
+        return {"tokens": tokens, "wall": wall, "cpu": cpu, "server_cpu": cpu * 0.9,
+                "load1": 0.5, **kw}
+
+    runs = {
+        # 1 core: 1e6 tokens in 2 s on 2 CPU-seconds -> 500k tokens/s, C = 2 s/Mtok
+        "text|sidecar|1|1": [rec(1e6, 2.0, 2.0), rec(1e6, 2.5, 2.0), rec(1e6, 1.5, 2.0)],
+        # the GIL held 25% of the profiled window's 2 s for 1e6 tokens: G = 0.5 s/Mtok
+        "text|sidecar|1|profile": [rec(1e6, 2.0, 2.0, gil_share=0.25,
+                                       python_thread_cpu=0.6)],
+        "text|sidecar|2|1": [rec(1.5e6, 2.0, 3.0)],  # 750k tokens/s
+        "text|sidecar|2|2": [rec(1.9e6, 2.0, 3.8, rate_sum=950_000.0)],
+    }
+    m = scaling.model(runs, 1)["text|sidecar"]
+    assert m["cpu_s_per_Mtok"] == pytest.approx(2.0)
+    assert m["server_cpu_s_per_Mtok"] == pytest.approx(1.8)
+    assert m["gil_s_per_Mtok"] == pytest.approx(0.5)
+    assert m["python_thread_cpu_s_per_Mtok"] == pytest.approx(0.6)
+    assert m["rate_1"] == pytest.approx(500_000)  # the median of 400k, 500k, 667k
+    rows = {(r["cores"], r["procs"]): r for r in m["rows"]}
+    assert rows[1, 1]["predicted"] == pytest.approx(500_000)
+    assert rows[2, 1]["predicted"] == pytest.approx(800_000)  # 500k x 800k / 500k
+    assert rows[2, 1]["error"] == pytest.approx(750 / 800 - 1)
+    assert rows[2, 2]["predicted"] == pytest.approx(1_000_000)
+    assert rows[2, 2]["measured"] == pytest.approx(950_000)
+    # the node projection uses the sidecar's own CPU (1.8): 1e6 / (0.5 + 1.3 / 16)
+    assert m["projection"][16] == pytest.approx(1e6 / (0.5 + 1.3 / 16))
+    assert m["serial_fraction"] == pytest.approx(0.5 / 1.8)
+    assert "| text | sidecar | 2.000 (1.800) | 0.500 | 27.8% | 0.600 |" in scaling.table(
+        {"text|sidecar": m})
+
+
+def test_py_spy_raw_output_is_counted_per_thread() -> None:
+    raw = ("thread (4242): MainThread;<module> (a.py:3);spin (a.py:9) 120\n"
+           "thread (4242): MainThread;<module> (a.py:3);other (a.py:12) 5\n"
+           "thread (0x1f00): datalane-hash;run (b.py:1) 7\n"
+           "process 1:\"python x.py\";<module> (x.py:1) 3\n"
+           "garbage line\n")
+    assert scaling.parse_raw(raw) == {4242: 125, 0x1F00: 7, -1: 3}
+
+
+def _spy(code: str, tmp_path: Path) -> dict[str, Any]:
+    """py-spy's GIL share of a real Python process running ``code``, with the CPU share of its
+    main thread over the same window."""
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.5)
+        main = proc.pid  # the main thread's id is the process id
+        probe = scaling.GilProbe(proc.pid, 2.0, 100, tmp_path)
+        t0 = time.perf_counter()
+        while probe.running():
+            time.sleep(0.02)
+        wall = time.perf_counter() - t0
+        ran = scaling.thread_sched(proc.pid)[main][0] - probe.threads0[main][0]
+        return {**probe.result(), "cpu_share": ran / wall}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(scaling.pyspy_binary() is None, reason="py-spy is not installed")
+def test_the_gil_share_of_a_spinning_and_of_a_sleeping_process(tmp_path: Path) -> None:
+    spin = _spy("while True: pass", tmp_path)
+    # it holds the GIL whenever it runs: the share weighted by its on-CPU time is its CPU
+    # share (1.0 on an idle core, less when others share the core), within the sampling error
+    assert spin["gil_share"] == pytest.approx(spin["cpu_share"], rel=0.2, abs=0.05)
+    assert spin["gil_share_uncorrected"] >= spin["gil_share"] - 0.05
+    assert spin["python_tids"] == [spin["python_tids"][0]] and spin["gil_samples"] > 50
+    sleep = _spy("import time\nwhile True: time.sleep(1)", tmp_path)
+    assert sleep["gil_share"] < 0.02 and sleep["gil_samples"] <= 4
+
+
+def test_feed_figures_from_the_waits_of_each_rank() -> None:
+    ranks = [{"waits": [0.0005, 0.003, 0.15], "compute": 0.1, "tokens": 12_288, "wall": 0.4},
+             {"waits": [0.001], "compute": 0.1, "tokens": 4096, "wall": 0.1}]
+    got = feed.summarize(ranks, ready=0.002)
+    assert got["steps"] == 4
+    assert got["waited"] == 0.5  # 3 ms and 150 ms are over 2 ms
+    assert got["stalled"] == 0.25  # 150 ms is over the 100 ms step
+    assert got["idle_share"] == pytest.approx(0.05 / 0.5)  # 50 ms of the 0.5 s of steps
+    assert got["p50_ms"] == pytest.approx(3.0)  # sorted [0.5, 1, 3, 150] ms, index 2
+    assert got["p99_ms"] == pytest.approx(150.0)
+    assert got["achieved_per_rank"] == pytest.approx((12_288 / 0.4 + 4096 / 0.1) / 2)
+
+
+def test_feed_search_brackets_then_bisects_the_highest_rate_that_holds() -> None:
+    tried: list[float] = []
+
+    def run(rate: float) -> dict[str, Any]:  # the sidecar keeps up to 100k tokens/s a rank
+        tried.append(rate)
+        return {"rate": rate, "waited": 0.0 if rate <= 100_000 else 0.2}
+
+    best, trials = feed.search(run, 60_000, 0.25, 7)
+    # 60k holds, 120k waits, then sqrt(60k x 120k) = 84,853 holds, sqrt(84,853 x 120k) =
+    # 100,907 waits: 100,907 / 84,853 = 1.19 <= 1.25, done
+    assert tried == pytest.approx([60_000, 120_000, 84_852.8, 100_906.8], rel=1e-5)
+    assert best == pytest.approx(84_852.8, rel=1e-5)
+    assert len(trials) == 4
+
+    tried.clear()
+    best, _ = feed.search(run, 400_000, 0.25, 3)  # too fast: halving, out of trials
+    assert tried == [400_000, 200_000, 100_000] and best == 100_000
+    tried.clear()
+    best, _ = feed.search(lambda r: {"rate": r, "waited": 1.0}, 1000, 0.25, 2)
+    assert best is None
+
+
+@pytest.mark.slow
+def test_the_device_script_runs_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "sidecar"),
+                                          str(ROOT / "operator")])}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "device" / "run.sh"), "--cpu"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=1500)
+    log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
+    assert proc.returncode == 0, proc.stdout[-3000:] + log[-6000:]
+    summary = (out / "summary.md").read_text()
+    for name in ("titan", "scaling", "feed"):
+        assert f"- {name}: exit 0," in summary, summary
+    titan = (out / "titan.md").read_text()
+    assert "MATCH: every step of every run (cpu; resumed at step 3)" in titan, titan
+    result = json.loads((out / "scaling.json").read_text())
+    assert sorted(result["model"]) == ["megatron|inprocess", "megatron|sidecar"]
+    for mode in ("inprocess", "sidecar"):
+        m = result["model"][f"megatron|{mode}"]
+        assert m["cpu_s_per_Mtok"] > 0 and m["rate_1"] > 0
+        configs = {(r["cores"], r["procs"]) for r in m["rows"]}
+        assert configs == ({(1, 1), (2, 1), (2, 2)} if mode == "inprocess" else {(1, 1), (2, 1)})
+    assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fed = json.loads((out / "feed.json").read_text())
+    assert fed["ranks"] == 8
+    for name in ("text", "chat", "pretokenized"):
+        (t,) = fed["results"][name]["trials"]
+        assert t["steps"] >= 8 and t["p50_ms"] >= 0

@@ -1,0 +1,127 @@
+"""``wrap`` filling a whole window at once from runs of documents (``fill_window``).
+
+The lane asks a packer that can for a whole window (``rows`` sequences) in one call, and the
+mixture hands it documents in *runs*: consecutive documents of one source as flat columns
+with their offsets (``datalane.engine.documents.base.Run``). The window must be exactly the
+``rows`` sequences that ``next_sequence`` would have emitted one by one: the same pieces,
+positions restarting at every document and at every sequence (also inside a run and inside
+a document that spans several sequences), the same carry-over, counters and padding.
+
+Same synthetic documents as ``test_packers``: token ``j`` of document ``k`` is
+``1000 * (k + 1) + j``; ``pieces_of`` reads a sequence back as ``(document, start, stop)``
+pieces and checks positions, padding and masks. Expectations are worked out by hand
+(size 8).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from datalane.engine.documents.base import Run
+from tests.engine.packers.test_packers import SIZE, Feed, packer_of, pieces_of
+
+
+class RunFeed(Feed):
+    """A Feed that also hands out runs: ``groups`` documents at a time (cycling), each run
+    cut short once ``need`` tokens are taken, as the mixture's ``next_run`` does."""
+
+    def __init__(self, lengths: list[int], groups: list[int], masks: bool = False) -> None:
+        super().__init__(lengths, masks)
+        self.groups = groups
+        self.runs = 0
+
+    def next_run(self, need: int) -> Run | None:
+        if self.next >= len(self.lengths):
+            return None
+        limit = self.groups[self.runs % len(self.groups)]
+        self.runs += 1
+        docs = []
+        taken = 0
+        while self.next < len(self.lengths) and len(docs) < limit and (not docs
+                                                                        or taken < need):
+            docs.append(self.doc(self.next))
+            taken += len(docs[-1])
+            self.next += 1
+        offsets = np.cumsum([0] + [len(d) for d in docs])
+        columns = tuple(np.concatenate([d.columns[c] for d in docs])
+                        for c in range(len(docs[0].columns)))
+        positions = np.concatenate([np.arange(len(d), dtype=np.int32) for d in docs])
+        return Run(0, columns, offsets, len(docs), docs[-1].ref, positions)
+
+
+def window_packer(feed: RunFeed, state=None):
+    packer, counters = packer_of("wrap", feed, state=state)
+    packer.ctx.next_run = feed.next_run
+    return packer, counters
+
+
+def fill(packer, rows: int) -> tuple[int, list[list[tuple[int, int, int]]]]:
+    schema = packer.ctx.schema
+    columns = {c.name: np.full((rows, SIZE), 77, dtype=c.np_dtype) for c in schema}
+    got = packer.fill_window(columns, rows)
+    return got, [pieces_of({k: v[r] for k, v in columns.items()}) for r in range(rows)]
+
+
+def test_a_window_is_the_sequences_cut_from_the_documents_in_order() -> None:
+    # 5, 6, 2, 7 in one run, rows 2: [A0-5 B0-3] [B3-6 C0-2 D0-3], D3-7 carried
+    packer, counters = window_packer(RunFeed([5, 6, 2, 7], [4]))
+    rows, seqs = fill(packer, 2)
+    assert (rows, seqs) == (2, [[(0, 0, 5), (1, 0, 3)], [(1, 3, 6), (2, 0, 2), (3, 0, 3)]]), (
+        f"a window must be the documents concatenated and cut every {SIZE} tokens, positions "
+        f"restarting at each document and each row (also inside one run): {rows} {seqs}")
+    assert packer.state() == {"held": [[0, [7, 3], 3, 7]]}, (
+        f"the rest of the cut document is the carry-over: {packer.state()}")
+    assert (counters.kept, counters.tokens, counters.padding) == (4, 16, 0)
+    rows, seqs = fill(packer, 2)
+    assert (rows, seqs) == (1, [[(3, 3, 7)], []]), (
+        f"the carried piece starts the next window (positions from 0 again), then padding; "
+        f"1 row holds data: {rows} {seqs}")
+    assert (counters.tokens, counters.padding) == (20, 12), (
+        f"tokens and padding of the second window: {counters.tokens} {counters.padding}")
+
+
+def test_a_document_spanning_rows_restarts_its_positions_in_every_row() -> None:
+    # A=19 in rows of 8: [A0-8] [A8-16] [A16-19 B0-3 + 2 padding]
+    packer, _ = window_packer(RunFeed([19, 3], [2]))
+    rows, seqs = fill(packer, 3)
+    assert (rows, seqs) == (3, [[(0, 0, 8)], [(0, 8, 16)], [(0, 16, 19), (1, 0, 3)]]), (
+        f"{rows} {seqs}")
+
+
+@pytest.mark.parametrize("groups", [[1], [2], [3, 1], [100]])
+def test_runs_of_any_size_give_the_sequences_of_next_sequence(groups: list[int]) -> None:
+    lengths = [5, 3, 6, 2, 7, 19, 1, 4, 8, 11, 2, 2, 6, 3, 9, 1, 5]
+    for rows in (1, 2, 3):
+        ref, _ = packer_of("wrap", Feed(lengths, masks=True))
+        want = []
+        while (seq := ref.next_sequence()) is not None:
+            want.append(pieces_of(seq))
+        packer, counters = window_packer(RunFeed(lengths, groups, masks=True))
+        got: list[list[tuple[int, int, int]]] = []
+        while True:
+            n, seqs = fill(packer, rows)
+            got += seqs[:n]
+            assert all(s == [] for s in seqs[n:]), f"rows past the data must be padding: {seqs}"
+            if n < rows:
+                break
+        assert got == want, f"runs of {groups}, windows of {rows} rows: {got} != {want}"
+        assert counters.tokens == sum(lengths) and counters.kept == len(lengths)
+
+
+def test_an_exact_fit_leaves_nothing_carried_and_the_next_window_ends() -> None:
+    packer, _ = window_packer(RunFeed([3, 5, 8], [1]))
+    assert fill(packer, 2) == (2, [[(0, 0, 3), (1, 0, 5)], [(2, 0, 8)]])
+    assert packer.state() == {"held": []}
+    assert fill(packer, 2) == (0, [[], []]), "no document left: a window of padding"
+
+
+def test_a_restored_carry_over_fills_the_first_window() -> None:
+    # the state holds document 1 from token 2 on (of 6): [B2-6 C0-4] then [C4-5 D0-7]
+    lengths = [5, 6, 5, 7]
+    feed = RunFeed(lengths, [3])
+    feed.next = 2
+    packer, _ = window_packer(feed, state={"held": [[0, [7, 1], 2, 6]]})
+    assert feed.fetched == [(0, (7, 1))], "the carried document is re-read by reference"
+    rows, seqs = fill(packer, 2)
+    assert (rows, seqs) == (2, [[(1, 2, 6), (2, 0, 4)], [(2, 4, 5), (3, 0, 7)]]), f"{seqs}"

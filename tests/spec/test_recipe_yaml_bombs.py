@@ -1,0 +1,80 @@
+"""Recipe and state files that cost far more to load than their size: refused, quickly.
+
+A YAML alias (``*name``) repeats a node, so ten lines of nested aliases ("billion laughs",
+843 bytes) stand for 10^10 strings; any walk over the loaded value (the depth check,
+the recipe model) expands them. The loader refuses an alias while the document is composed,
+before anything is built, with a ConfigError naming the file and the line. An integer of more
+than 4,300 digits (Python's limit on converting one) is a ConfigError naming the file, not a
+raw ValueError, in YAML and in JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from datalane.spec.errors import ConfigError, MismatchError
+from datalane.spec.integrity import read_json_file
+from datalane.spec.recipe import load_recipe
+from tests.support.deadline import deadline
+
+LAUGHS = ["lol0: &lol0 [" + ", ".join(['"lol"'] * 10) + "]"] + [
+    f"lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * 10) + "]" for i in range(1, 10)]
+BOMB = "\n".join(LAUGHS) + "\nlanes: *lol9\n"  # 10^10 strings in 843 bytes
+
+
+def test_a_billion_laughs_recipe_is_refused_before_it_expands(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)
+    assert path.stat().st_size < 1024
+    start = time.perf_counter()
+    with deadline(5), pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    took = time.perf_counter() - start
+    assert str(info.value) == (
+        f"recipe {path} line 2: the YAML alias *lol0 repeats another node; recipes may not use "
+        f"anchors and aliases (&name, *name, <<: *name), write the values out")
+    assert took < 1.0, took
+
+
+def test_a_merge_key_is_an_alias_too(tmp_path: Path) -> None:
+    path = tmp_path / "merge.yaml"
+    path.write_text("base: &base {lanes: 1}\nrecipe:\n  <<: *base\n  seq_len: 8\n")
+    with pytest.raises(ConfigError, match=rf"recipe {path} line 3: the YAML alias \*base"):
+        load_recipe(path)
+
+
+def test_an_anchor_alone_expands_nothing_and_loads(tmp_path: Path) -> None:
+    path = tmp_path / "anchor.yaml"
+    path.write_text("lanes: &n 1\nglobal_batch_size: 1\nseq_len: 8\n"
+                    "tokenizer: {uri: tok.json}\nsources: [{name: a, uris: [a.jsonl]}]\n")
+    assert load_recipe(path).lanes == 1
+
+
+def test_an_integer_too_long_to_convert_is_a_config_error(tmp_path: Path) -> None:
+    digits = "1" * 5000
+    yaml_path = tmp_path / "r.yaml"
+    yaml_path.write_text(f"lanes: {digits}\n")
+    with pytest.raises(ConfigError, match=rf"recipe {yaml_path} holds a value YAML cannot "
+                                          r"read: Exceeds the limit \(4300 digits\)"):
+        load_recipe(yaml_path)
+    json_path = tmp_path / "r.json"
+    json_path.write_text(f'{{"lanes": {digits}}}')
+    with pytest.raises(ConfigError, match=rf"recipe {json_path} is not valid JSON: Exceeds "
+                                          r"the limit \(4300 digits\)"):
+        load_recipe(json_path)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"step": 1})[:-1] + f', "n": {digits}}}')
+    with pytest.raises(MismatchError, match=rf"state file {state} is not valid JSON: Exceeds"):
+        read_json_file(str(state), "state file", MismatchError)
+
+
+def test_a_duplicate_json_key_is_still_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text('{"lanes": 1, "lanes": 2}')
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    assert str(info.value) == f"recipe {path}: the key 'lanes' appears twice in one mapping"

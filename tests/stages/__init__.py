@@ -1,1 +1,0 @@
-"""Stage behaviour tests: hand-computed scenarios for every stage of a lane (issue 13)."""
