@@ -32,6 +32,8 @@ pytest.importorskip("torchtitan")
 
 from datalane.client.torchvlm import mrope_positions, to_vlm  # noqa: E402  (needs torch)
 
+pytestmark = pytest.mark.slow  # TorchTitan's multimodal stack
+
 PAD, VIDEO, START, END, EOS, TPAD = 1024, 1025, 1026, 1027, 1, 1028  # tests/data/vision ids
 SPECIAL = {"image_id": PAD, "video_id": VIDEO, "vision_start_id": START,
            "vision_end_id": END, "pad_id": TPAD}

@@ -124,6 +124,7 @@ def test_train_job_resize_guard_injection_and_status(stack: Stack,
     assert (s["ranksPerPod"], s["ranks"], s["worldSize"], s["lanesPerRank"]) == (1, 8, 8, 1)
 
 
+@pytest.mark.trainer_v2
 def test_real_trainer_v2_and_jobset_pods_are_injected_and_resizes_guarded(
         stack: Stack, k8s_api: client.ApiClient, tmp_path: Path) -> None:
     """Trainer v2.0.0 and JobSet v0.8.2 themselves (tests/operator/trainerv2.py): a TrainJob of

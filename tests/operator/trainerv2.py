@@ -67,8 +67,9 @@ def _bin_and_share(cluster: Cluster) -> tuple[Path, Path, Path, Path]:
     share = bin_dir.parent / "share"
     crds = share / f"trainer-{TRAINER_VERSION}", share / f"jobset-{JOBSET_VERSION}"
     if not (trainer.exists() and jobset.exists() and crds[0].is_dir() and crds[1].is_dir()):
-        pytest.skip("Trainer v2 and JobSet controllers not built: run "
-                    "DATALANE_CLUSTER_TRAINER_V2=1 bash tests/cluster/build.sh (about 20 min)")
+        pytest.fail("Trainer v2 and JobSet controllers not built: run make test-trainer-v2 "
+                    "(DATALANE_CLUSTER_TRAINER_V2=1 bash tests/cluster/build.sh, about 15-20 "
+                    "min cold), which builds them first")
     return trainer, jobset, crds[0], crds[1]
 
 

@@ -18,6 +18,8 @@ from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
 from tests.sidecar.test_columns import _take
 
+pytestmark = pytest.mark.slow  # real sidecar processes
+
 
 @pytest.fixture(scope="module")
 def vision_recipe_path(tmp_path_factory: pytest.TempPathFactory) -> str:

@@ -33,6 +33,8 @@ from datalane.wire import datalane_pb2_grpc as pbg
 from tests.sidecar.inproc import serve_in_process
 from tests.sidecar.test_edges import _reference, _same
 
+pytestmark = pytest.mark.slow  # real sidecars and rank workers
+
 PER_STEP = 8  # B = 16, world 1, microbatch 2
 
 

@@ -40,6 +40,8 @@ from datalane.wire import datalane_pb2_grpc as pbg
 from tests.sidecar.inproc import serve_in_process
 from tests.sidecar.test_rank_processes import _alive
 
+pytestmark = pytest.mark.slow  # real forkserver rank workers
+
 
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))

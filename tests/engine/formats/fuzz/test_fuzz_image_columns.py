@@ -20,7 +20,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.engine.formats.fuzz.stream_harness import Field, Outcomes, fuzz_file, parquet_bytes, read_source, text
+from tests.engine.formats.fuzz.stream_harness import (
+    Field,
+    Outcomes,
+    fuzz_file,
+    parquet_bytes,
+    read_source,
+    text,
+)
 from tests.support.arrowbytes import messages
 from tests.support.kinds import VISION_TOKENIZER
 
