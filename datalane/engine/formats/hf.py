@@ -282,6 +282,7 @@ class HfReader:
             index = arrow_index(self._files[file])
             try:
                 schema = pa.ipc.read_schema(pa.py_buffer(index.schema_message))
+                schema.names  # noqa: B018  (a name that is not UTF-8 raises here, not later)
             except (pa.ArrowException, SystemError, ValueError, OSError) as e:
                 raise DataError(f"{self._files[file].uri}: the Arrow schema message cannot be "
                                 f"read: {type(e).__name__}: {e}") from e

@@ -179,3 +179,17 @@ def test_a_schema_pyarrow_cannot_read_is_a_data_error_when_the_plan_is(tmp_path:
     raw[18] ^= 1  # inside the schema's flatbuffer: pyarrow's OSError 'Invalid flatbuffers'
     path.write_bytes(bytes(raw))
     assert f"{path}: the Arrow schema message cannot be read" in _plan_error(path)
+
+
+def test_a_field_name_that_is_not_utf8_is_a_data_error_when_the_plan_is(tmp_path: Path) -> None:
+    """A schema pyarrow reads whose field name is not UTF-8: ``Schema.names`` raises a bare
+    UnicodeDecodeError on first use, so the reader checks the names where it reads the schema
+    (the fuzzer found it: a name byte set to 0x80)."""
+    path = tmp_path / "data.arrow"
+    raw = bytearray(_stream(path, [GOOD[:3]]))
+    at = raw.index(b"text")
+    raw[at] = 0x80
+    path.write_bytes(bytes(raw))
+    got = _plan_error(path)
+    assert f"{path}: the Arrow schema message cannot be read" in got
+    assert "UnicodeDecodeError" in got
