@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import subprocess
-import sys
 from itertools import islice
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from datalane.demos.torchtitan import mismatches, step_hashes
 from datalane.spec.errors import ConfigError
 from datalane.spec.hashing import global_hash
 from datalane.spec.schema import Column, text_schema
+from tests.support.demos import run_short_demo
 
 LOCAL = 4  # sequences per microbatch; B = 16, so DP 2 has 2 microbatches per step, DP 1 has 4
 
@@ -174,13 +173,7 @@ def test_demo_composes_lane_logs_into_step_hashes_and_flags_mismatches(tmp_path)
 
 @pytest.mark.slow
 def test_cpu_demo_resizes_a_torchtitan_job_and_keeps_every_global_batch(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "datalane.demos.torchtitan", "--short",
-                           "--workdir", str(tmp_path)], capture_output=True, text=True,
-                          timeout=1200)
-    out = proc.stdout
-    assert proc.returncode == 0, out + proc.stderr
-    rows = [line.split() for line in out.splitlines() if line[:4].strip().isdigit()]
-    assert [r[0] for r in rows] == ["1", "2", "3", "4"]
+    out, rows = run_short_demo("datalane.demos.torchtitan", tmp_path)
     reference = load_recipe(str(Path(tmp_path) / "corpus" / "titan.yaml"))
     with Loader(reference, rank=0, world_size=1) as loader:
         want = [loader.next_step().global_hash()[:16] for _ in rows]

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from datalane import Loader, load_recipe
+from tests.support.demos import run_short_demo
 
 pytest.importorskip("torchtitan")
 
@@ -21,13 +20,7 @@ pytestmark = pytest.mark.slow  # about 2 minutes on the 2-core machine: 6 ranks,
 
 
 def test_the_vlm_demo_resizes_a_job_and_keeps_every_global_batch(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "datalane.demos.vlm", "--short",
-                           "--workdir", str(tmp_path)], capture_output=True, text=True,
-                          timeout=1200)
-    out = proc.stdout
-    assert proc.returncode == 0, out + proc.stderr
-    rows = [line.split() for line in out.splitlines() if line[:4].strip().isdigit()]
-    assert [r[0] for r in rows] == ["1", "2", "3", "4"]
+    out, rows = run_short_demo("datalane.demos.vlm", tmp_path)
     with Loader(load_recipe(str(tmp_path / "corpus" / "vlm.json")), rank=0,
                 world_size=1) as loader:
         steps = [loader.next_step() for _ in rows]
