@@ -38,7 +38,12 @@ pytest.importorskip("torchtitan")
 from datalane.client.torchvlm import to_vlm  # noqa: E402  (needs torch)
 from datalane.demos.vlm_model import VOCAB, cpu_attention, tiny_qwen35  # noqa: E402
 
-pytestmark = pytest.mark.slow  # about 20 s: importing TorchTitan's model, a CPU forward twice
+pytestmark = [
+    pytest.mark.slow,  # about 20 s: importing TorchTitan's model, a CPU forward twice
+    # the forward runs FlexAttention uncompiled on purpose (compiling it took about 91 s on
+    # this machine); torch warns that this materialises the scores, which a tiny model affords
+    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning"),
+]
 
 PAD, VIDEO, START, END, EOS, TPAD = 1024, 1025, 1026, 1027, 1, 1028
 SPECIAL = {"image_id": PAD, "video_id": VIDEO, "vision_start_id": START,
