@@ -39,19 +39,10 @@ from datalane_operator.names import (
     WEBHOOK_VALIDATE_TRAINJOB,
     WEBHOOK_VALIDATE_WORKLOAD,
 )
-from datalane_operator.runtime import Key, Runtime
+from datalane_operator.runtime import Key, runtime_of
 from datalane_operator.settings import configure as apply_settings
 
 __all__: list[str] = []
-
-
-def runtime_of(memo: Any) -> Runtime:
-    """The operator's runtime, from kopf's ``memo`` (the operator's or a resource's copy)."""
-    rt = memo.get("runtime") if isinstance(memo, Mapping) else None
-    if not isinstance(rt, Runtime):
-        raise RuntimeError("kopf's memo holds no datalane Runtime: start the operator with "
-                           "`datalane-operator run` (kopf.run(memo=kopf.Memo(runtime=...)))")
-    return rt
 
 
 # ----------------------------------------------------------------------------- indexes
@@ -61,35 +52,21 @@ def runtime_of(memo: Any) -> Runtime:
 def index_pipelines(body: kopf.Body, namespace: str | None, spec: kopf.Spec,
                     **_: Any) -> dict[Key, dict[str, Any]]:
     """DataPipelines by (namespace, workload name)."""
-    workload = (spec.get("workload") or {}).get("name", "")
-    return {(namespace or "", workload): {"apiVersion": body.get("apiVersion"),
-                                          "kind": body.get("kind"),
-                                          "metadata": dict(body.get("metadata") or {}),
-                                          "spec": dict(spec)}}
-
-
-def _job_entry(name: str, namespace: str | None, spec: kopf.Spec) -> dict[Key, Any]:
-    return {(namespace or "", name): {"metadata": {"name": name, "namespace": namespace},
-                                      "spec": dict(spec)}}
+    return webhooks.pipeline_entry(body, namespace, spec)
 
 
 @kopf.index(PYTORCHJOB.group, PYTORCHJOB.version, PYTORCHJOB.plural, id="jobs")
 def index_jobs(name: str, namespace: str | None, spec: kopf.Spec,
                **_: Any) -> dict[Key, Any]:
     """PyTorchJob specs by (namespace, name)."""
-    return _job_entry(name, namespace, spec)
+    return webhooks.job_entry(name, namespace, spec)
 
 
 @kopf.index(TRAINJOB.group, TRAINJOB.version, TRAINJOB.plural, id="trainjobs")
 def index_trainjobs(name: str, namespace: str | None, spec: kopf.Spec,
                     **_: Any) -> dict[Key, Any]:
     """TrainJob specs by (namespace, name)."""
-    return _job_entry(name, namespace, spec)
-
-
-def _jobs(kw: Mapping[str, Any]) -> dict[str, Any]:
-    """The job index of each kind, by kind."""
-    return {PYTORCHJOB.kind: kw["jobs"], TRAINJOB.kind: kw["trainjobs"]}
+    return webhooks.job_entry(name, namespace, spec)
 
 
 # ----------------------------------------------------------------------------- admission
@@ -100,7 +77,7 @@ def _jobs(kw: Mapping[str, Any]) -> dict[str, Any]:
 async def validate_pipeline(body: kopf.Body, warnings: list[str], memo: Any,
                             **kw: Any) -> None:
     await webhooks.validate_pipeline(runtime_of(memo), body, kw.get("old"), kw["pipelines"],
-                                     _jobs(kw), warnings)
+                                     webhooks.jobs_by_kind(kw), warnings)
 
 
 @kopf.on.validate(GROUP, VERSION, PLURAL, id=WEBHOOK_REFUSE_NAMESPACE, operations=["CREATE"])
@@ -193,13 +170,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
 @kopf.on.startup(id="storage-loop")
 async def start_storage_loop(memo: Any, **kw: Any) -> None:
     rt = runtime_of(memo)
-
-    def coordination() -> Any:
-        from kubernetes import client  # type: ignore[import-untyped]
-
-        return client.CoordinationV1Api(rt.k().api)
-
-    rt.start(kw["pipelines"], coordination)
+    rt.start(kw["pipelines"], rt.coordination_api)
 
 
 @kopf.on.cleanup()

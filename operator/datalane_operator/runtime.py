@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +118,12 @@ class Runtime:
         if self.kube is None:
             self.kube = Kube()
         return self.kube
+
+    def coordination_api(self) -> Any:
+        """The CoordinationV1Api of :meth:`k`'s client (the leader election's Leases)."""
+        from kubernetes import client  # type: ignore[import-untyped]
+
+        return client.CoordinationV1Api(self.k().api)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return (self.loop or asyncio.get_running_loop()).create_task(coro)
@@ -248,3 +254,12 @@ class Runtime:
         return {"leading": self.leading, "reconciles": self.reconciles.started,
                 "identity": elector.cfg.identity if elector else None,
                 "transitions": elector.transitions if elector else 0}
+
+
+def runtime_of(memo: Any) -> Runtime:
+    """The operator's runtime, from kopf's ``memo`` (the operator's or a resource's copy)."""
+    rt = memo.get("runtime") if isinstance(memo, Mapping) else None
+    if not isinstance(rt, Runtime):
+        raise RuntimeError("kopf's memo holds no datalane Runtime: start the operator with "
+                           "`datalane-operator run` (kopf.run(memo=kopf.Memo(runtime=...)))")
+    return rt

@@ -22,7 +22,7 @@ import kopf
 from datalane.spec.errors import ConfigError
 from datalane_operator.admission import Verdict, review_pipeline, review_scale, review_workload
 from datalane_operator.inject import mutate_pod
-from datalane_operator.kinds import PYTORCHJOB, WorkloadKind, trainer_pod_of
+from datalane_operator.kinds import PYTORCHJOB, TRAINJOB, WorkloadKind, trainer_pod_of
 from datalane_operator.names import NAMESPACE_OPT_IN_LABEL, NAMESPACE_OPT_IN_VALUE
 from datalane_operator.pipeline import Parallelism, Pipeline, load_pipeline, parallelism_of
 from datalane_operator.recipemap import WRITTEN_TTL_S, configmap_body, configmap_name
@@ -253,3 +253,27 @@ async def validate_scale(rt: Runtime, body: kopf.Body, pipelines: Index, jobs: I
         return
     _deny(review_scale(dict(body), job, _lanes(found),
                        found["metadata"]["name"], container, _parallelism(found)), warnings)
+
+
+# ----------------------------------------------------------------------------- indexes
+
+
+def pipeline_entry(body: Mapping[str, Any], namespace: str | None,
+                   spec: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
+    """The pipelines index's entry of a DataPipeline: by (namespace, workload name)."""
+    workload = (spec.get("workload") or {}).get("name", "")
+    return {(namespace or "", workload): {"apiVersion": body.get("apiVersion"),
+                                          "kind": body.get("kind"),
+                                          "metadata": dict(body.get("metadata") or {}),
+                                          "spec": dict(spec)}}
+
+
+def job_entry(name: str, namespace: str | None, spec: Mapping[str, Any]) -> dict[Key, Any]:
+    """A job index's entry (PyTorchJob, TrainJob): its spec by (namespace, name)."""
+    return {(namespace or "", name): {"metadata": {"name": name, "namespace": namespace},
+                                      "spec": dict(spec)}}
+
+
+def jobs_by_kind(kw: Mapping[str, Any]) -> dict[str, Any]:
+    """The job index of each kind, by kind, from a handler's keyword arguments."""
+    return {PYTORCHJOB.kind: kw["jobs"], TRAINJOB.kind: kw["trainjobs"]}
