@@ -131,8 +131,9 @@ class ChatKind(KindBase):
         if self.spec.train_on == "all":
             turns = []
         elif not turns:
+            kind = self.where.rsplit(".", 1)[-1]  # chat, or llava
             return None, "no_assistant", (f"{self.field} has no assistant turn to train on "
-                                          f"(chat.train_on {self.spec.train_on!r})")
+                                          f"({kind}.train_on {self.spec.train_on!r})")
         elif self.spec.train_on == "last_assistant":
             turns = turns[-1:]
         n = len(msgs)
