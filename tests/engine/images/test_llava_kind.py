@@ -377,3 +377,30 @@ def test_a_restored_lane_continues_exactly(llava_corpus: LlavaCorpus) -> None:
             got = [again.next_step().columns["input_ids"].tobytes()
                    for _ in range(len(whole) - k)]
         assert got == whole[k:], f"resumed at step {k}"
+
+
+def test_a_json_file_on_s3_reads_its_images_beside_it(
+        tmp_path: Path, s3_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The corpus and two bad records uploaded to S3 (moto) read as the local files do: the
+    images are fetched beside the JSON object; a missing object is ``image_missing`` and a
+    ``..`` path ``image_path`` there too."""
+    import s3fs
+
+    corpus = make_llava_corpus(str(tmp_path / "c"), records=8)
+    records = [*corpus.records,
+               {"image": "images/none.png", "conversations": _turns("<image>", "a")},
+               {"image": "images/../llava.json", "conversations": _turns("<image>", "a")}]
+    _write(Path(corpus.root), records, name="bad.json")
+    fs = s3fs.S3FileSystem(**s3_bucket.storage_options)
+    fs.put(corpus.root, f"{s3_bucket.name}/c", recursive=True)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_bucket.endpoint)
+    s3fs.S3FileSystem.clear_instance_cache()  # sources reach the endpoint through the env
+
+    def run(root: str) -> tuple[list[bytes], Any]:
+        steps, counters = _steps(_recipe([f"{root}/bad.json"], seq_len=1023, batch=2))
+        return [s.columns["input_ids"].tobytes() for s in steps], counters
+
+    local, counters = run(corpus.root)
+    remote, remote_counters = run(f"{s3_bucket.uri}/c")
+    assert remote == local and remote_counters == counters
+    assert counters.kept == 8 and counters.skipped == {"image_missing": 1, "image_path": 1}
