@@ -111,9 +111,9 @@ class LlavaKind(VisionKind):
         if markers != len(images):
             return None, MALFORMED, (f"{markers} {marker} markers for {len(images)} images; "
                                      f"each image needs one marker")
-        doc, reason, detail = self.chat.render(msgs)
+        doc, why, what = self.chat.render(msgs)
         if doc is None:
-            return None, reason, detail
+            return None, why, what
         printed = doc.text.count(marker)
         if printed != markers:
             return None, "chat_template", (f"the template printed {printed} {marker} markers "

@@ -26,6 +26,7 @@ byte); callers: :mod:`datalane.engine.formats.llavajson`.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -218,14 +219,16 @@ def array_chunks(index: int, f: Any, uri: str, chunk_bytes: int) -> list[Chunk]:
         raise DataError(f"{uri}: not a JSON array")
     f.seek(begin)
     starts = [begin]
+    seen = 0  # elements: the first is the first chunk's, never an empty chunk before it
     scan = ArrayScan(begin, uri, True)
     while scan.closed is None:
         buf = f.read(READ)
         if not buf:
             scan.ended(scan.at)
         for pos, data in scan.feed(buf):
-            if data != b"" and pos >= (starts[-1] // chunk_bytes + 1) * chunk_bytes:
+            if data != b"" and pos >= (starts[-1] // chunk_bytes + 1) * chunk_bytes and seen:
                 starts.append(pos)
+            seen += 1
     assert scan.closed is not None
     bounds = [*starts, scan.closed + 1]
-    return [Chunk(index, a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [Chunk(index, a, b) for a, b in itertools.pairwise(bounds)]
