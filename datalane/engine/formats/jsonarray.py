@@ -229,6 +229,8 @@ def array_chunks(index: int, f: Any, uri: str, chunk_bytes: int) -> list[Chunk]:
             if data != b"" and pos >= (starts[-1] // chunk_bytes + 1) * chunk_bytes and seen:
                 starts.append(pos)
             seen += 1
+    while buf := f.read(READ):  # only whitespace may follow the array, to the file's end
+        scan.feed(buf)
     assert scan.closed is not None
     bounds = [*starts, scan.closed + 1]
     return [Chunk(index, a, b) for a, b in itertools.pairwise(bounds)]

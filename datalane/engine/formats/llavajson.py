@@ -71,7 +71,8 @@ class Folder:
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(uri)
-        folder = path.rsplit("/", 1)[0] if "/" in path else ""
+        cut = path.rfind("/")
+        folder = path[:cut] if cut > 0 else "/" if cut == 0 else ""
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
         real = os.path.realpath(folder or ".") if protocols & {"file", "local"} else None
         return cls(uri, fs, folder, real)

@@ -268,6 +268,8 @@ def test_a_llava_source_needs_a_packer_that_keeps_documents_whole() -> None:
     ('[{"conversations": []}] x', r"bytes after the JSON array's closing bracket \(at byte 22\), "
                                   r"at byte 24"),
     ('[{"conversations": []}}', r"the JSON array is closed by '\}' at byte 22"),
+    ('[{"conversations": []}]' + " " * (1 << 20) + "x",
+     r"bytes after the JSON array's closing bracket \(at byte 22\), at byte 1048599"),
 ])
 def test_a_file_that_is_no_complete_array_is_an_error_naming_it(tmp_path: Path, text: str,
                                                                  match: str) -> None:
