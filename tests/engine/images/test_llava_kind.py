@@ -406,3 +406,37 @@ def test_a_json_file_on_s3_reads_its_images_beside_it(
     remote, remote_counters = run(f"{s3_bucket.uri}/c")
     assert remote == local and remote_counters == counters
     assert counters.kept == 8 and counters.skipped == {"image_missing": 1, "image_path": 1}
+
+
+def test_an_image_over_max_bytes_is_refused_unread_and_too_many_before_any_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The size decides before a byte is read (the file is never opened); a record naming
+    more than max_images images reads none of them."""
+    from datalane.engine.formats import llavajson
+
+    folder = _bad_folder(tmp_path)
+    path = _write(folder, [{"conversations": _turns("no image", "a")},  # a document first
+                           {"image": "big.png", "conversations": _turns("<image>", "a")},
+                           {"image": ["ok.png"] * 3, "conversations": _turns("<image>" * 3,
+                                                                             "a")}])
+    opened: list[str] = []
+    monkeypatch.setattr(llavajson, "open", lambda p, *a, **k: opened.append(p), raising=False)
+    _, counters = _steps(_bad_recipe(path))
+    assert counters.skipped == {"image_too_large": 1, "too_many_images": 1} and opened == []
+
+
+@pytest.mark.parametrize("train_on", ["all", "last_assistant"])
+def test_train_on_marks_text_tokens_never_vision_tokens(tmp_path: Path, train_on: str) -> None:
+    (tmp_path / "a.png").write_bytes(encoded(64, 64, "PNG", 3))
+    path = _write(tmp_path, [{"image": "a.png", "conversations": _turns(
+        "<image>\nWhat?", "One.", "And?", "Two.")}])
+    steps, _ = _steps(_recipe([str(path)], llava={"train_on": train_on}))
+    ids, mask = steps[0].columns["input_ids"][0], steps[0].columns["loss_mask"][0]
+    n = int(np.flatnonzero(ids != EOS)[-1]) + 1  # the document (the tokenizer adds no EOS)
+    vision = np.isin(ids[:n], [START, PAD, END])
+    assert vision.sum() == 66 and mask[:n][vision].sum() == 0
+    last = _ids("Two.<|im_end|>\n")
+    if train_on == "all":
+        assert mask[:n][~vision].all()
+    else:  # the last assistant turn only: its content and end
+        assert mask[:n].tolist() == [0] * (n - len(last)) + [1] * len(last)
