@@ -373,6 +373,8 @@ def test_schema_is_strict_and_describes_every_field() -> None:
                             "recipe.sources[].interleaved",
                             "recipe.sources[].interleaved.resize",
                             "recipe.sources[].interleaved.limits",
+                            "recipe.sources[].llava", "recipe.sources[].llava.resize",
+                            "recipe.sources[].llava.limits",
                             "recipe.filters", "recipe.packing", "recipe.shuffle",
                             "recipe.eval[]", "recipe.eval[].sources[]",
                             "recipe.eval[].sources[].filters", "recipe.eval[].sources[].chat",
@@ -381,7 +383,10 @@ def test_schema_is_strict_and_describes_every_field() -> None:
                             "recipe.eval[].sources[].vision.limits",
                             "recipe.eval[].sources[].interleaved",
                             "recipe.eval[].sources[].interleaved.resize",
-                            "recipe.eval[].sources[].interleaved.limits", "recipe.phases[]"}
+                            "recipe.eval[].sources[].interleaved.limits",
+                            "recipe.eval[].sources[].llava",
+                            "recipe.eval[].sources[].llava.resize",
+                            "recipe.eval[].sources[].llava.limits", "recipe.phases[]"}
     for path, obj in objects.items():
         assert obj["additionalProperties"] is False, path
         assert obj["description"].strip(), path

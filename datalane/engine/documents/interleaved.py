@@ -36,7 +36,7 @@ from datalane.engine.images import BadImage, process
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.vision import InterleavedSpec
 
-__all__ = ["InterleavedKind"]
+__all__ = ["InterleavedKind", "attach_runs"]
 
 TOO_MANY_IMAGES = "too_many_images"
 MALFORMED = "malformed_sample"
@@ -104,13 +104,7 @@ class InterleavedKind(VisionKind):
         return Rendered(text, tuple(at), tuple(patches)), None, None
 
     def attach(self, doc: Rendered, ids: np.ndarray) -> tuple[Attached, ...]:
-        """One :class:`Attached` per image, at its run's first ``image_token`` (the token after
-        each ``vision_start``: a text holding a vision token's text was set aside, so every
-        ``vision_start`` id opens a run)."""
-        starts = np.flatnonzero(ids == self.start_id)
-        if len(starts) != len(doc.value):
-            raise AssertionError(f"{len(starts)} vision runs for {len(doc.value)} images")
-        return tuple(Attached(int(s) + 1, p) for s, p in zip(starts, doc.value, strict=True))
+        return attach_runs(self.start_id, doc.value, ids)
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
         """Each document's text pieces (cut at its images) tokenized in one batch, the runs
@@ -154,6 +148,17 @@ class InterleavedKind(VisionKind):
                     offsets, lengths)
         return ({"input_ids": np.concatenate(columns), "loss_mask": np.concatenate(masks)},
                 offsets, lengths)
+
+
+def attach_runs(start_id: int, patches: tuple[Any, ...],
+                ids: np.ndarray) -> tuple[Attached, ...]:
+    """One :class:`Attached` per image, at its run's first ``image_token`` (the token after
+    each ``vision_start``: a text holding a vision token's text was set aside, so every
+    ``vision_start`` id opens a run); interleaved and llava documents."""
+    starts = np.flatnonzero(ids == start_id)
+    if len(starts) != len(patches):
+        raise AssertionError(f"{len(starts)} vision runs for {len(patches)} images")
+    return tuple(Attached(int(s) + 1, p) for s, p in zip(starts, patches, strict=True))
 
 
 KIND = InterleavedKind
