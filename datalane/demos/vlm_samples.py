@@ -16,7 +16,8 @@ in the order of the step's rows:
   placeholder and end tokens, which are not trained) and 1 green (the caption and EOS).
 
 The recipe's pixel budget is small (1,024 to 16,384 pixels an image: 1 to 16 placeholder
-tokens) so the picture stays small. Runs on CPU in a few seconds; needs Pillow and the ``tokenizers`` package, not torch.
+tokens) so the picture stays small. Runs on CPU in a few seconds; needs Pillow and the
+``tokenizers`` package, not torch.
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ def _images(batch: Batch, rule: PatchRule, tokenizer: Tokenizer,
     start = c["image_patch_start"]
     for i, (r, offset) in enumerate(zip(c["image_seq"].tolist(), c["image_offset"].tolist(),
                                         strict=True)):
-        grid = tuple(int(v) for v in c["image_grid_thw"][i])
-        pixels = unpatchify(c["image_patches"][start[i]:start[i + 1]], grid,  # type: ignore[arg-type]
-                            rule)
+        t, h, w = (int(v) for v in c["image_grid_thw"][i])
+        grid = (t, h, w)
+        pixels = unpatchify(c["image_patches"][start[i]:start[i + 1]], grid, rule)
         first = offset  # the document starts where its positions do (0), before the run
         while first > 0 and positions[r, first] != 0:
             first -= 1
@@ -99,8 +100,7 @@ def _images(batch: Batch, rule: PatchRule, tokenizer: Tokenizer,
             end += 1
         caption_at = offset + placeholders(grid, rule.merge_size) + 1  # after <|vision_end|>
         text = tokenizer.decode(ids[r, caption_at:end].tolist(), skip_special_tokens=True)
-        yield Sample(rows_before + r, pixels, grid, text.strip(),  # type: ignore[arg-type]
-                     mask[r, first:end].copy())
+        yield Sample(rows_before + r, pixels, grid, text.strip(), mask[r, first:end].copy())
 
 
 def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not items:
         parser.error("step 0 holds no image")
     draw(items, merge_pixels=rule.patch_size * rule.merge_size).save(args.out, optimize=True)
-    print(f"wrote {args.out}: {len(items)} images of step 0")  # noqa: T201
+    print(f"wrote {args.out}: {len(items)} images of step 0")
     return 0
 
 
