@@ -57,12 +57,14 @@ def _same(got: tuple[dict[str, Any], Any], want: tuple[dict[str, Any], Any]) -> 
     assert gl.dtype == wl.dtype and torch.equal(gl, wl)
 
 
-@pytest.mark.parametrize("transport", ["shm", "inline"])
+@pytest.mark.parametrize("transport,flags", [("shm", ()), ("inline", ()),
+                                             ("shm", ("--rank-processes", "1"))])
 def test_the_dataset_in_vlm_mode_through_a_sidecar_is_the_in_process_one(
-        sidecar, recipe_path, transport) -> None:
+        sidecar, recipe_path, transport, flags) -> None:
+    """Inline, through the ring, and from a rank worker process of the sidecar."""
     from datalane.client.torch import DataLaneDataset
 
-    sc = sidecar(recipe_path)
+    sc = sidecar(recipe_path, *flags)
     with SidecarLoader(sc.socket, rank=1, world_size=2, microbatch_size=1,
                        transport=transport) as loader:
         dataset = DataLaneDataset(loader, vlm=True)
