@@ -15,7 +15,7 @@ so a client builds the same batch in-process and through a sidecar.
 A contract arrives over the wire from a sidecar, so every field is checked here
 (:meth:`VisionContract.__post_init__`): ids that are token ids, sizes within the recipe's
 bounds, three finite means and three positive stds; a ``ValueError`` names the field and its
-value.
+value (cut to a few dozen characters: a hostile announcement may be long).
 """
 
 from __future__ import annotations
@@ -67,13 +67,13 @@ class VisionContract:
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise ValueError(f"{name} {value!r} is not an integer in 1..{top}")
         if self.order not in ("block", "raster"):
-            raise ValueError(f"order {self.order!r} is not 'block' or 'raster'")
+            raise ValueError(f"order {self.order!r:.40} is not 'block' or 'raster'")
         for name in ("image_mean", "image_std"):
             value = getattr(self, name)
             if not isinstance(value, tuple) or len(value) != 3 or not all(
                     isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
                     for v in value):
-                raise ValueError(f"{name} {value!r} is not three finite numbers (R, G, B)")
+                raise ValueError(f"{name} {value!r:.80} is not three finite numbers (R, G, B)")
         if not all(v > 0 for v in self.image_std):
             raise ValueError(f"image_std {self.image_std!r} has a value that is not positive")
 

@@ -93,6 +93,9 @@ def test_a_client_that_predates_the_contract_reads_a_vision_reply_as_before() ->
     ({"image_id": 1 << 40}, r"the reply: vision: image_id 1099511627776 is not a token id"),
     ({"merge_size": 0}, r"the reply: vision: merge_size 0 is not an integer in 1\.\.16"),
     ({"order": ""}, r"the reply: vision: order '' is not 'block' or 'raster'"),
+    ({"order": "x" * 10_000}, r"the reply: vision: order 'x{39} is not 'block' or 'raster'$"),
+    ({"image_mean": [0.5] * 10_000}, r"the reply: vision: image_mean \(0\.5, 0\.5, .{50,70} is "
+                                     r"not three finite numbers \(R, G, B\)$"),
     ({"image_mean": [0.5, 0.5]}, r"the reply: vision: image_mean \(0\.5, 0\.5\) is not three "
                                  r"finite numbers"),
     ({"image_std": [0.5, float("inf"), 0.5]}, r"image_std \(0\.5, inf, 0\.5\) is not three "
