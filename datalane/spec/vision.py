@@ -116,10 +116,25 @@ class ImageSettings:
                                   default="<|vision_start|>", pattern=r".+")
     vision_end_token: str = doc("The token after an image's placeholders.",
                                 default="<|vision_end|>", pattern=r".+")
+    image_mean: list[float] = doc(
+        "The per-channel (R, G, B) mean the trainer's client subtracts from the pixel values "
+        "(scaled to 0..1) before dividing by `image_std` (Qwen3.5: 0.5 each). The lanes carry "
+        "the uint8 pixels; this is the model's normalisation, announced to the client.",
+        factory=lambda: [0.5, 0.5, 0.5], omit_default=True)
+    image_std: list[float] = doc(
+        "The per-channel (R, G, B) standard deviation the client divides by, each positive "
+        "(Qwen3.5: 0.5 each).", factory=lambda: [0.5, 0.5, 0.5], omit_default=True)
 
     def validate(self, where: str) -> None:
         at = where or "vision"
         self.resize.check(f"{at}.resize", self.patch_size * self.merge_size)
+        for name in ("image_mean", "image_std"):
+            value = getattr(self, name)
+            if len(value) != 3:
+                raise ConfigError(f"{at}.{name} {value!r} is not three numbers (R, G, B)")
+        if not all(v > 0 for v in self.image_std):
+            raise ConfigError(f"{at}.image_std {self.image_std!r} has a value that is not "
+                              f"positive (the pixels are divided by it)")
         names = (self.image_token, self.vision_start_token, self.vision_end_token)
         if len(set(names)) != 3:
             raise ConfigError(f"{at}: image_token, vision_start_token and vision_end_token "

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from datalane.spec.schema import Column
+from datalane.spec.visioncontract import VisionContract
 
 __all__ = ["LOSS_MASK", "Attached", "Doc", "DocumentKind", "KindBase", "Rendered", "Run",
            "Tokenized"]
@@ -58,6 +59,9 @@ class DocumentKind(Protocol):
     #: whether a rendered document carries :meth:`attach` ments to the packer (kept with the
     #: map result, one tuple per document: :attr:`MapResult.attached`)
     attaches: bool
+    #: a kind that renders images: the vision tokens' ids and the patch rule a trainer needs
+    #: to build its model's batch (the schema carries it: spec.visioncontract); else None
+    vision: VisionContract | None
 
     def identity(self) -> dict[str, Any]:
         """What the fingerprint must cover beyond the recipe (a template's hash); {} if none."""
@@ -89,6 +93,7 @@ class KindBase:
     has_text: bool = True
     tokenizes_values: bool = False
     attaches: bool = False
+    vision: VisionContract | None = None
 
     def identity(self) -> dict[str, Any]:
         return {}

@@ -51,6 +51,7 @@ from datalane.spec.errors import ConfigError
 from datalane.spec.limits import IMAGE_REASONS
 from datalane.spec.schema import Column
 from datalane.spec.vision import ImageSettings
+from datalane.spec.visioncontract import VisionContract
 
 __all__ = ["VisionKind", "image_rule"]
 
@@ -64,7 +65,8 @@ def image_rule(spec: ImageSettings) -> ImageRule:
         resize=ResizeRule(spec.patch_size, spec.merge_size, spec.resize.min_pixels,
                           spec.resize.max_pixels, size),  # type: ignore[arg-type]
         patches=PatchRule(spec.patch_size, spec.temporal_patch_size, spec.merge_size,
-                          spec.order))
+                          spec.order, tuple(spec.image_mean),  # type: ignore[arg-type]
+                          tuple(spec.image_std)))  # type: ignore[arg-type]
 
 
 class VisionKind(KindBase):
@@ -97,6 +99,15 @@ class VisionKind(KindBase):
         self.start_id = token("vision_start_token")
         self.end_id = token("vision_end_token")
         self._texts = (spec.image_token, spec.vision_start_token, spec.vision_end_token)
+        video = tok.token_to_id("<|video_pad|>")
+        patches = self.rule.patches
+        self.vision: VisionContract | None = VisionContract(
+            self.image_id, -1 if video is None else int(video), self.start_id, self.end_id,
+            tokenizer.pad_id, patches.patch_size, patches.temporal_patch_size,
+            patches.merge_size, patches.order, patches.mean, patches.std)
+        """The source's vision contract: its tokens' ids (``<|video_pad|>``'s where the
+        vocabulary has it, else -1, an id no token has: videos are not carried; the
+        tokenizer's pad, what the lanes pad ``input_ids`` with) and its patch rule."""
         # the first placeholder follows BOS (if the tokenizer adds one) and vision_start
         self._first_pad = (1 if tokenizer.bos_id is not None else 0) + 1
 
