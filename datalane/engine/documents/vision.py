@@ -6,10 +6,9 @@ trailing whitespace stripped: what the filters see) and runs the image through
 :func:`datalane.engine.images.process` on the worker thread: decode within the recipe's limits,
 augment (when the recipe declares it), resize, patchify. The rendered document's ``value`` is
 the image's :class:`Patches` (uint8, one frame: ``repeat_frames=False``, the client repeats
-it); the document carries it to the packer
-(``attaches``: an :class:`Attached` at the offset of its first ``image_token``), which places
-it in a sequence, and the lane builds the per-image columns from it
-(:mod:`datalane.spec.imagecolumns`).
+it); the document carries it to the packer (``attaches``: an :class:`Attached` at the offset
+of its first ``image_token``), which places it in a sequence, and the lane builds the
+per-image columns from it (:mod:`datalane.spec.imagecolumns`).
 
 **Tokens** (as TorchTitan's ``insert_vision_placeholders``, the image first as in a CC12M
 pair): ``[BOS] vision_start image_token x N vision_end caption [EOS]`` where
@@ -24,9 +23,9 @@ three vision tokens and 1 elsewhere (TorchTitan's labels -100 on them). A docume
 **Augmentation** (``augment: {crop, flip}``, off by default): each image's crop and flip are
 drawn from its record's :class:`~datalane.engine.documents.base.DocKey` and its index in the
 document, ``words(3, seed, "image-augment", lane, source, file, position, image)``
-(:func:`datalane.engine.images.augment.augment`; ``image`` is 0 here, the k-th image of an
-interleaved document k), so the pixels are the same for any world size, worker count or
-restore. The kind is ``keyed`` only then: without augmentation no key is built or used.
+(:func:`datalane.engine.images.augment.augment`; ``image`` is 0 here, and k for the k-th
+image of an interleaved document), so the pixels are the same for any world size, worker count
+or restore. The kind is ``keyed`` only then: without augmentation no key is built or used.
 
 **Bad records** (the ``bad_records`` policy applies; each detail names the problem): the image
 reasons of :data:`datalane.spec.limits.IMAGE_REASONS` (one bad image sets the document aside,
