@@ -119,7 +119,7 @@ class Plan:
         whole = self.recipe.sequence_tokens  # for kinds whose documents are never split
         return [MapStage(sp.source.field, sp.filters, sp.kind, columns, policy,
                          whole if getattr(sp.source.kind_config, "whole_documents", False)
-                         else None)
+                         else None, sp.seed, sp.source.name)
                 for sp in self.sources]
 
 

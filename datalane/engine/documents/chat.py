@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import LOSS_MASK, KindBase, Rendered, Tokenized
+from datalane.engine.documents.base import LOSS_MASK, DocKey, KindBase, Rendered, Tokenized
 from datalane.engine.documents.chat_template import (
     ChatTemplate,
     find_template,
@@ -123,7 +123,8 @@ class ChatKind(KindBase):
             out.append(plain_message(m))
         return out, "", ""
 
-    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+    def render(self, value: Any, key: DocKey | None = None,
+               ) -> tuple[Rendered | None, str | None, str | None]:
         msgs, reason, detail = self._messages(value)
         if msgs is None:
             return None, reason, detail

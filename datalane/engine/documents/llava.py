@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import Attached, Rendered, Tokenized
+from datalane.engine.documents.base import Attached, DocKey, Rendered, Tokenized
 from datalane.engine.documents.chat import ChatKind, trained_mask
 from datalane.engine.documents.interleaved import MALFORMED, TOO_MANY_IMAGES, attach_runs
 from datalane.engine.documents.vision import VisionKind
-from datalane.engine.images import BadImage, libraries, process
+from datalane.engine.images import BadImage, libraries
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.llava import LlavaSpec
 
@@ -98,7 +98,8 @@ class LlavaKind(VisionKind):
             out.append({"role": role, "content": text})
         return out, "", ""
 
-    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+    def render(self, value: Any, key: DocKey | None = None,
+               ) -> tuple[Rendered | None, str | None, str | None]:
         if not isinstance(value, dict) or "images" not in value:
             return None, "not_messages", (f"the record holds {type(value).__name__}, not a "
                                           f"conversation and its images")
@@ -124,7 +125,7 @@ class LlavaKind(VisionKind):
         patches = []
         for k, data in enumerate(images):
             try:
-                patches.append(process(data, self.rule, repeat_frames=False))
+                patches.append(self.image(data, key, k))
             except BadImage as e:
                 name = paths[k] if k < len(paths) else f"image {k}"
                 return None, e.reason, f"{name!r}: {e.detail}"
