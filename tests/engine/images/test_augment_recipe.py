@@ -12,6 +12,7 @@ as PNG (lossless) and run through the pipeline without augmentation.
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from datalane.spec.errors import MismatchError
 from datalane.spec.fingerprint import check_fingerprint
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe, load_recipe
-from datalane.testing.images import ImageCorpus
+from datalane.testing.images import CHATML_TEMPLATE, ImageCorpus
 from tests.support.kinds import VISION_TOKENIZER
 from tests.support.vision import encoded, vision_recipe, write_shard
 
@@ -134,6 +135,28 @@ def test_each_image_of_an_interleaved_document_has_its_own_draw(tmp_path: Path) 
         "sources": [{"name": "docs", "uris": [str(path)],
                      "interleaved": {"augment": {"crop": 0.5, "flip": 0.5}}}]})
     want = [_by_hand(WIDE, AUG, 3, 0, "docs", 0, 0, k) for k in (0, 1)]
+    assert want[0][0] != want[1][0]
+    with Loader(recipe, 0, 1) as loader:
+        step = loader.next_step()
+    assert step.columns["image_grid_thw"].tolist() == [list(w[2].grid_thw) for w in want]
+    np.testing.assert_array_equal(step.columns["image_patches"],
+                                  np.concatenate([w[2].values for w in want]))
+
+
+def test_each_image_of_a_llava_record_has_its_own_draw(tmp_path: Path) -> None:
+    """A LLaVA record naming the same PNG twice: each image is drawn from its own words, the
+    record's key being its JSONL line's byte offset (0) and the image's index in the record."""
+    (tmp_path / "wide.png").write_bytes(WIDE)
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"image": ["wide.png", "wide.png"], "conversations": [
+        {"from": "human", "value": "<image> and <image>"}, {"from": "gpt", "value": "Two."}]})
+        + "\n")
+    recipe = load_recipe({
+        "lanes": 1, "global_batch_size": 1, "seq_len": 1023, "seed": 5,
+        "tokenizer": {"uri": str(VISION_TOKENIZER)}, "packing": {"algorithm": "bestfit"},
+        "sources": [{"name": "talk", "uris": [str(path)], "llava": {
+            "template_text": CHATML_TEMPLATE, "augment": {"crop": 0.5, "flip": 0.5}}}]})
+    want = [_by_hand(WIDE, AUG, 5, 0, "talk", 0, 0, k) for k in (0, 1)]
     assert want[0][0] != want[1][0]
     with Loader(recipe, 0, 1) as loader:
         step = loader.next_step()
