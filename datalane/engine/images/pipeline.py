@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+from PIL import Image
 
 from datalane.engine.images.augment import Augment, augment
 from datalane.engine.images.decode import ImageLimits, decode
@@ -19,7 +21,7 @@ from datalane.engine.images.patches import Patches, PatchRule, patchify
 from datalane.engine.images.resize import ResizeRule, resize
 from datalane.spec.errors import ConfigError
 
-__all__ = ["ImageRule", "libraries", "process"]
+__all__ = ["ImageRule", "libraries", "pixels", "process"]
 
 
 def libraries() -> dict[str, str]:
@@ -64,4 +66,29 @@ def process(data: bytes, rule: ImageRule, *, seed: int = 0, lane: int = 0,
     image = decode(data, rule.limits)
     image = augment(image, rule.augment, seed, lane, *document)
     image = resize(image, rule.resize)
-    return patchify(np.asarray(image), rule.patches, repeat_frames=repeat_frames)
+    return patchify(pixels(image), rule.patches, repeat_frames=repeat_frames)
+
+
+def pixels(image: Image.Image) -> np.ndarray:
+    """uint8 ``(H, W, 3)`` of an RGB image: a view of Pillow's own pixel memory where Pillow
+    exports it (its Arrow array of 4-byte pixels, when the image lies in one memory block:
+    up to 16 MB, about 4.2 million pixels), else ``np.asarray``'s copy.
+
+    Why not always ``np.asarray``: Pillow's ``__array_interface__`` copies the pixels through
+    ``tobytes``, whose raw encoder holds the GIL (about a fifth of the GIL a lane held per
+    image, bench/images.py ``--stages``); the view costs microseconds, and the one copy
+    :func:`~datalane.engine.images.patches.patchify` makes from it runs in numpy with the GIL
+    released. The values are the same bytes either way (the fourth byte of a pixel is
+    padding, never read). The view keeps the image's memory alive for as long as it lives."""
+    if image.mode == "RGB" and hasattr(image, "__arrow_c_array__"):
+        try:
+            flat = pa.array(image)
+        except ValueError:  # rows in several blocks: "Image rows are not contiguous"
+            flat = None
+        if (flat is not None and isinstance(flat.type, pa.FixedSizeListType)
+                and flat.type.list_size == 4 and flat.offset == 0
+                and len(flat) == image.width * image.height):
+            values = flat.values.to_numpy(zero_copy_only=True)
+            view: np.ndarray = values.reshape(image.height, image.width, 4)[:, :, :3]
+            return view
+    return np.asarray(image)
