@@ -80,6 +80,14 @@ class DocumentKind(Protocol):
         map stage then renders them one record at a time); only if ``tokenizes_values``."""
         ...
 
+    def attached_bytes(self, attached: tuple[Attached, ...]) -> int:
+        """The bytes a document's attachments hold (what the ``image_bytes`` knob weighs)."""
+        ...
+
+    def most_attached_bytes(self, tokens: int) -> int:
+        """The most bytes the attachments of a document of ``tokens`` tokens can hold."""
+        ...
+
 
 class KindBase:
     """The defaults of :class:`DocumentKind`'s optional parts: documents with text, rendered
@@ -98,6 +106,12 @@ class KindBase:
 
     def tokenize_values(self, values: list[Any]) -> Tokenized | None:
         return None
+
+    def attached_bytes(self, attached: tuple[Attached, ...]) -> int:
+        return 0
+
+    def most_attached_bytes(self, tokens: int) -> int:
+        return 0
 
 
 @dataclass(frozen=True, slots=True)

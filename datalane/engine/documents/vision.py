@@ -130,6 +130,16 @@ class VisionKind(KindBase):
     def attach(self, doc: Rendered, ids: np.ndarray) -> tuple[Attached, ...]:
         return (Attached(self._first_pad, doc.value),)
 
+    def attached_bytes(self, attached: tuple[Attached, ...]) -> int:
+        return sum(int(a.value.values.nbytes) for a in attached)
+
+    def most_attached_bytes(self, tokens: int) -> int:
+        """An image's placeholders are tokens of its document, each ``merge_size**2`` patch
+        rows of ``3 * patch_size**2`` bytes (one frame): a document of ``tokens`` tokens holds
+        at most ``tokens * merge_size**2 * 3 * patch_size**2`` bytes of patch rows, however
+        many images it has."""
+        return tokens * self.spec.merge_size ** 2 * 3 * self.spec.patch_size ** 2
+
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
         flat, offsets, lengths = self.tokenizer.encode([d.text for d in docs])
         n = len(docs)
