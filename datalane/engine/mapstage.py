@@ -165,8 +165,9 @@ class MapStage:
             held = [0] * (n + 1)
             for k, i in enumerate(keep):
                 if status[i] is None:
-                    attached[i] = self.kind.attach(docs[k], ids[at[i]:at[i + 1]])
-                    held[i + 1] = self.kind.attached_bytes(attached[i])
+                    got_attached = self.kind.attach(docs[k], ids[at[i]:at[i + 1]])
+                    attached[i] = got_attached
+                    held[i + 1] = self.kind.attached_bytes(got_attached)
             result.attached = attached
             result.attached_bytes = list(itertools.accumulate(held))
         return result
