@@ -6,7 +6,8 @@ committed step, under more faults. Every microbatch is the uninterrupted run's, 
 columns (patch rows, grids, offsets) byte for byte; every step's global hash, which covers
 them, is the uninterrupted run's; the images in all are as many; the last checkpoint counts
 the records and documents an uninterrupted run counts; the ledger audits clean
-(:func:`tests.sidecar.chaos.run_chaos`)."""
+(:func:`tests.sidecar.chaos.run_chaos`). The sidecar holds few decoded images
+(``--image-bytes``), the reference run many: backpressure changes no byte."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ from datalane.testing.images import make_image_corpus
 from tests.sidecar.chaos import Phase, run_chaos
 
 pytestmark = pytest.mark.slow  # real sidecar processes
+
+#: the most image bytes a document of a sequence holds: 256 tokens x 2**2 patch rows of 768
+#: bytes; the sidecar maps two such documents at a time at most (its ``--image-bytes``), the
+#: uninterrupted in-process run as many as the default knob allows: the same bytes
+DOC = 256 * 4 * 768
 
 
 def _recipe(root: Path) -> str:
@@ -40,5 +46,5 @@ def test_an_image_stream_rides_through_kills_drains_and_a_resize(sidecar, tmp_pa
     run_chaos(sidecar, _recipe(tmp_path), tmp_path, steps=24, every=1,
               faults=["kill9", "sigterm", "sigterm-in-checkpoint", "kill9-worker",
                       "kill9-worker-in-checkpoint"], seed=2121, within=16,
-              flags=("--rank-processes", "2"),
+              flags=("--rank-processes", "2", "--image-bytes", str(2 * DOC)),
               resize=Phase(1, 12, ["kill9", "sigterm-in-checkpoint"], within=8))
