@@ -169,7 +169,8 @@ def _serve(cfg: SidecarConfig, ready: threading.Event | None,
         store = CheckpointStore(cfg.store, cfg.store_options or None)
     laps.lap("store")
     metrics = Metrics()
-    service = DataLaneService(plan, Knobs(workers=cfg.workers, image_bytes=cfg.image_bytes), cfg.prefetch, store, cfg.pod,
+    knobs = Knobs(workers=cfg.workers, image_bytes=cfg.image_bytes)
+    service = DataLaneService(plan, knobs, cfg.prefetch, store, cfg.pod,
                               cfg.ranks_per_pod, os.path.dirname(os.path.abspath(cfg.socket)),
                               metrics, shm_mode=cfg.socket_mode, started=laps,
                               max_streams=cfg.max_streams or None,
