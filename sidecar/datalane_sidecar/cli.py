@@ -111,6 +111,8 @@ def _serve(args: argparse.Namespace) -> int:
         options = json.loads(args.store_options)
     except json.JSONDecodeError as e:
         raise DatalaneError(f"--store-options is not JSON: {e}") from e
+    if args.image_bytes < 1:
+        raise DatalaneError(f"--image-bytes must be 1 or more, not {args.image_bytes}")
     setup_logging(args.log_level, options)
     if not args.recipe:
         raise DatalaneError("no recipe: pass --recipe or set DATALANE_RECIPE")

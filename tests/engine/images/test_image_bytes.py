@@ -94,3 +94,4 @@ def test_the_bound_changes_no_byte_of_the_stream(recipe) -> None:
 def test_a_bound_of_no_bytes_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"knobs\.image_bytes 0 must be >= 1"):
         Knobs(image_bytes=0)
+
