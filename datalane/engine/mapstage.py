@@ -201,6 +201,8 @@ class MapStage:
             if reason is not None or doc is None:
                 status[i], detail[i] = reason, why
                 continue
+            if self.most_attached_bytes is not None:  # a too-long document's images go now
+                doc = self.kind.lighten(doc, self.most_attached_bytes)
             docs.append(doc)
             keep.append(i)
         return keep

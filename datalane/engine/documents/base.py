@@ -114,6 +114,12 @@ class DocumentKind(Protocol):
         """The most bytes the attachments of a document of ``tokens`` tokens can hold."""
         ...
 
+    def lighten(self, doc: Rendered, most: int) -> Rendered:
+        """``doc`` without the bytes of its payload when it holds more than ``most`` of them
+        (more than a document of the most tokens the map stage keeps can hold: it is set aside
+        after tokenizing, which needs only its token counts); otherwise ``doc`` itself."""
+        ...
+
 
 class KindBase:
     """The defaults of :class:`DocumentKind`'s optional parts: documents with text, rendered
@@ -140,6 +146,9 @@ class KindBase:
 
     def most_attached_bytes(self, tokens: int) -> int:
         return 0
+
+    def lighten(self, doc: Rendered, most: int) -> Rendered:
+        return doc
 
 
 @dataclass(frozen=True, slots=True)

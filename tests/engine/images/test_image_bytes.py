@@ -95,3 +95,33 @@ def test_a_bound_of_no_bytes_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"knobs\.image_bytes 0 must be >= 1"):
         Knobs(image_bytes=0)
 
+
+
+def test_a_too_long_documents_images_are_let_go_before_its_task_ends(tmp_path,
+                                                                     monkeypatch) -> None:
+    """Four 1,200 x 1,200 JPEGs (resized to 1,216 x 1,216: 76 x 76 = 5,776 patch rows, 1,444
+    placeholders, too long for a sequence of 1,280 tokens) and a 64 x 64 PNG (grown to
+    256 x 256: 256 rows, 196,608 bytes) map in one task. When the task tokenizes, only the
+    small image's rows are alive: the big ones were dropped as each was decoded, and they are
+    still set aside as too long."""
+    path = tmp_path / "mixed.tar"
+    write_shard(path, [[("jpg", encoded(1200, 1200, "JPEG", k)), ("txt", b"too big")]
+                       for k in range(4)] + [[("png", encoded(64, 64, "PNG", 9)),
+                                              ("txt", b"fits")]])
+    recipe = vision_recipe([str(path)], 1279, shuffle={"block_size": 8})
+    plan = Plan.build(recipe)
+    kind = plan.sources[0].kind
+    alive: list[int] = []
+    tokenize = kind.tokenize
+
+    def measured(docs: Any) -> Any:
+        alive.append(_held())
+        return tokenize(docs)
+
+    monkeypatch.setattr(kind, "tokenize", measured)
+    gc.collect()
+    with Loader(recipe, 0, 1, Knobs(workers=1), plan=plan) as loader:
+        step = next(iter(loader))
+        assert loader.counters().skipped == {"too_long": 4}
+    assert alive == [256 * 768]
+    assert step.columns["image_patches"].shape == (256, 768)
