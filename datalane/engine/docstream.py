@@ -114,6 +114,10 @@ class DocStream:
         self._cursor = cur
         self._depth = 1  # tasks allowed in flight; grows to knobs.prefetch (slow start)
         self._queued_docs = 0  # documents of the tasks in flight
+        # a kind that attaches images: the most bytes one document's hold, and the knob
+        # bounding what the stream's map results and tasks in flight hold (None: not weighed)
+        self._doc_bytes = stage.most_attached_bytes
+        self._image_bytes = knobs.image_bytes
         # A repeated source stops with an error only when no document can ever come: the lane
         # read every chunk of the source without a record (or without a kept document). A
         # count of epochs alone would also stop a lane that merely drew barren chunks many
@@ -223,6 +227,11 @@ class DocStream:
             # lane or session it serves.
             ahead = len(self._tasks)
             size = min(self._knobs.task_docs, _FIRST_TASK_DOCS << min(ahead, 16))
+            if self._doc_bytes is not None:  # images: as many documents as their bytes allow
+                fits = (self._image_bytes - self._images_held()) // max(self._doc_bytes, 1)
+                if fits < 1 and (self._tasks or self._cur is not None):
+                    return  # the images in hand come first
+                size = min(size, max(fits, 1))
             piece = block.records[start:start + size]
             block.submitted += len(piece)
             future = self._pool.submit_ahead(self._queued_docs, self._stage.run, piece,
@@ -231,6 +240,28 @@ class DocStream:
             self._tasks.append(_Task(block, start, len(piece), future))
             if block.submitted >= len(block.records):
                 self._read_ahead()  # the block is all submitted: read the next one meanwhile
+
+    def _images_held(self) -> int:
+        """The image bytes the stream holds or may hold: the documents not consumed yet of the
+        map result in hand, each finished task's, and each unfinished task's worst case (its
+        documents times the most one holds). A task's result holds no more than its worst
+        case and consumed documents leave the count, so the count only falls between two
+        submissions: whatever the timing, it never passes ``image_bytes`` (or one document's
+        worst case, when that is more)."""
+        assert self._doc_bytes is not None
+        held = 0
+        cur = self._cur
+        if cur is not None and cur.attached_bytes is not None:
+            held += cur.attached_bytes[-1] - cur.attached_bytes[min(self._i, len(cur.status))]
+        for task in self._tasks:
+            future = task.future
+            done = future.done() and not future.cancelled() and future.exception() is None
+            result = future.result() if done else None
+            if result is not None and result.attached_bytes is not None:
+                held += result.attached_bytes[-1]
+            else:
+                held += task.docs * self._doc_bytes
+        return held
 
     def _read_ahead(self) -> Future[_Block | None]:
         """The read of the next block, started on a reader thread if it is not yet: the
@@ -258,7 +289,11 @@ class DocStream:
             return None
         assert self._cur is not None
         file, pos, _ = self._record(i)
-        return self._doc(self._cur, i, file, pos)
+        doc = self._doc(self._cur, i, file, pos)
+        if self._doc_bytes is not None:
+            self._cur.attached[i] = None  # type: ignore[index]  # the packer holds them now
+            self._fill()  # the room this document's images leave: a task more, maybe
+        return doc
 
     def _next_kept(self) -> int | None:
         """Consume records up to the next kept document; its index in ``self._cur``, or

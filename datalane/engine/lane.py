@@ -167,6 +167,7 @@ class LaneStream:
                 for name, a in columns.items():
                     a[r] = seq[name]
                 placed.extend((r, offset, value) for offset, value in self._ctx.placed)
+                self._ctx.placed = []  # the window holds them now, the lane no longer
         self.sequences += rows
         if self._image_width is not None:
             columns.update(imagecolumns.build(placed, self._image_width))

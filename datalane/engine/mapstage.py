@@ -18,6 +18,7 @@ only once the code policy (:mod:`datalane.spec.codepolicy`) allows its module.
 from __future__ import annotations
 
 import importlib
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,9 @@ class MapResult:
     #: a kind that ``attaches``: each record's attachments (vision: its image's patches at
     #: its first placeholder), None for records set aside; None for other kinds
     attached: list[tuple[Attached, ...] | None] | None = None
+    #: with ``attached``: the bytes the attachments of records ``0 .. i - 1`` hold, at ``i``
+    #: (n + 1 prefix sums: what the stream weighs against the ``image_bytes`` knob)
+    attached_bytes: list[int] | None = None
 
     @property
     def tokens(self) -> np.ndarray:
@@ -116,6 +120,10 @@ class MapStage:
         self.predicate = (_load_predicate(filters.predicate, policy or CodePolicy())
                           if filters.predicate else None)
         self.bad_reasons = kind.bad_reasons | BAD_RECORD_REASONS
+        #: the most bytes a kept document's attachments hold (a kind that attaches and keeps
+        #: documents whole: a sequence's tokens bound them); None: not weighed
+        self.most_attached_bytes = (kind.most_attached_bytes(longest)
+                                    if kind.attaches and longest is not None else None)
         self.has_text = kind.has_text
         # a kind that can check and tokenize a whole task's values at once, falling back to
         # one record at a time when any value is bad (pre-tokenized ids)
@@ -162,10 +170,14 @@ class MapStage:
         if self.kind.attaches:
             attached: list[tuple[Attached, ...] | None] = [None] * n
             ids, at = result.columns["input_ids"], result.offsets
+            held = [0] * (n + 1)
             for k, i in enumerate(keep):
                 if status[i] is None:
-                    attached[i] = self.kind.attach(docs[k], ids[at[i]:at[i + 1]])
+                    got_attached = self.kind.attach(docs[k], ids[at[i]:at[i + 1]])
+                    attached[i] = got_attached
+                    held[i + 1] = self.kind.attached_bytes(got_attached)
             result.attached = attached
+            result.attached_bytes = list(itertools.accumulate(held))
         return result
 
     def _render(self, records: list[Record], formats: Sequence[Format],
@@ -189,6 +201,8 @@ class MapStage:
             if reason is not None or doc is None:
                 status[i], detail[i] = reason, why
                 continue
+            if self.most_attached_bytes is not None:  # a too-long document's images go now
+                doc = self.kind.lighten(doc, self.most_attached_bytes)
             docs.append(doc)
             keep.append(i)
         return keep

@@ -25,6 +25,12 @@ class Knobs:
     task_docs: int = doc("Documents per map task (one batched tokenizer call); a stream's "
                          "first tasks are smaller and double up to this.",
                          default=256, ge=1, le=65536)
+    image_bytes: int = doc("Decoded image bytes (patch rows) per lane and image source that map "
+                           "results not consumed yet and map tasks in flight may hold, a task "
+                           "weighed at its worst case until it is done (backpressure bound: "
+                           "fewer and smaller tasks, never other data; a document's worst "
+                           "case always fits; docs/architecture.md, Backpressure).",
+                           default=512 << 20, ge=1, le=1 << 40)
 
     def __post_init__(self) -> None:
         # Knobs built in code skip model.load's checks; prefetch 0 would end every stream at

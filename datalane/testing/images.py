@@ -59,8 +59,9 @@ class ImageCorpus:
     encoded_bytes: int  # the valid images' encoded bytes, in all
 
 
-def _size(rng: random.Random) -> tuple[int, int]:
-    """(width, height): mostly photo-like, some thumbnails, some panoramas and strips."""
+def _size(rng: random.Random, max_side: int) -> tuple[int, int]:
+    """(width, height): mostly photo-like, some thumbnails, some panoramas and strips; scaled
+    down to ``max_side`` at most a side (the same draws whatever it is)."""
     kind = rng.random()
     if kind < 0.1:
         return rng.randint(12, 64), rng.randint(12, 64)
@@ -68,7 +69,8 @@ def _size(rng: random.Random) -> tuple[int, int]:
     area = rng.randint(96, 1100) ** 2
     width = max(8, min(1536, round((area * aspect) ** 0.5)))
     height = max(8, min(1536, round(area / width)))
-    return width, height
+    scale = min(1.0, max_side / max(width, height))  # the aspect ratio kept
+    return max(8, round(width * scale)), max(8, round(height * scale))
 
 
 def synthetic_image(seed: int, width: int, height: int) -> np.ndarray:
@@ -186,9 +188,12 @@ def _caption(rng: random.Random) -> str:
 
 
 def make_image_corpus(root: str, images: int = 64, seed: int = 29, per_shard: int = 16,
-                      jpeg_only: bool = False) -> ImageCorpus:
+                      jpeg_only: bool = False, max_side: int = 1536) -> ImageCorpus:
     """Write the corpus under ``root`` (see the module docstring); ``jpeg_only``: every image a
-    JPEG (TorchTitan's ``cc12m`` processor reads the ``jpg`` member only)."""
+    JPEG (TorchTitan's ``cc12m`` processor reads the ``jpg`` member only); ``max_side``: no
+    side longer (small images decode fast: the sidecar chaos test's corpus)."""
+    if not 8 <= max_side <= 1536:
+        raise ValueError(f"max_side: {max_side!r} is not from 8 to 1536 pixels")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -201,7 +206,7 @@ def make_image_corpus(root: str, images: int = 64, seed: int = 29, per_shard: in
     members: list[tuple[str, bytes]] = []
     total = 0
     for i in range(images):
-        width, height = _size(rng)
+        width, height = _size(rng, max_side)
         fmt = "JPEG" if jpeg_only else "PNG" if i % 5 == 3 else "WEBP" if i % 5 == 4 else "JPEG"
         data = _encode(synthetic_image(rng.getrandbits(32), width, height), fmt)
         key, ext, caption = f"{i:08d}", _EXT[fmt], _caption(rng)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from datalane.spec.errors import DatalaneError
+from datalane.spec.knobs import Knobs
 
 __all__ = ["main"]
 
@@ -48,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=int(_env("DATALANE_WORKERS", "2") or 2))
     serve.add_argument("--prefetch", type=int, default=int(_env("DATALANE_PREFETCH", "8") or 8),
                        help="microbatches ready ahead of each session's slowest reader")
+    serve.add_argument("--image-bytes", type=int,
+                       default=int(_env("DATALANE_IMAGE_BYTES") or Knobs.image_bytes),
+                       help="decoded image bytes each lane's image source may hold in map "
+                            "results and tasks in flight (backpressure: the data is the same "
+                            "at any value; docs/architecture.md, Backpressure) (env "
+                            "DATALANE_IMAGE_BYTES)")
     serve.add_argument("--max-streams", type=int,
                        default=int(_env("DATALANE_MAX_STREAMS", "0") or 0),
                        help="streams served at once (trainer processes x (1 + eval streams "
@@ -104,6 +111,8 @@ def _serve(args: argparse.Namespace) -> int:
         options = json.loads(args.store_options)
     except json.JSONDecodeError as e:
         raise DatalaneError(f"--store-options is not JSON: {e}") from e
+    if args.image_bytes < 1:
+        raise DatalaneError(f"--image-bytes must be 1 or more, not {args.image_bytes}")
     setup_logging(args.log_level, options)
     if not args.recipe:
         raise DatalaneError("no recipe: pass --recipe or set DATALANE_RECIPE")
@@ -114,7 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
                         args.ranks_per_pod, args.workers, args.prefetch,
                         int(args.socket_mode, 8), args.metrics_port, args.metrics_addr,
                         args.max_streams, rank_processes(args.rank_processes,
-                                                         args.ranks_per_pod))
+                                                         args.ranks_per_pod), args.image_bytes)
     return serve(cfg)
 
 

@@ -95,3 +95,16 @@ def test_commands_without_their_extra_name_it(write_recipe, tmp_path) -> None:
         if module is not None:
             assert f"module {module!r} is not installed" in line, line
 
+
+def test_the_sidecar_sets_the_knob_from_its_flag_or_env(monkeypatch, capsys) -> None:
+    from datalane_sidecar import cli
+
+    from datalane.spec.knobs import Knobs
+
+    assert cli._parser().parse_args(["serve"]).image_bytes == Knobs().image_bytes == 512 << 20
+    assert cli._parser().parse_args(["serve", "--image-bytes", "7"]).image_bytes == 7
+    monkeypatch.setenv("DATALANE_IMAGE_BYTES", "9")
+    assert cli._parser().parse_args(["serve"]).image_bytes == 9
+    assert cli.main(["serve", "--recipe", "r.yaml", "--image-bytes", "0"]) == 2
+    assert capsys.readouterr().err == ("datalane-sidecar serve: error: --image-bytes must be 1 "
+                                       "or more, not 0\n")

@@ -521,9 +521,11 @@ def test_knobs_defaults_and_valid_values() -> None:
     ({"workers": 2.0}, "knobs.workers must be an integer, got 2.0"),
     ({"prefetch": 0}, "knobs.prefetch 0 must be >= 1"),
     ({"prefetch": 2048}, "knobs.prefetch 2048 must be <= 1024"),
+    ({"image_bytes": 0}, "knobs.image_bytes 0 must be >= 1"),
     ({"task_docs": None}, "knobs.task_docs must be integer, got null"),
     ({"worker": 4}, "knobs.worker is not a known key; did you mean 'workers'?"),
-    ({"seed": 4}, "knobs.seed is not a known key; known keys: workers, prefetch, task_docs"),
+    ({"seed": 4}, "knobs.seed is not a known key; known keys: workers, prefetch, task_docs, "
+     "image_bytes"),
 ])
 def test_knobs_reject_bad_values(data: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as info:

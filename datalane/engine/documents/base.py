@@ -106,6 +106,20 @@ class DocumentKind(Protocol):
         map stage then renders them one record at a time); only if ``tokenizes_values``."""
         ...
 
+    def attached_bytes(self, attached: tuple[Attached, ...]) -> int:
+        """The bytes a document's attachments hold (what the ``image_bytes`` knob weighs)."""
+        ...
+
+    def most_attached_bytes(self, tokens: int) -> int:
+        """The most bytes the attachments of a document of ``tokens`` tokens can hold."""
+        ...
+
+    def lighten(self, doc: Rendered, most: int) -> Rendered:
+        """``doc`` without the bytes of its payload when it holds more than ``most`` of them
+        (more than a document of the most tokens the map stage keeps can hold: it is set aside
+        after tokenizing, which needs only its token counts); otherwise ``doc`` itself."""
+        ...
+
 
 class KindBase:
     """The defaults of :class:`DocumentKind`'s optional parts: documents with text, rendered
@@ -126,6 +140,15 @@ class KindBase:
 
     def tokenize_values(self, values: list[Any]) -> Tokenized | None:
         return None
+
+    def attached_bytes(self, attached: tuple[Attached, ...]) -> int:
+        return 0
+
+    def most_attached_bytes(self, tokens: int) -> int:
+        return 0
+
+    def lighten(self, doc: Rendered, most: int) -> Rendered:
+        return doc
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ the wrong length).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -172,6 +173,27 @@ class VisionKind(KindBase):
 
     def attach(self, doc: Rendered, ids: np.ndarray) -> tuple[Attached, ...]:
         return (Attached(self._first_pad, doc.value),)
+
+    def attached_bytes(self, attached: tuple[Attached, ...]) -> int:
+        return sum(int(a.value.values.nbytes) for a in attached)
+
+    def most_attached_bytes(self, tokens: int) -> int:
+        """An image's placeholders are tokens of its document, each ``merge_size**2`` patch
+        rows of ``3 * patch_size**2`` bytes (one frame): a document of ``tokens`` tokens holds
+        at most ``tokens * merge_size**2 * 3 * patch_size**2`` bytes of patch rows, however
+        many images it has."""
+        return tokens * self.spec.merge_size ** 2 * 3 * self.spec.patch_size ** 2
+
+    def lighten(self, doc: Rendered, most: int) -> Rendered:
+        """``doc`` with no patch rows (its images' grids and placeholder counts kept) when they
+        are more than ``most`` bytes: a worker then does not hold a too-long document's images
+        until its task ends. The value is one image's :class:`Patches` or a tuple of them."""
+        images = doc.value if isinstance(doc.value, tuple) else (doc.value,)
+        if sum(int(p.values.nbytes) for p in images) <= most:
+            return doc
+        light = tuple(dataclasses.replace(p, values=np.empty((0, p.values.shape[1]),
+                                                             p.values.dtype)) for p in images)
+        return doc._replace(value=light if isinstance(doc.value, tuple) else light[0])
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
         flat, offsets, lengths = self.tokenizer.encode([d.text for d in docs])
