@@ -338,7 +338,8 @@ def run_megatron(ds: Any, getitem: bool) -> int:
 
 def one(corpus: Path, system: str) -> list[dict[str, Any]]:
     """Measure one system (or, for Megatron, both variants) in this process."""
-    import pyarrow.parquet  # noqa: F401  imports stay out of every clock
+    import fsspec  # noqa: F401  imports stay out of every clock (datalane opens files with it)
+    import pyarrow.parquet  # noqa: F401
     import tokenizers  # noqa: F401
 
     import datalane.engine.loader  # noqa: F401
