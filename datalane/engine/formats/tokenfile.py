@@ -173,7 +173,8 @@ def documents(files: TokenFiles, sf: SourceFile, dtype: np.dtype[Any], starts: n
         buf = files.read(sf, dtype, lo, int(starts[e]) - lo)
         rel = (starts[d:e + 1] - lo).tolist()
         if rel[-1] <= most:  # every document of the window is within the bound: in bulk
-            yield from zip(range(d, e), [buf[a:b] for a, b in itertools.pairwise(rel)])
+            yield from zip(range(d, e), [buf[a:b] for a, b in itertools.pairwise(rel)],
+                          strict=True)
         else:
             for k in range(e - d):
                 if rel[k + 1] - rel[k] > most:  # (a window larger than the bound)

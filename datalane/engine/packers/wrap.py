@@ -172,10 +172,7 @@ class WrapPacker(PackerBase):
                 # the next document start after the boundary, within this part
                 end = end_part if starts is None else at + starts[
                     bisect.bisect_right(starts, row - at)]
-                if end > row + size:
-                    end = row + size
-                if end > used:
-                    end = used
+                end = min(end, row + size, used)
                 if flat[row]:  # (the document's positions up to end are consecutive)
                     flat[row:end] = ARANGE[:end - row]
                 row += size
