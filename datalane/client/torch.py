@@ -43,10 +43,12 @@ out of the checkpoint.
 **VLM mode** (``DataLaneDataset(loader, vlm=True)``, a vision recipe): each item is instead
 TorchTitan's multimodal ``(input_dict, labels)`` of :func:`datalane.client.torchvlm.to_vlm`
 (``input``, ``positions``, ``pixel_values``, ``grid_thw``, ``special_tokens``,
-``mrope_positions``, ...), the special-token ids read from the recipe's tokenizer by the names
-of its ``vision`` settings and the ``PatchRule`` from them
-(:func:`~datalane.client.torchvlm.vlm_settings`; an in-process loader knows its recipe, a
-sidecar loader is given ``vlm=vlm_settings(Plan.build(recipe))``). Opt-in, because it changes
+``mrope_positions``, ...), the special-token ids and the ``PatchRule`` read from the vision
+contract of the loader's sample schema (:func:`~datalane.client.torchvlm.vlm_settings`: the
+recipe's tokenizer ids for the names of its ``vision`` settings and the patch rule of those
+settings; an in-process loader has its recipe's, a sidecar loader the one its sidecar
+announces at Open, so both yield the same items; a sidecar that predates the contract is
+refused naming what is missing). Opt-in, because it changes
 what an item is: the default dict above carries a vision recipe's per-image columns as they
 are, for trainers that build their own batch.
 :class:`datalane.client.torchtitan.DataLaneDataLoader` turns it on by itself for a vision
@@ -77,6 +79,7 @@ from datalane.spec.targets import IGNORE_INDEX, trained_targets
 
 if TYPE_CHECKING:
     from datalane.client.torchvlm import VlmSettings
+    from datalane.spec.schema import SampleSchema
 
 __all__ = ["DataLaneDataset", "cu_seqlens", "to_tensors"]
 
@@ -85,6 +88,8 @@ class _Loader(Protocol):
     def lanes(self) -> range: ...
     @property
     def lanes_total(self) -> int: ...
+    @property
+    def schema(self) -> SampleSchema: ...
     def __iter__(self) -> Iterator[Batch]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -133,22 +138,26 @@ def to_tensors(batch: Batch) -> dict[str, torch.Tensor]:
 
 
 def _vlm_settings(loader: _Loader, vlm: bool | VlmSettings) -> VlmSettings:
-    """VLM mode's settings: given, or (``vlm=True``) read from the in-process loader's
-    recipe."""
+    """VLM mode's settings: given, or (``vlm=True``) read from the vision contract of the
+    loader's sample schema (the recipe's in-process, the one the sidecar announces)."""
     from datalane.client.torchvlm import vlm_settings
 
     if vlm is not True:
         return vlm  # type: ignore[return-value]
-    plan = getattr(loader, "plan", None)
-    if plan is None:
-        raise ConfigError(f"DataLaneDataset(vlm=True) over a {type(loader).__name__} that does "
-                          f"not know its recipe: pass vlm=vlm_settings(Plan.build(recipe)) "
+    schema = getattr(loader, "schema", None)
+    if schema is None:
+        raise ConfigError(f"DataLaneDataset(vlm=True) over a {type(loader).__name__} that has "
+                          f"no sample schema: pass vlm=vlm_settings(Plan.build(recipe)) "
                           f"(datalane.client.torchvlm) instead")
-    settings = vlm_settings(plan)
+    socket = getattr(loader, "socket", None)
+    where = (f"the sample schema the sidecar at {socket} announces" if socket else
+             f"the sample schema of {type(loader).__name__}")
+    settings = vlm_settings(schema, where)
     if settings is None:
-        raise ConfigError(f"DataLaneDataset(vlm=True): the recipe has no source with `vision` "
-                          f"settings (sources {[sp.source.name for sp in plan.sources]}), so "
-                          f"there are no images for TorchTitan's multimodal batch")
+        raise ConfigError(f"DataLaneDataset(vlm=True): the recipe's sample schema has no "
+                          f"per-image columns (its columns {list(schema.names)}: no source has "
+                          f"`vision` settings), so there are no images for TorchTitan's "
+                          f"multimodal batch")
     return settings
 
 

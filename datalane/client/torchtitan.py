@@ -44,10 +44,11 @@ step means TorchTitan's steps are not datalane's (a wrong ``global_batch_size``)
 item is TorchTitan's multimodal ``(input_dict, labels)`` instead, as its ``MMDataLoader`` and
 ``MultiModalCollator`` yield it (:func:`datalane.client.torchvlm.to_vlm`; ``DataLaneDataset``'s
 VLM mode, with the special-token ids from the recipe's tokenizer by the names of its
-``vision`` settings and its ``PatchRule``). This is automatic, not a flag: TorchTitan's trainer
-reads the one batch form its model takes, and the text form would drop the images without a
-word. A sidecar-fed vision loader is refused for now (the sidecar announces the columns, not
-the recipe's vision tokens); read the recipe in-process.
+``vision`` settings and its ``PatchRule``, from the vision contract of the sample schema). This
+is automatic, not a flag: TorchTitan's trainer reads the one batch form its model takes, and
+the text form would drop the images without a word. In-process and through a sidecar alike:
+the sidecar announces the contract at Open; one that predates it is refused naming what is
+missing.
 
 Callers: TorchTitan's ``Trainer`` (through its config), :mod:`datalane.demos.torchtitan_rank`.
 """
@@ -66,12 +67,12 @@ from torchtitan.components.dataloader import BaseDataLoader
 from datalane.client.batch import Batch
 from datalane.client.inprocess import InProcessLoader
 from datalane.client.torch import DataLaneDataset
-from datalane.client.torchvlm import VlmSettings, vlm_settings
 from datalane.spec import imagecolumns
 from datalane.spec.errors import ConfigError
 from datalane.spec.knobs import Knobs
 from datalane.spec.lanes import rank_shape
 from datalane.spec.recipe import load_recipe
+from datalane.spec.schema import SampleSchema
 
 if TYPE_CHECKING:
     from datalane.client.sidecar import SidecarLoader
@@ -124,6 +125,15 @@ class _Tap:
     @property
     def lanes_total(self) -> int:
         return self.loader.lanes_total
+
+    @property
+    def schema(self) -> SampleSchema:
+        return self.loader.schema
+
+    @property
+    def socket(self) -> str | None:
+        """The sidecar's socket (errors name it); None in-process."""
+        return getattr(self.loader, "socket", None)
 
     def __iter__(self) -> Iterator[Batch]:
         for batch in self.loader:
@@ -180,15 +190,11 @@ class DataLaneDataLoader(BaseDataLoader):  # type: ignore[misc]
         self._tap = _Tap(self.loader, self._on_step)
         self.vlm = any(name in imagecolumns.NAMES for name in self.loader.schema.names)
         """Items are TorchTitan's multimodal batch (a vision recipe; the module docstring)."""
-        vlm: bool | VlmSettings = False
-        if self.vlm:
-            if not isinstance(self.loader, InProcessLoader):
-                raise ConfigError("DataLaneDataLoader reads a vision recipe from the sidecar, "
-                                  "which announces its columns but not the recipe's vision "
-                                  "tokens and patch rule: set --dataloader.recipe (in-process) "
-                                  "for a vision recipe")
-            vlm = vlm_settings(self.loader.plan) or False
-        self.dataset = DataLaneDataset(self._tap, vlm=vlm)
+        try:  # (VLM mode refuses a sidecar that announces images but no vision contract)
+            self.dataset = DataLaneDataset(self._tap, vlm=self.vlm)
+        except Exception:
+            self.loader.close()
+            raise
 
     def __iter__(self) -> Iterator[TitanBatch]:
         for item in self.dataset:

@@ -40,11 +40,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from datalane.engine.documents.vision import VisionKind
 from datalane.engine.images import PatchRule, normalize
 from datalane.engine.plan import Plan
-from datalane.spec.errors import ConfigError, DataError
+from datalane.spec.errors import ConfigError, DataError, MismatchError
+from datalane.spec.schema import SampleSchema
 from datalane.spec.targets import IGNORE_INDEX, trained_targets
+from datalane.spec.visioncontract import SPECIAL_TOKENS
 
 __all__ = ["IMAGE_COLUMNS", "QWEN35", "SPECIAL_TOKENS", "Images", "VlmSettings", "check_images",
            "mrope_positions", "pixel_values", "to_vlm", "vlm_settings"]
@@ -52,8 +53,6 @@ __all__ = ["IMAGE_COLUMNS", "QWEN35", "SPECIAL_TOKENS", "Images", "VlmSettings",
 #: The per-image columns of a microbatch (docs/vlm.md, "Per-image columns").
 IMAGE_COLUMNS = ("image_patches", "image_grid_thw", "image_seq", "image_offset",
                  "image_patch_start")
-#: The keys of TorchTitan's ``special_tokens`` (``MultiModalTokenizer.TOKEN_FIELDS`` + ``_id``).
-SPECIAL_TOKENS = ("image_id", "video_id", "vision_start_id", "vision_end_id", "pad_id")
 #: Qwen3.5's patching and normalisation (torchtitan/models/qwen3_5/config_registry.py).
 QWEN35 = PatchRule()
 
@@ -61,34 +60,35 @@ QWEN35 = PatchRule()
 @dataclass(frozen=True)
 class VlmSettings:
     """What :func:`to_vlm` needs besides the columns: TorchTitan's five ``special_tokens`` ids
-    and the recipe's patching rule (:func:`vlm_settings` reads both from a recipe)."""
+    and the recipe's patching rule (:func:`vlm_settings` reads both from a sample schema)."""
 
     special_tokens: dict[str, int]
     rule: PatchRule
 
 
-def vlm_settings(plan: Plan) -> VlmSettings | None:
-    """The recipe's :class:`VlmSettings` (None for a recipe without a vision source): the ids
-    of its tokenizer for the names its ``vision`` settings give, ``<|video_pad|>`` where the
-    vocabulary has it (else -1, an id no token has: videos are not carried), the tokenizer's
-    pad id (what the lanes pad ``input_ids`` with), and the ``PatchRule`` of those settings.
-    Every vision source must agree on both (ConfigError naming the two sources)."""
-    found: list[tuple[str, VlmSettings]] = []
-    for sp in plan.sources:
-        kind = sp.kind
-        if not isinstance(kind, VisionKind):
-            continue
-        video = plan.tokenizer.tokenizer.token_to_id("<|video_pad|>")
-        specials = {"image_id": kind.image_id, "video_id": -1 if video is None else int(video),
-                    "vision_start_id": kind.start_id, "vision_end_id": kind.end_id,
-                    "pad_id": plan.tokenizer.pad_id}
-        found.append((sp.source.name, VlmSettings(specials, kind.rule.patches)))
-    for name, settings in found[1:]:
-        if settings != found[0][1]:
-            raise ConfigError(f"sources {found[0][0]!r} and {name!r} give different vision "
-                              f"tokens or patching ({found[0][1]} and {settings}): one "
-                              f"TorchTitan batch has one set of special tokens and one rule")
-    return found[0][1] if found else None
+def vlm_settings(source: Plan | SampleSchema,
+                 where: str = "the recipe's sample schema") -> VlmSettings | None:
+    """The :class:`VlmSettings` of a recipe's sample schema (a plan's, or the one a sidecar
+    announces) from its vision contract (:mod:`datalane.spec.visioncontract`): the ids of the
+    recipe tokenizer's vision tokens, ``<|video_pad|>``'s (-1 where the vocabulary has none),
+    its pad, and the ``PatchRule`` of the recipe's ``vision`` settings. None for a schema
+    without per-image columns; MismatchError naming ``where`` and what is missing for per-image
+    columns without a contract (a sidecar that predates it)."""
+    schema = source.schema if isinstance(source, Plan) else source
+    if not schema.image_columns:
+        return None
+    c = schema.vision
+    if c is None:
+        raise MismatchError(
+            f"{where} has the per-image columns {[col.name for col in schema.image_columns]} "
+            f"but no vision contract: the ids {', '.join(SPECIAL_TOKENS)} and the patch rule "
+            f"(patch_size, temporal_patch_size, merge_size, order, image_mean, image_std) that "
+            f"TorchTitan's multimodal batch needs. A sidecar that announces images without it "
+            f"predates it: upgrade the sidecar (its image) to the trainer's datalane release, "
+            f"or pass vlm=VlmSettings(...) to DataLaneDataset")
+    rule = PatchRule(c.patch_size, c.temporal_patch_size, c.merge_size, c.order, c.image_mean,
+                     c.image_std)
+    return VlmSettings(c.special_tokens, rule)
 
 
 @dataclass(frozen=True)

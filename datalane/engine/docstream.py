@@ -227,7 +227,7 @@ class DocStream:
             piece = block.records[start:start + size]
             block.submitted += len(piece)
             future = self._pool.submit_ahead(self._queued_docs, self._stage.run, piece,
-                                             self._formats)
+                                             self._formats, self.lane)
             self._queued_docs += len(piece)
             self._tasks.append(_Task(block, start, len(piece), future))
             if block.submitted >= len(block.records):
@@ -490,7 +490,7 @@ class DocStream:
         file, pos = ref[0], self.position(ref)
         assert pos is not None, f"fetch of a reference {ref} that position() refuses"
         raw = self._reader.read_one(ref)
-        res = self._stage.run([(file, pos, raw)], self._formats)
+        res = self._stage.run([(file, pos, raw)], self._formats, self.lane)
         if res.status[0] is not None:
             raise DataError(f"source {self.source.source.name!r}: the carried document at "
                             f"{self._where(file, pos)} no longer maps to tokens "

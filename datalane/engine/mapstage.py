@@ -6,11 +6,13 @@ A map task takes a slice of raw records (already in shuffled order) and returns,
 either its token columns or the reason it was set aside. The record's *format* decodes the
 field's value (:mod:`datalane.engine.formats`), the source's *document kind* renders it
 (plain text, a chat conversation: :mod:`datalane.engine.documents`), the filters look at the
-rendered text, and the kind tokenizes the kept documents in one batch. Tasks run on any
-worker thread in any order; the results are consumed in order by
-:mod:`datalane.engine.docstream`, which is where counters are kept and where the ``fail``
-policy raises, so both are deterministic. A predicate is imported only once the code policy
-(:mod:`datalane.spec.codepolicy`) allows its module.
+rendered text, and the kind tokenizes the kept documents in one batch. A kind that draws at
+random per document (``keyed``: image augmentation) is given each record's
+:class:`~datalane.engine.documents.base.DocKey` (the stage's seed and source, the lane the task
+is run for, the record's file and position). Tasks run on any worker thread in any order; the
+results are consumed in order by :mod:`datalane.engine.docstream`, which is where counters are
+kept and where the ``fail`` policy raises, so both are deterministic. A predicate is imported
+only once the code policy (:mod:`datalane.spec.codepolicy`) allows its module.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import Attached, DocumentKind, Rendered, Tokenized
+from datalane.engine.documents.base import Attached, DocKey, DocumentKind, Rendered, Tokenized
 from datalane.engine.documents.text import TextKind
 from datalane.engine.formats import FORMATS, Format
 from datalane.engine.formats.base import Decoded, TooLarge
@@ -99,10 +101,15 @@ class MapStage:
 
     def __init__(self, field: str, filters: Filters, kind: DocumentKind,
                  columns: Sequence[Column] = _TEXT_COLUMNS,
-                 policy: CodePolicy | None = None, longest: int | None = None) -> None:
+                 policy: CodePolicy | None = None, longest: int | None = None,
+                 seed: int = 0, source: str = "") -> None:
         """``longest``: a kind whose documents are never split (vision) sets a document of
-        more tokens aside as ``too_long`` (a sequence's tokens, seq_len + 1)."""
+        more tokens aside as ``too_long`` (a sequence's tokens, seq_len + 1). ``seed`` and
+        ``source`` (the recipe's seed, the source's name) begin each record's
+        :class:`DocKey` for a ``keyed`` kind."""
         self.field = field
+        self.seed = seed
+        self.source = source
         self.longest = longest
         self.filters = filters
         self.kind = kind
@@ -131,8 +138,9 @@ class MapStage:
                 return "predicate"
         return None
 
-    def run(self, records: list[Record], formats: Sequence[Format]) -> MapResult:
-        """Map a slice of records; ``formats[file]`` is the format of each file."""
+    def run(self, records: list[Record], formats: Sequence[Format], lane: int = 0) -> MapResult:
+        """Map a slice of records of lane ``lane``; ``formats[file]`` is the format of each
+        file."""
         n = len(records)
         status: list[str | None] = [None] * n
         detail: list[str | None] = [None] * n
@@ -156,7 +164,7 @@ class MapStage:
             if got is not None:
                 keep = list(range(n))
         if got is None:
-            keep = self._render(records, formats, status, detail, docs)
+            keep = self._render(records, formats, status, detail, docs, lane)
         result = self._finish(n, keep, got, docs, status, detail)
         if self.kind.attaches:
             attached: list[tuple[Attached, ...] | None] = [None] * n
@@ -169,14 +177,16 @@ class MapStage:
 
     def _render(self, records: list[Record], formats: Sequence[Format],
                 status: list[str | None], detail: list[str | None],
-                docs: list[Rendered]) -> list[int]:
+                docs: list[Rendered], lane: int) -> list[int]:
         """Decode, render and filter record by record; the indexes of the documents kept."""
         keep: list[int] = []
-        for i, (file, _, raw) in enumerate(records):
+        keyed = self.kind.keyed
+        for i, (file, pos, raw) in enumerate(records):
             value, reason, why = _decode(formats[file], raw, self.field)
             doc = None
             if reason is None:
-                doc, reason, why = self.kind.render(value)
+                doc, reason, why = self.kind.render(value, DocKey(
+                    self.seed, lane, self.source, file, pos) if keyed else None)
             if doc is not None and self.has_text:
                 reason = self._char_filter(doc.text)
                 if reason is not None and reason.startswith("predicate_error:"):

@@ -27,6 +27,7 @@ from datalane.spec.fingerprint import fingerprint_of
 from datalane.spec.formats import unsupported_compression
 from datalane.spec.recipe import Filters, Recipe, Source
 from datalane.spec.schema import Column, SampleSchema, text_schema
+from datalane.spec.visioncontract import VisionContract
 
 __all__ = ["Plan", "SourcePlan"]
 
@@ -105,7 +106,7 @@ class Plan:
             for sp in sources}
         if any(framed.values()):
             doc["compressed_chunks"] = {k: v for k, v in framed.items() if v}
-        schema = text_schema(tokenizer.pad_id, tuple(extra.values()))
+        schema = text_schema(tokenizer.pad_id, tuple(extra.values()), _vision(sources))
         return cls(recipe, sources, tokenizer, schema, doc, fingerprint_of(doc))
 
     def map_stages(self, policy: CodePolicy | None = None) -> list[MapStage]:
@@ -118,8 +119,23 @@ class Plan:
         whole = self.recipe.sequence_tokens  # for kinds whose documents are never split
         return [MapStage(sp.source.field, sp.filters, sp.kind, columns, policy,
                          whole if getattr(sp.source.kind_config, "whole_documents", False)
-                         else None)
+                         else None, sp.seed, sp.source.name)
                 for sp in self.sources]
+
+
+def _vision(sources: list[SourcePlan]) -> VisionContract | None:
+    """The recipe's vision contract (None without images): every source that renders images
+    must give the same one, since one batch of the model has one set of vision tokens and
+    one patch rule (ConfigError naming the two sources)."""
+    found = [(sp.source.name, sp.kind.vision) for sp in sources if sp.kind.vision is not None]
+    for name, contract in found[1:]:
+        first, now = found[0][1].to_dict(), contract.to_dict()
+        differ = [f"{k} {first[k]!r} and {now[k]!r}" for k in first if first[k] != now[k]]
+        if differ:
+            raise ConfigError(f"sources {found[0][0]!r} and {name!r} give different vision "
+                              f"tokens or patching ({', '.join(differ)}): one batch of the "
+                              f"model has one set of vision tokens and one patch rule")
+    return found[0][1] if found else None
 
 
 def _plan_source(index: int, spec: Source, recipe: Recipe, kind: DocumentKind) -> SourcePlan:

@@ -28,6 +28,7 @@ from datalane.spec.formats import (
 )
 from datalane.spec.integrity import MAX_DEPTH, check_depth, parse_json, parse_text, read_bytes
 from datalane.spec.lanes import nearest_multiples
+from datalane.spec.llava import LlavaSpec
 from datalane.spec.model import doc
 from datalane.spec.packing import PACKER_NAMES, WHOLE_PACKERS, PackerName, packing_reference
 from datalane.spec.phases import Phase, check_phases
@@ -150,6 +151,13 @@ class Source:
         "the texts; the images' patches travel with it (docs/vlm.md). Needs "
         "`packing.algorithm: bestfit`; null: plain text in `text_field`.", default=None,
         omit_default=True)
+    llava: LlavaSpec | None = doc(
+        "Read the source as LLaVA records (a JSON file holding a list of them, or JSONL): "
+        "each record's `conversations` rendered with the chat template, each `<image>` "
+        "marker replaced by the placeholder tokens of the next image its `image` names, a "
+        "path relative to the JSON file's folder; the images' patches travel with it "
+        "(docs/vlm.md). Needs `packing.algorithm: bestfit`; null: plain text in "
+        "`text_field`.", default=None, omit_default=True)
 
     @property
     def kind_config(self) -> Any:
@@ -197,9 +205,10 @@ class Source:
 
 def part_formats(config: Any) -> frozenset[str]:
     """The formats that can read the parts of a kind's configuration ``config``: those it
-    names (``formats``), else every format declaring ``parts``."""
+    names (``formats``: a kind whose format reads its parts its own way, llava's JSON), else
+    every format declaring ``parts``."""
     named = getattr(config, "formats", None)
-    return PART_FORMATS if named is None else PART_FORMATS & frozenset(named)
+    return PART_FORMATS if named is None else frozenset(named)
 
 
 def document_kinds() -> tuple[str, ...]:

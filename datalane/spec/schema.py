@@ -20,6 +20,11 @@ them hashes and lays out as before. Its ``fill`` says where a packer takes a per
 values: ``document`` columns are copied from the document's own tokens (a document of a kind
 that lacks the column gets ``default``), ``position`` columns count tokens within each document
 piece.
+
+A schema with per-image columns also carries the recipe's :class:`~datalane.spec.visioncontract.
+VisionContract` (``vision``: the vision tokens' ids and the patch rule a trainer needs to build
+its model's batch). It is not part of :meth:`SampleSchema.dumps` (the columns, which old
+clients parse strictly): the wire announces it in a message of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from datalane.spec.errors import MismatchError
+from datalane.spec.visioncontract import VisionContract
 
 __all__ = ["DTYPES", "IMAGE_HEADER", "Column", "SampleSchema", "SlotField", "TextColumns",
            "text_schema"]
@@ -114,6 +120,9 @@ class SampleSchema:
     """The columns of a recipe's samples, in canonical (hash and wire) order."""
 
     columns: tuple[Column, ...]
+    #: a vision recipe's special-token ids and patch rule (None: no images, or a schema
+    #: announced by a sidecar that predates the contract)
+    vision: VisionContract | None = None
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.columns]
@@ -132,6 +141,27 @@ class SampleSchema:
         if kinds != sorted(kinds):
             raise ValueError(f"a sample schema's per-image columns come after the others: "
                              f"{names}")
+        if self.vision is not None:
+            self._check_vision(self.vision)
+
+    def _check_vision(self, vision: VisionContract) -> None:
+        """The contract fits the columns: patch rows of its patch size, a placeholder for
+        ``merge_size**2`` of them, ``input_ids`` padded with its pad id."""
+        patches = [c for c in self.columns if c.image == "patch"]
+        if not patches:
+            raise ValueError(f"a sample schema without per-image columns has a vision "
+                             f"contract: {vision}")
+        c = patches[0]
+        if (c.width, c.patches_per_token) != (vision.patch_width, vision.merge_size ** 2):
+            raise ValueError(f"column {c.name!r} has rows of {c.width} bytes, "
+                             f"{c.patches_per_token} to a placeholder; the vision contract's "
+                             f"patch_size {vision.patch_size} and merge_size "
+                             f"{vision.merge_size} make {vision.patch_width} and "
+                             f"{vision.merge_size ** 2}")
+        ids = next((c for c in self.columns if c.name == "input_ids"), None)
+        if ids is not None and ids.pad != vision.pad_id:
+            raise ValueError(f"column 'input_ids' is padded with {ids.pad}; the vision "
+                             f"contract's pad_id is {vision.pad_id}")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -207,8 +237,10 @@ class SampleSchema:
         return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
 
     @classmethod
-    def from_json(cls, data: Any, where: str = "sample schema") -> SampleSchema:
-        """Parse a schema announced by a sidecar; MismatchError naming ``where`` if malformed."""
+    def from_json(cls, data: Any, where: str = "sample schema",
+                  vision: VisionContract | None = None) -> SampleSchema:
+        """Parse a schema announced by a sidecar (with the vision contract it announces
+        beside it); MismatchError naming ``where`` if malformed or if they disagree."""
         if not isinstance(data, list) or not data:
             raise MismatchError(f"{where} must be a non-empty list of columns, got {data!r:.80}")
         cols = []
@@ -234,7 +266,7 @@ class SampleSchema:
             cols.append(Column(item["name"], item["dtype"], item["pad"], item["fill"],
                                item["default"], item["per_token"], **image))
         try:
-            return cls(tuple(cols))
+            return cls(tuple(cols), vision)
         except ValueError as e:
             raise MismatchError(f"{where}: {e}") from e
 
@@ -256,13 +288,14 @@ class TextColumns:
         return self.columns["positions"]
 
 
-def text_schema(pad_id: int, extra: Sequence[Column] = ()) -> SampleSchema:
+def text_schema(pad_id: int, extra: Sequence[Column] = (),
+                vision: VisionContract | None = None) -> SampleSchema:
     """``input_ids`` and ``positions``, then the ``extra`` columns of the recipe's kinds (their
-    per-image columns last)."""
+    per-image columns last), with the recipe's ``vision`` contract if it has images."""
     return SampleSchema((Column("input_ids", "int32", pad_id),
                          Column("positions", "int32", -1, fill="position"),
                          *(c for c in extra if not c.per_image),
-                         *(c for c in extra if c.per_image)))
+                         *(c for c in extra if c.per_image)), vision)
 
 
 def _no_images(c: Column) -> np.ndarray:

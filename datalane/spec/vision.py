@@ -41,7 +41,8 @@ from datalane.spec.limits import (
 )
 from datalane.spec.model import doc
 
-__all__ = ["ImageLimitsSpec", "ImageSettings", "InterleavedSpec", "ResizeSpec", "VisionSpec"]
+__all__ = ["AugmentSpec", "ImageLimitsSpec", "ImageSettings", "InterleavedSpec", "ResizeSpec",
+           "VisionSpec"]
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,23 @@ class ImageLimitsSpec:
 
 
 @dataclass(frozen=True)
+class AugmentSpec:
+    """A random crop and a horizontal flip of each image, drawn from the recipe's seed, the
+    lane and where the image is in the corpus (docs/vlm.md, Augmentation); off by default."""
+
+    crop: float = doc(
+        "The smallest side fraction of a random crop, in (0, 1]; 1: no crop. The crop keeps "
+        "the aspect ratio, its scale uniform in `[crop, 1]`, its place uniform in the image; "
+        "applied after decoding, before the resize.", default=1.0, gt=0, le=1)
+    flip: float = doc("The probability of a horizontal flip, in [0, 1] (in 1/65,536 steps).",
+                      default=0.0, ge=0, le=1)
+
+
+@dataclass(frozen=True)
 class ImageSettings:
     """What a kind that renders images shares (``vision``, ``interleaved``): the patch
-    geometry, the resize rule, the bounds on one image and the vision tokens."""
+    geometry, the resize rule, the bounds on one image, the augmentation and the vision
+    tokens."""
 
     #: the kind's documents may never be split across sequences (spec.recipe checks the packer)
     whole_documents: ClassVar[bool] = True
@@ -110,16 +125,36 @@ class ImageSettings:
     exif_transpose: bool = doc(
         "Turn each image as its EXIF orientation says (off, as TorchTitan's loader).",
         default=False)
+    augment: AugmentSpec = doc(
+        "Deterministic augmentation: each image's crop and flip are drawn from `(seed, lane, "
+        "source, file, position, image)`, the same for any world size, worker count or "
+        "restore. Off by default; a recipe that leaves it off (or declares only `crop: 1` and "
+        "`flip: 0`) keeps its fingerprint.", factory=AugmentSpec, omit_default=True)
     image_token: str = doc("The placeholder token, repeated once per merged patch.",
                            default="<|image_pad|>", pattern=r".+")
     vision_start_token: str = doc("The token before an image's placeholders.",
                                   default="<|vision_start|>", pattern=r".+")
     vision_end_token: str = doc("The token after an image's placeholders.",
                                 default="<|vision_end|>", pattern=r".+")
+    image_mean: list[float] = doc(
+        "The per-channel (R, G, B) mean the trainer's client subtracts from the pixel values "
+        "(scaled to 0..1) before dividing by `image_std` (Qwen3.5: 0.5 each). The lanes carry "
+        "the uint8 pixels; this is the model's normalisation, announced to the client.",
+        factory=lambda: [0.5, 0.5, 0.5], omit_default=True)
+    image_std: list[float] = doc(
+        "The per-channel (R, G, B) standard deviation the client divides by, each positive "
+        "(Qwen3.5: 0.5 each).", factory=lambda: [0.5, 0.5, 0.5], omit_default=True)
 
     def validate(self, where: str) -> None:
         at = where or "vision"
         self.resize.check(f"{at}.resize", self.patch_size * self.merge_size)
+        for name in ("image_mean", "image_std"):
+            value = getattr(self, name)
+            if len(value) != 3:
+                raise ConfigError(f"{at}.{name} {value!r} is not three numbers (R, G, B)")
+        if not all(v > 0 for v in self.image_std):
+            raise ConfigError(f"{at}.image_std {self.image_std!r} has a value that is not "
+                              f"positive (the pixels are divided by it)")
         names = (self.image_token, self.vision_start_token, self.vision_end_token)
         if len(set(names)) != 3:
             raise ConfigError(f"{at}: image_token, vision_start_token and vision_end_token "

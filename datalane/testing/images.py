@@ -11,7 +11,12 @@ give the same bytes. :func:`hostile_images` gives the malformed images every dec
 set aside (truncated JPEG, a decompression bomb's header, a zero-size PNG, wrong magic, ...)
 with the bad-record reason each must get; ``make_image_corpus`` writes them to a shard of
 their own too, in ``hostile/`` (so that ``root/*.tar`` reads valid images only).
-Callers: tests/engine/images, bench/images.py.
+``make_llava_corpus(dir, records=N, seed=S)`` writes a LLaVA-style corpus: ``llava.json`` (one
+JSON array of records, on one line as LLaVA-Instruct-150K's), the same records as
+``llava.jsonl``, and their images in ``images/`` named by paths relative to the files (a
+record in four is text only, one in five has two images and two ``<image>`` markers), with
+the vision tokenizer and a ChatML template (:data:`CHATML_TEMPLATE`) to read it with.
+Callers: tests/engine/images, bench/images.py, docs/vlm.md.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["VISION_TOKENS", "ImageCorpus", "hostile_images", "make_image_corpus",
-           "synthetic_image", "write_vision_tokenizer"]
+__all__ = ["CHATML_TEMPLATE", "VISION_TOKENS", "ImageCorpus", "LlavaCorpus", "hostile_images",
+           "make_image_corpus", "make_llava_corpus", "synthetic_image",
+           "write_vision_tokenizer"]
 
 #: Qwen's vision special tokens (torchtitan/models/qwen3_5/__init__.py), which
 #: :func:`write_vision_tokenizer` adds to datalane's bundled tokenizer.
@@ -226,3 +232,57 @@ def make_image_corpus(root: str, images: int = 64, seed: int = 29, per_shard: in
         json.dump({n: reason for n, (_, reason) in samples.items()}, f, indent=1, sort_keys=True)
     tokenizer = write_vision_tokenizer(os.path.join(root, "tokenizer.json"))
     return ImageCorpus(root, shards, parquet, hostile, tokenizer, keys, sizes, total)
+
+
+#: A ChatML chat template (Qwen's turn layout, no default system prompt) for the LLaVA corpus.
+CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                   "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant"
+                   "\n{% endif %}")
+
+
+@dataclass(frozen=True)
+class LlavaCorpus:
+    root: str
+    json: str  # the records as one JSON array
+    jsonl: str  # the same records, one a line
+    tokenizer: str  # the vision tokenizer (VISION_TOKENS added)
+    records: list[dict[str, object]]
+    images: int  # image files referenced, in all (a record's count is its markers')
+
+
+def make_llava_corpus(root: str, records: int = 24, seed: int = 31) -> LlavaCorpus:
+    """Write the LLaVA corpus under ``root`` (see the module docstring); the same arguments
+    give the same bytes."""
+    rng = random.Random(seed)
+    os.makedirs(os.path.join(root, "images"), exist_ok=True)
+    out: list[dict[str, object]] = []
+    count = 0
+    for i in range(records):
+        n = 0 if i % 4 == 3 else 2 if i % 5 == 4 else 1
+        paths = []
+        for k in range(n):
+            fmt = "PNG" if (i + k) % 3 == 2 else "JPEG"
+            name = f"images/{i:06d}_{k}.{_EXT[fmt]}"
+            width, height = rng.randint(24, 160), rng.randint(24, 160)
+            with open(os.path.join(root, name), "wb") as f:
+                f.write(_encode(synthetic_image(rng.getrandbits(32), width, height), fmt))
+            paths.append(name)
+        count += n
+        question = "<image>\n" * n + _caption(rng) + "?"
+        turns = [{"from": "human", "value": question}, {"from": "gpt", "value": _caption(rng)}]
+        if i % 3 == 1:
+            turns += [{"from": "human", "value": _caption(rng) + "?"},
+                      {"from": "gpt", "value": _caption(rng) + "."}]
+        record: dict[str, object] = {"id": f"{i:012d}"}
+        if n:
+            record["image"] = paths[0] if n == 1 else paths
+        record["conversations"] = turns
+        out.append(record)
+    path = os.path.join(root, "llava.json")
+    with open(path, "w") as f:
+        json.dump(out, f)
+    lines = os.path.join(root, "llava.jsonl")
+    with open(lines, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in out)
+    tokenizer = write_vision_tokenizer(os.path.join(root, "tokenizer.json"))
+    return LlavaCorpus(root, path, lines, tokenizer, out, count)

@@ -45,7 +45,7 @@ class OpenRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., microbatch_size: _Optional[int] = ..., from_start: _Optional[bool] = ..., from_step: _Optional[int] = ..., state_json: _Optional[str] = ..., skip_microbatches: _Optional[int] = ..., transport: _Optional[_Union[Transport, str]] = ..., fingerprint: _Optional[str] = ..., readers: _Optional[int] = ..., reader: _Optional[int] = ..., stream: _Optional[str] = ...) -> None: ...
 
 class OpenReply(_message.Message):
-    __slots__ = ("session_id", "protocol_version", "step", "lane_start", "lane_stop", "seq_tokens", "microbatches_per_step", "fingerprint", "shm_path", "shm_bytes", "readers", "schema_json", "layout", "slot_bytes", "stream", "steps")
+    __slots__ = ("session_id", "protocol_version", "step", "lane_start", "lane_stop", "seq_tokens", "microbatches_per_step", "fingerprint", "shm_path", "shm_bytes", "readers", "schema_json", "layout", "slot_bytes", "stream", "steps", "vision")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class OpenReply(_message.Message):
     SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    VISION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     protocol_version: int
     step: int
@@ -78,7 +79,34 @@ class OpenReply(_message.Message):
     slot_bytes: int
     stream: str
     steps: int
-    def __init__(self, session_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., step: _Optional[int] = ..., lane_start: _Optional[int] = ..., lane_stop: _Optional[int] = ..., seq_tokens: _Optional[int] = ..., microbatches_per_step: _Optional[int] = ..., fingerprint: _Optional[str] = ..., shm_path: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., schema_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[ColumnSlot, _Mapping]]] = ..., slot_bytes: _Optional[int] = ..., stream: _Optional[str] = ..., steps: _Optional[int] = ...) -> None: ...
+    vision: VisionContract
+    def __init__(self, session_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., step: _Optional[int] = ..., lane_start: _Optional[int] = ..., lane_stop: _Optional[int] = ..., seq_tokens: _Optional[int] = ..., microbatches_per_step: _Optional[int] = ..., fingerprint: _Optional[str] = ..., shm_path: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., schema_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[ColumnSlot, _Mapping]]] = ..., slot_bytes: _Optional[int] = ..., stream: _Optional[str] = ..., steps: _Optional[int] = ..., vision: _Optional[_Union[VisionContract, _Mapping]] = ...) -> None: ...
+
+class VisionContract(_message.Message):
+    __slots__ = ("image_id", "video_id", "vision_start_id", "vision_end_id", "pad_id", "patch_size", "temporal_patch_size", "merge_size", "order", "image_mean", "image_std")
+    IMAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_ID_FIELD_NUMBER: _ClassVar[int]
+    VISION_START_ID_FIELD_NUMBER: _ClassVar[int]
+    VISION_END_ID_FIELD_NUMBER: _ClassVar[int]
+    PAD_ID_FIELD_NUMBER: _ClassVar[int]
+    PATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TEMPORAL_PATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MERGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_MEAN_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_STD_FIELD_NUMBER: _ClassVar[int]
+    image_id: int
+    video_id: int
+    vision_start_id: int
+    vision_end_id: int
+    pad_id: int
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    order: str
+    image_mean: _containers.RepeatedScalarFieldContainer[float]
+    image_std: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, image_id: _Optional[int] = ..., video_id: _Optional[int] = ..., vision_start_id: _Optional[int] = ..., vision_end_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., patch_size: _Optional[int] = ..., temporal_patch_size: _Optional[int] = ..., merge_size: _Optional[int] = ..., order: _Optional[str] = ..., image_mean: _Optional[_Iterable[float]] = ..., image_std: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ColumnSlot(_message.Message):
     __slots__ = ("name", "dtype", "offset", "nbytes", "shape")
@@ -180,18 +208,20 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthReply(_message.Message):
-    __slots__ = ("serving", "protocol_version", "fingerprint", "lanes", "schema_json")
+    __slots__ = ("serving", "protocol_version", "fingerprint", "lanes", "schema_json", "vision")
     SERVING_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LANES_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    VISION_FIELD_NUMBER: _ClassVar[int]
     serving: bool
     protocol_version: int
     fingerprint: str
     lanes: int
     schema_json: str
-    def __init__(self, serving: _Optional[bool] = ..., protocol_version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lanes: _Optional[int] = ..., schema_json: _Optional[str] = ...) -> None: ...
+    vision: VisionContract
+    def __init__(self, serving: _Optional[bool] = ..., protocol_version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lanes: _Optional[int] = ..., schema_json: _Optional[str] = ..., vision: _Optional[_Union[VisionContract, _Mapping]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

@@ -4,7 +4,10 @@ A microbatch of ``rows`` sequences is the columns of the recipe's sample schema
 (:mod:`datalane.spec.schema`), in schema order. The sidecar builds the layout from the schema
 (:meth:`Layout.of`: ``SampleSchema.layout``, columns back to back, each 8-byte aligned) and
 announces it in the reply to Open (:meth:`Layout.announce`: ``schema_json``, one
-``ColumnSlot`` per column and ``slot_bytes``; its Health carries the schema too). The client
+``ColumnSlot`` per column and ``slot_bytes``; its Health carries the schema too:
+:func:`announce_schema`), with a vision recipe's contract (``vision``: the vision tokens' ids
+and the patch rule, :mod:`datalane.spec.visioncontract`; unset for a text recipe, whose replies
+are the bytes they always were). The client
 derives nothing: it reads the announcement (:meth:`Layout.announced`; a Health's schema:
 :func:`announced_schema`), checks schema and layout against each other (names in order,
 dtypes, sizes, bounds, no overlap) and against what it reads of them
@@ -41,19 +44,43 @@ from datalane.spec import imagecolumns
 from datalane.spec.errors import MismatchError
 from datalane.spec.integrity import parse_json
 from datalane.spec.schema import DTYPES, IMAGE_HEADER, SampleSchema, SlotField
+from datalane.spec.visioncontract import VisionContract
 
-__all__ = ["Layout", "announced_schema"]
+__all__ = ["Layout", "announce_schema", "announced_schema", "announced_vision"]
+
+
+def announce_schema(reply: Any, schema: SampleSchema) -> None:
+    """Write the schema (``schema_json``) and its vision contract (``vision``, only for a
+    schema that has one) into a reply to Open or Health."""
+    reply.schema_json = schema.dumps()
+    if schema.vision is not None:  # (the message's fields are the contract's, by name)
+        reply.vision.CopyFrom(type(reply.vision)(**schema.vision.to_dict()))
+
+
+def announced_vision(reply: Any, where: str) -> VisionContract | None:
+    """The vision contract a reply announces (None if it has none), checked; MismatchError
+    naming ``where`` and the bad field."""
+    if not reply.HasField("vision"):
+        return None
+    v = reply.vision
+    try:
+        return VisionContract(
+            int(v.image_id), int(v.video_id), int(v.vision_start_id), int(v.vision_end_id),
+            int(v.pad_id), int(v.patch_size), int(v.temporal_patch_size), int(v.merge_size),
+            v.order, tuple(v.image_mean), tuple(v.image_std))
+    except ValueError as e:
+        raise MismatchError(f"{where}: vision: {e}") from None
 
 
 def announced_schema(reply: Any, where: str) -> SampleSchema:
-    """The sample schema a reply (Open's or Health's) announces in ``schema_json``, checked;
-    MismatchError naming ``where``."""
+    """The sample schema a reply (Open's or Health's) announces in ``schema_json``, with its
+    vision contract, checked; MismatchError naming ``where``."""
     if not reply.schema_json:
         raise MismatchError(f"{where} announces no sample schema: the sidecar predates "
                             f"wire protocol 2 (typed columns); upgrade the sidecar")
     return SampleSchema.from_json(
         parse_json(reply.schema_json, f"{where}: schema_json", MismatchError),
-        f"{where}: schema_json")
+        f"{where}: schema_json", announced_vision(reply, where))
 
 
 @dataclass(frozen=True)
@@ -82,8 +109,8 @@ class Layout:
 
     # -- the announcement --------------------------------------------------------------------
     def announce(self, reply: Any) -> None:
-        """Write the schema and the layout into an ``OpenReply``."""
-        reply.schema_json = self.schema.dumps()
+        """Write the schema (with its vision contract) and the layout into an ``OpenReply``."""
+        announce_schema(reply, self.schema)
         reply.slot_bytes = self.slot_bytes
         for f in self.fields:
             reply.layout.add(name=f.column.name, dtype=f.column.dtype, offset=f.offset,

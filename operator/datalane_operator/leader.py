@@ -41,6 +41,7 @@ from typing import Any
 __all__ = ["Action", "LeaderElector", "LeaseConfig", "Observed", "next_action"]
 
 log = logging.getLogger("datalane.operator")
+_RELEASE_TRIES = 3  # a release that meets a conflict reads the Lease again, this many times
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class LeaderElector:
         self._seen: Observed | None = None
         self._renewed = 0.0  # monotonic time of our last successful renewal
         self._released = False  # release() was called: never lead again
+        self._round = asyncio.Lock()  # one round or release at a time
 
     # -- API calls, off the event loop ----------------------------------------------------
     async def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
@@ -179,6 +181,10 @@ class LeaderElector:
     # -- the loop -------------------------------------------------------------------------
     async def step(self) -> None:
         """One round: read, decide, write; then start or stop leading as it turned out."""
+        async with self._round:
+            await self._step()
+
+    async def _step(self) -> None:
         if self._released:
             return
         now = time.monotonic()
@@ -224,27 +230,40 @@ class LeaderElector:
 
     async def release(self) -> None:
         """Give the Lease up (on shutdown), so that the other replica takes over at once; this
-        elector never leads again (a round in flight does not take the Lease back)."""
+        elector never leads again. A round in flight finishes first (its write would land
+        after the release's read, and the release, written with the version it read, would be
+        refused), and a release that still meets a conflict reads the Lease again."""
+        from kubernetes.client.rest import ApiException
+
         self._released = True
-        if not self.leading:
-            return
-        self.leading = False
-        self.on_stop()
-        try:
-            lease = await self._read()
-            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != (
-                    self.cfg.identity):
-                return
-            spec = dict(lease.get("spec") or {})
-            spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=_micro_now())
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.cfg.name, "namespace": self.cfg.namespace,
-                                 "resourceVersion": lease["metadata"]["resourceVersion"]},
-                    "spec": spec}
-            await self._call(self.api.replace_namespaced_lease, self.cfg.name,
-                             self.cfg.namespace, body)
-            log.info("leader election: %s released Lease %s/%s", self.cfg.identity,
-                     self.cfg.namespace, self.cfg.name)
-        except Exception as e:
-            log.warning("leader election: cannot release Lease %s/%s: %s", self.cfg.namespace,
-                        self.cfg.name, e)
+        async with self._round:
+            if self.leading:
+                self.leading = False
+                self.on_stop()
+            try:
+                for _ in range(_RELEASE_TRIES):
+                    lease = await self._read()
+                    if lease is None or (lease.get("spec") or {}).get("holderIdentity") != (
+                            self.cfg.identity):
+                        return
+                    spec = dict(lease.get("spec") or {})
+                    spec.update(holderIdentity=None, leaseDurationSeconds=1,
+                                renewTime=_micro_now())
+                    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                            "metadata": {"name": self.cfg.name, "namespace": self.cfg.namespace,
+                                         "resourceVersion": lease["metadata"]["resourceVersion"]},
+                            "spec": spec}
+                    try:
+                        await self._call(self.api.replace_namespaced_lease, self.cfg.name,
+                                         self.cfg.namespace, body)
+                    except ApiException as e:
+                        if e.status == 409:  # written since the read: read it again
+                            continue
+                        raise
+                    log.info("leader election: %s released Lease %s/%s", self.cfg.identity,
+                             self.cfg.namespace, self.cfg.name)
+                    return
+                raise RuntimeError(f"{_RELEASE_TRIES} writes met a conflict")
+            except Exception as e:
+                log.warning("leader election: cannot release Lease %s/%s: %s",
+                            self.cfg.namespace, self.cfg.name, e)

@@ -69,6 +69,7 @@ from datalane.wire import (
 )
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
+from datalane.wire.layout import announce_schema
 from datalane.wire.shm import ShmWriter
 from datalane_sidecar.admission import Admission, default_max_streams
 from datalane_sidecar.boundaries import CheckpointText, lane_json
@@ -693,10 +694,10 @@ class DataLaneService(pbg.DataLaneServicer):
         return pb.CloseReply()
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
-        return pb.HealthReply(serving=self.serving, protocol_version=PROTOCOL_VERSION,
-                              fingerprint=self.plan.fingerprint,
-                              lanes=self.plan.recipe.lanes,
-                              schema_json=self.plan.schema.dumps())
+        reply = pb.HealthReply(serving=self.serving, protocol_version=PROTOCOL_VERSION,
+                               fingerprint=self.plan.fingerprint, lanes=self.plan.recipe.lanes)
+        announce_schema(reply, self.plan.schema)
+        return reply
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsReply:
         with self._lock:

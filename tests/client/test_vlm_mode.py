@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from datalane.client import InProcessLoader
-from datalane.spec.errors import ConfigError
+from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import load_recipe
 from datalane.testing.images import ImageCorpus, make_image_corpus
@@ -96,16 +96,17 @@ def test_vlm_mode_is_refused_where_it_cannot_hold(corpus: ImageCorpus, tmp_path:
                           "tokenizer": {"uri": corpus.tokenizer},
                           "sources": [{"name": "t", "uris": [str(text)]}]})
     with InProcessLoader(recipe, 0, 1, 1) as loader, pytest.raises(
-            ConfigError, match=r"no source with `vision` settings \(sources \['t'\]\)"):
+            ConfigError, match=r"no per-image columns \(its columns \['input_ids', "
+                               r"'positions'\]: no source has `vision` settings\)"):
         DataLaneDataset(loader, vlm=True)
     with InProcessLoader(_recipe(corpus), 0, 1, 1) as loader:
         with pytest.raises(ConfigError, match="global_tokens=True"):
             DataLaneDataset(loader, vlm=True, global_tokens=True)
 
-        class Bare:  # a loader that does not know its recipe (as the sidecar client)
+        class Bare:  # a loader without a sample schema
             lanes, lanes_total = loader.lanes, loader.lanes_total
 
-        with pytest.raises(ConfigError, match="vlm=vlm_settings"):
+        with pytest.raises(ConfigError, match="has no sample schema: pass vlm=vlm_settings"):
             DataLaneDataset(Bare(), vlm=True)  # type: ignore[arg-type]
 
 
@@ -137,27 +138,38 @@ def test_torchtitans_dataloader_turns_vlm_mode_on_for_a_vision_recipe(
         dl.close()
 
 
-def test_torchtitans_dataloader_refuses_a_vision_recipe_from_the_sidecar(
+def test_torchtitans_dataloader_refuses_a_sidecar_without_the_vision_contract(
         corpus: ImageCorpus, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sidecar announces the columns, not the recipe's vision tokens: refused, not served as
+    """A sidecar that announces the image columns but not the vision contract (one that
+    predates it) is refused, naming what is missing, and the loader is closed; not served as
     text batches without their images."""
     pytest.importorskip("torchtitan")
+    from dataclasses import replace
+
     from datalane.client import torchtitan
 
     with InProcessLoader(_recipe(corpus), 0, 1, 1) as inproc:
         schema = inproc.schema
+    assert schema.vision is not None and schema.vision.special_tokens == SPECIAL
+    closed: list[bool] = []
 
     class Announced:  # what DataLaneDataLoader reads of a SidecarLoader before iterating
-        lanes, lanes_total, per_step = range(2), 2, 2
+        lanes, lanes_total, per_step, socket = range(2), 2, 2, "/run/old.sock"
 
         def __init__(self) -> None:
-            self.schema = schema
+            self.schema = replace(schema, vision=None)
 
-        def close(self) -> None: ...
+        def close(self) -> None:
+            closed.append(True)
 
     monkeypatch.setattr(torchtitan, "_open_loader", lambda *args: Announced())
-    with pytest.raises(ConfigError, match=r"set --dataloader\.recipe \(in-process\) for a "
-                                          r"vision recipe"):
+    with pytest.raises(MismatchError, match=(
+            r"the sample schema the sidecar at /run/old\.sock announces has the per-image "
+            r"columns \['image_patches', .*'image_patch_start'\] but no vision contract: the "
+            r"ids image_id, video_id, vision_start_id, vision_end_id, pad_id and the patch rule "
+            r"\(patch_size, temporal_patch_size, merge_size, order, image_mean, image_std\).*"
+            r"upgrade the sidecar")):
         torchtitan.DataLaneDataLoader(torchtitan.DataLaneDataLoader.Config(socket="/x"),
                                       dp_world_size=1, dp_rank=0, seq_len=255,
                                       local_batch_size=1)
+    assert closed == [True]

@@ -22,6 +22,7 @@ from datalane.engine.documents.base import KindBase
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec import model
 from datalane.spec.recipe import Source, TokenizerSpec, document_kinds
+from datalane.spec.schema import text_schema
 from tests.support.kinds import FIXTURES
 
 NAMES = ["text", *document_kinds()]
@@ -90,3 +91,19 @@ def test_whole_task_tokenizing_agrees_with_one_by_one(name: str) -> None:
     assert _docs(whole) == _docs(kind.tokenize(rendered))
     np.testing.assert_array_equal(whole[2], kind.tokenize(rendered)[2])
     assert kind.tokenize_values([*fixture.good, fixture.bad]) is None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_kind_with_images_states_a_vision_contract_that_fits_its_columns(name: str) -> None:
+    """The schema carries it to the trainer, which cannot batch the images without it (the
+    vision tokens' ids, the patch rule); a kind without per-image columns states none."""
+    kind, fixture = _kind(name)
+    if not any(c.per_image for c in kind.columns):
+        assert kind.vision is None, name
+        return
+    assert kind.vision is not None, name
+    text_schema(kind.vision.pad_id, kind.columns, kind.vision)  # (ValueError if it misfits)
+    vocab = TokenizerHandle.load(TokenizerSpec(uri=fixture.tokenizer)).tokenizer
+    assert (kind.vision.image_id, kind.vision.vision_start_id, kind.vision.vision_end_id) == \
+        tuple(vocab.token_to_id(t) for t in ("<|image_pad|>", "<|vision_start|>",
+                                             "<|vision_end|>")), name

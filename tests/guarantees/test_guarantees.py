@@ -137,9 +137,9 @@ def test_restore_cost_is_bounded_and_does_not_grow_with_position(make_recipe,
             counts["read"] += 1
             yield rec
 
-    def counting_run(self, records, jsonl):
+    def counting_run(self, records, jsonl, lane=0):
         counts["mapped"] += len(records)
-        return original_run(self, records, jsonl)
+        return original_run(self, records, jsonl, lane)
 
     monkeypatch.setattr(chunks_mod.RecordReader, "records", counting_records)
     monkeypatch.setattr(mapstage_mod.MapStage, "run", counting_run)

@@ -122,7 +122,8 @@ def test_one_leader_then_a_handover_within_the_lease_duration() -> None:
         # the leader dies (no release): the follower waits a lease duration, then takes over
         tasks.pop(leader).cancel()
         took = await until(lambda: follower.leading, "the follower leads")
-        assert DURATION - RETRY <= took <= DURATION + 4 * RETRY, took
+        # bounds with room for a loaded machine's scheduling, far from 0 and from 2 durations
+        assert DURATION - RETRY <= took <= 1.5 * DURATION, took
         assert store.holder == follower.cfg.identity
         assert store.obj is not None and store.obj["spec"]["leaseTransitions"] == 1
         # a clean stop releases: the other takes over at once
@@ -132,7 +133,8 @@ def test_one_leader_then_a_handover_within_the_lease_duration() -> None:
         assert not restarted.leading  # the Lease is held and renewed
         await follower.release()
         tasks.pop(follower).cancel()
-        assert await until(lambda: restarted.leading, "the other leads") <= 3 * RETRY
+        # at once: a few retry periods, not the lease duration it waits for a dead leader
+        assert await until(lambda: restarted.leading, "the other leads") <= DURATION / 2
         for t in tasks.values():
             t.cancel()
 
@@ -154,6 +156,50 @@ def test_a_released_elector_does_not_take_the_lease_back() -> None:
         assert store.holder is None and not a.leading
         assert log == ["a starts", "a stops"]
         await asyncio.wait_for(a.run(), 1.0)  # the loop ends instead of retrying
+
+    asyncio.run(scenario())
+
+
+def test_release_frees_the_lease_a_round_in_flight_just_renewed() -> None:
+    """The interleaving a loaded machine hits: a round read the Lease and its renewal is in
+    flight when release() reads it; the renewal lands first, so a release written with the
+    version it read is refused (409) and the Lease stays held: the other replica then waits a
+    whole lease duration (the handover test saw 0.63 s for 0.15 at a load average of 13).
+    release() waits for the round in flight, then frees the Lease it holds now."""
+    import threading
+
+    async def scenario() -> None:
+        store, log = FakeLeases(), []
+        a = elector(store, "a", log)
+        await a.step()
+        assert a.leading and store.holder == "a"
+        api = store.client("a")
+        read, replace = api.read_namespaced_lease, api.replace_namespaced_lease
+        release_read = threading.Event()
+        renewing = threading.Event()
+
+        class Api:
+            def read_namespaced_lease(self, *args: Any, **kw: Any) -> Any:
+                out = read(*args, **kw)
+                if a._released:  # release()'s read
+                    release_read.set()
+                return out
+
+            def replace_namespaced_lease(self, name: str, ns: str, body: dict[str, Any],
+                                         **kw: Any) -> None:
+                if body["spec"]["holderIdentity"] == "a":  # the round's renewal
+                    renewing.set()
+                    release_read.wait(1.0)  # lands after release() read, if it reads first
+                replace(name, ns, body, **kw)
+
+        a.api = Api()
+        round_ = asyncio.create_task(a.step())
+        while not renewing.is_set():
+            await asyncio.sleep(0.005)
+        await a.release()
+        await round_
+        assert store.holder is None and not a.leading
+        assert log == ["a starts", "a stops"]
 
     asyncio.run(scenario())
 

@@ -370,18 +370,28 @@ def test_schema_is_strict_and_describes_every_field() -> None:
                             "recipe.sources[].filters", "recipe.sources[].chat",
                             "recipe.sources[].tokens", "recipe.sources[].vision",
                             "recipe.sources[].vision.resize", "recipe.sources[].vision.limits",
+                            "recipe.sources[].vision.augment",
                             "recipe.sources[].interleaved",
                             "recipe.sources[].interleaved.resize",
                             "recipe.sources[].interleaved.limits",
+                            "recipe.sources[].interleaved.augment",
+                            "recipe.sources[].llava", "recipe.sources[].llava.resize",
+                            "recipe.sources[].llava.limits", "recipe.sources[].llava.augment",
                             "recipe.filters", "recipe.packing", "recipe.shuffle",
                             "recipe.eval[]", "recipe.eval[].sources[]",
                             "recipe.eval[].sources[].filters", "recipe.eval[].sources[].chat",
                             "recipe.eval[].sources[].tokens", "recipe.eval[].sources[].vision",
                             "recipe.eval[].sources[].vision.resize",
                             "recipe.eval[].sources[].vision.limits",
+                            "recipe.eval[].sources[].vision.augment",
                             "recipe.eval[].sources[].interleaved",
                             "recipe.eval[].sources[].interleaved.resize",
-                            "recipe.eval[].sources[].interleaved.limits", "recipe.phases[]"}
+                            "recipe.eval[].sources[].interleaved.limits",
+                            "recipe.eval[].sources[].interleaved.augment",
+                            "recipe.eval[].sources[].llava",
+                            "recipe.eval[].sources[].llava.resize",
+                            "recipe.eval[].sources[].llava.limits",
+                            "recipe.eval[].sources[].llava.augment", "recipe.phases[]"}
     for path, obj in objects.items():
         assert obj["additionalProperties"] is False, path
         assert obj["description"].strip(), path

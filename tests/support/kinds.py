@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from datalane.corpus import tokenizer_path
-from datalane.testing.images import hostile_images
+from datalane.testing.images import CHATML_TEMPLATE, hostile_images
 
 __all__ = ["FIXTURES", "KindFixture"]
 
@@ -78,4 +78,13 @@ FIXTURES: dict[str, KindFixture] = {
           "images": [None, _image(k), None][:2 + k % 2]} for k in range(3)]
         + [{"texts": ["no image at all"], "images": [None]}],
         {"texts": ["a", None], "images": [None, hostile_images()["truncated_jpeg"][0]]}),
+    # as the llava JSON format decodes them: the turns, the images read beside the file
+    "llava": KindFixture(
+        {"uris": ["x.json"], "llava": {"template_text": CHATML_TEMPLATE}}, str(VISION_TOKENIZER),
+        [{"conversations": [{"from": "human", "value": "<image>\n" * k + f"question {k}?"},
+                            {"from": "gpt", "value": "answer " * (k + 1)}],
+          "images": tuple(_image(j) for j in range(k)),
+          "paths": tuple(f"{j}.jpg" for j in range(k))} for k in range(3)],
+        {"conversations": [{"from": "human", "value": "<image>\n"},
+                           {"from": "gpt", "value": "a"}], "images": (), "paths": ()}),
 }

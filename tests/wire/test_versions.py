@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 
 from datalane.client import SidecarLoader
+from datalane.spec import imagecolumns
 from datalane.spec.errors import MismatchError
-from datalane.spec.schema import Column, text_schema
+from datalane.spec.schema import Column, SampleSchema, text_schema
 from datalane.wire import PROTOCOL_VERSION
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire import datalane_pb2_grpc as pbg
-from datalane.wire.layout import Layout
+from datalane.wire.layout import Layout, announce_schema
 
 SEQ = 5
 SCHEMA = text_schema(0, extra=(Column("loss_mask", "uint8", 0, default=1),))
@@ -34,15 +35,16 @@ class FakeSidecar(pbg.DataLaneServicer):
     """Answers Health and Open as told; streams ``items`` (inline) once."""
 
     def __init__(self, version: int, announce: bool = True,
-                 items: list[pb.Microbatch] | None = None) -> None:
+                 items: list[pb.Microbatch] | None = None, schema: SampleSchema = SCHEMA) -> None:
         self.version, self.announce, self.items = version, announce, items or []
+        self.schema = schema
         self.closed: list[str] = []
 
     def Health(self, request: pb.HealthRequest, context: Any) -> pb.HealthReply:
         reply = pb.HealthReply(serving=True, protocol_version=self.version, lanes=2,
                                fingerprint="f" * 64)
         if self.announce:
-            reply.schema_json = SCHEMA.dumps()
+            announce_schema(reply, self.schema)
         return reply
 
     def Open(self, request: pb.OpenRequest, context: Any) -> pb.OpenReply:
@@ -50,7 +52,7 @@ class FakeSidecar(pbg.DataLaneServicer):
                              lane_start=0, lane_stop=2, seq_tokens=SEQ,
                              microbatches_per_step=2, fingerprint="f" * 64, readers=1)
         if self.announce:
-            Layout.of(SCHEMA, request.microbatch_size, SEQ).announce(reply)
+            Layout.of(self.schema, request.microbatch_size, SEQ).announce(reply)
         return reply
 
     def Stream(self, request_iterator: Iterator[pb.Ack], context: Any) -> Iterator[pb.Delivery]:
@@ -119,6 +121,29 @@ def test_a_sidecar_that_announces_no_schema_is_refused(fake) -> None:
     with pytest.raises(MismatchError, match=r"the Health of the sidecar at .* announces no "
                                             r"sample schema"):
         _ = loader.schema
+    loader.close()
+
+
+def test_a_sidecar_that_announces_images_without_the_vision_contract(fake) -> None:
+    """An older sidecar: per-image columns but no vision contract. The client still reads the
+    columns as they are; VLM mode, which needs the contract, is refused naming the sidecar and
+    what is missing."""
+    pytest.importorskip("torch")
+    from datalane.client.torch import DataLaneDataset
+
+    old = SampleSchema((*SCHEMA.columns, *imagecolumns.columns(768, 2)))
+    socket = fake(FakeSidecar(PROTOCOL_VERSION, schema=old))
+    loader = _loader(socket)
+    assert loader.schema == old and loader.schema.vision is None
+    with pytest.raises(MismatchError, match=(
+            rf"the sample schema the sidecar at {socket} announces has the per-image columns "
+            rf"\['image_patches', 'image_grid_thw', 'image_seq', 'image_offset', "
+            rf"'image_patch_start'\] but no vision contract: the ids image_id, video_id, "
+            rf"vision_start_id, vision_end_id, pad_id and the patch rule \(patch_size, "
+            rf"temporal_patch_size, merge_size, order, image_mean, image_std\) that "
+            rf"TorchTitan's multimodal batch needs\. A sidecar that announces images without it "
+            rf"predates it: upgrade the sidecar")):
+        DataLaneDataset(loader, vlm=True)
     loader.close()
 
 

@@ -23,9 +23,10 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from datalane.spec.schema import Column
+from datalane.spec.visioncontract import VisionContract
 
-__all__ = ["LOSS_MASK", "Attached", "Doc", "DocumentKind", "KindBase", "Rendered", "Run",
-           "Tokenized"]
+__all__ = ["LOSS_MASK", "Attached", "Doc", "DocKey", "DocumentKind", "KindBase", "Rendered",
+           "Run", "Tokenized"]
 
 #: The loss-mask column (chat, vision): 1 where the trainer learns the token. Documents of
 #: other kinds in the same recipe get the default 1 (trained on every token); padding gets 0.
@@ -45,6 +46,23 @@ class Rendered(NamedTuple):
     value: Any = None  # kind-specific payload (pre-tokenized documents: the token ids)
 
 
+class DocKey(NamedTuple):
+    """Where a record is, for the random draws a kind makes per document (an image's crop and
+    flip): the recipe's seed, the lane reading it, its source's name and the record's file
+    index and position in that file. Each is fixed by the recipe and its files alone, never by
+    the world size, the worker count, the map task a record falls in or a restore: a packer's
+    carry-over names a document by (source, file, position) and the lane that held it re-reads
+    it with the same key. The epoch is not in it, for that reason: a record read again in a
+    later epoch draws the same unless another lane reads it then (chunks are dealt to lanes
+    anew each epoch)."""
+
+    seed: int
+    lane: int
+    source: str
+    file: int
+    position: int
+
+
 class DocumentKind(Protocol):
     """Renders field values and tokenizes rendered documents; thread-safe, stateless."""
 
@@ -58,13 +76,21 @@ class DocumentKind(Protocol):
     #: whether a rendered document carries :meth:`attach` ments to the packer (kept with the
     #: map result, one tuple per document: :attr:`MapResult.attached`)
     attaches: bool
+    #: a kind that renders images: the vision tokens' ids and the patch rule a trainer needs
+    #: to build its model's batch (the schema carries it: spec.visioncontract); else None
+    vision: VisionContract | None
+    #: whether :meth:`render` draws from each record's :class:`DocKey` (an augmenting image
+    #: kind); the map stage builds the keys only for such a kind
+    keyed: bool
 
     def identity(self) -> dict[str, Any]:
         """What the fingerprint must cover beyond the recipe (a template's hash); {} if none."""
         ...
 
-    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
-        """``(rendered, None, None)``, or ``(None, reason, detail)`` when there is none."""
+    def render(self, value: Any, key: DocKey | None = None,
+               ) -> tuple[Rendered | None, str | None, str | None]:
+        """``(rendered, None, None)``, or ``(None, reason, detail)`` when there is none;
+        ``key`` is where the record is (given when the kind is ``keyed``)."""
         ...
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
@@ -89,6 +115,8 @@ class KindBase:
     has_text: bool = True
     tokenizes_values: bool = False
     attaches: bool = False
+    vision: VisionContract | None = None
+    keyed: bool = False
 
     def identity(self) -> dict[str, Any]:
         return {}

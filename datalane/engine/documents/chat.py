@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import LOSS_MASK, KindBase, Rendered, Tokenized
+from datalane.engine.documents.base import LOSS_MASK, DocKey, KindBase, Rendered, Tokenized
 from datalane.engine.documents.chat_template import (
     ChatTemplate,
     find_template,
@@ -52,7 +52,7 @@ from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.chat import ChatSpec
 from datalane.spec.schema import Column
 
-__all__ = ["LOSS_MASK", "ROLES", "ChatKind"]
+__all__ = ["LOSS_MASK", "ROLES", "ChatKind", "trained_mask"]
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -79,6 +79,12 @@ class ChatKind(KindBase):
             tok = Tokenizer.from_str(tok.to_str())
             tok.post_processor = None
         self._tokenizer = tok
+
+    @property
+    def offsets_tokenizer(self) -> Any:
+        """The tokenizer the trained spans are mapped with (its post-processor off when it
+        would trim offsets); llava tokenizes its pieces with it."""
+        return self._tokenizer
 
     def identity(self) -> dict[str, Any]:
         """The template's content (the recipe names only its file) and what it is given."""
@@ -117,7 +123,8 @@ class ChatKind(KindBase):
             out.append(plain_message(m))
         return out, "", ""
 
-    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+    def render(self, value: Any, key: DocKey | None = None,
+               ) -> tuple[Rendered | None, str | None, str | None]:
         msgs, reason, detail = self._messages(value)
         if msgs is None:
             return None, reason, detail
@@ -125,8 +132,9 @@ class ChatKind(KindBase):
         if self.spec.train_on == "all":
             turns = []
         elif not turns:
+            kind = self.where.rsplit(".", 1)[-1]  # chat, or llava
             return None, "no_assistant", (f"{self.field} has no assistant turn to train on "
-                                          f"(chat.train_on {self.spec.train_on!r})")
+                                          f"({kind}.train_on {self.spec.train_on!r})")
         elif self.spec.train_on == "last_assistant":
             turns = turns[-1:]
         n = len(msgs)
@@ -180,11 +188,11 @@ class ChatKind(KindBase):
         for k, d in enumerate(docs):
             if d.spans:
                 lo, hi = int(offsets[k]), int(offsets[k + 1])
-                mask[lo:hi] = _trained(encs[k], d.spans, len(d.text))
+                mask[lo:hi] = trained_mask(encs[k], d.spans, len(d.text))
         return {"input_ids": ids, "loss_mask": mask}, offsets, lens
 
 
-def _trained(enc: Any, spans: tuple[tuple[int, int], ...], chars: int) -> np.ndarray:
+def trained_mask(enc: Any, spans: tuple[tuple[int, int], ...], chars: int) -> np.ndarray:
     """The mask of one document: for each span, 1 from the token holding its first character
     through the token holding its last (``char_to_token``: the first token holding a
     character), as ``transformers``' ``return_assistant_tokens_mask`` marks them. A token
@@ -204,7 +212,7 @@ def _trained(enc: Any, spans: tuple[tuple[int, int], ...], chars: int) -> np.nda
 def _overlapping(enc: Any, spans: tuple[tuple[int, int], ...]) -> np.ndarray:
     """The mask when a span's first or last character is in no token: for each span, 1 from
     the first to the last token that holds one of its characters (the rule of
-    :func:`_trained` for the characters that are in tokens)."""
+    :func:`trained_mask` for the characters that are in tokens)."""
     size = len(enc)
     mask = np.zeros(size, dtype=np.uint8)
     if not size:

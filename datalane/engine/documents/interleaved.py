@@ -11,9 +11,11 @@ stripped at both ends, then the recipe tokenizer's BOS / EOS. Texts between two 
 image and an end) are tokenized as one piece each (the added vision tokens split TorchTitan's
 joined string the same way; consecutive texts are one piece, joined without a separator).
 ``loss_mask`` is 0 on the vision tokens. The images run through the vision kind's pipeline on
-the worker thread; the rendered document's ``value`` is the tuple of their :class:`Patches`, in
-document order (kept with the map result, ``attaches``). The rendered ``text`` (what character
-filters and predicates see) is the texts joined; ``spans`` holds one zero-length span per
+the worker thread (an augmenting recipe draws each image's crop and flip from the record's key
+and the image's index among the document's images, 0 first: each image its own draw); the
+rendered document's ``value`` is the tuple of their :class:`Patches`, in document order (kept
+with the map result, ``attaches``). The rendered ``text`` (what character filters and
+predicates see) is the texts joined; ``spans`` holds one zero-length span per
 image, at the character of ``text`` where it stands.
 
 **Bad records** (each detail names the position): ``malformed_sample`` (not two lists of one
@@ -30,13 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import Attached, Rendered, Tokenized
+from datalane.engine.documents.base import Attached, DocKey, Rendered, Tokenized
 from datalane.engine.documents.vision import VisionKind
-from datalane.engine.images import BadImage, process
+from datalane.engine.images import BadImage, Patches
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.vision import InterleavedSpec
 
-__all__ = ["InterleavedKind"]
+__all__ = ["InterleavedKind", "attach_runs"]
 
 TOO_MANY_IMAGES = "too_many_images"
 MALFORMED = "malformed_sample"
@@ -52,7 +54,8 @@ class InterleavedKind(VisionKind):
         super().__init__(spec, tokenizer, where)
         self.max_images = spec.max_images
 
-    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+    def render(self, value: Any, key: DocKey | None = None,
+               ) -> tuple[Rendered | None, str | None, str | None]:
         texts, images = (value.get("texts"), value.get("images")) if isinstance(
             value, dict) else (None, None)
         if not isinstance(texts, list) or not isinstance(images, list):
@@ -89,7 +92,7 @@ class InterleavedKind(VisionKind):
             pieces[0] = pieces[0].lstrip()
         if isinstance(pieces[-1], str):
             pieces[-1] = pieces[-1].rstrip()
-        patches = []
+        patches: list[Patches] = []
         text = ""
         at: list[tuple[int, int]] = []
         for piece in pieces:
@@ -97,20 +100,14 @@ class InterleavedKind(VisionKind):
                 text += piece
                 continue
             try:
-                patches.append(process(images[piece], self.rule, repeat_frames=False))
+                patches.append(self.image(images[piece], key, len(patches)))
             except BadImage as e:
                 return None, e.reason, f"entry {piece}: {e.detail}"
             at.append((len(text), len(text)))
         return Rendered(text, tuple(at), tuple(patches)), None, None
 
     def attach(self, doc: Rendered, ids: np.ndarray) -> tuple[Attached, ...]:
-        """One :class:`Attached` per image, at its run's first ``image_token`` (the token after
-        each ``vision_start``: a text holding a vision token's text was set aside, so every
-        ``vision_start`` id opens a run)."""
-        starts = np.flatnonzero(ids == self.start_id)
-        if len(starts) != len(doc.value):
-            raise AssertionError(f"{len(starts)} vision runs for {len(doc.value)} images")
-        return tuple(Attached(int(s) + 1, p) for s, p in zip(starts, doc.value, strict=True))
+        return attach_runs(self.start_id, doc.value, ids)
 
     def tokenize(self, docs: list[Rendered]) -> Tokenized:
         """Each document's text pieces (cut at its images) tokenized in one batch, the runs
@@ -154,6 +151,17 @@ class InterleavedKind(VisionKind):
                     offsets, lengths)
         return ({"input_ids": np.concatenate(columns), "loss_mask": np.concatenate(masks)},
                 offsets, lengths)
+
+
+def attach_runs(start_id: int, patches: tuple[Any, ...],
+                ids: np.ndarray) -> tuple[Attached, ...]:
+    """One :class:`Attached` per image, at its run's first ``image_token`` (the token after
+    each ``vision_start``: a text holding a vision token's text was set aside, so every
+    ``vision_start`` id opens a run); interleaved and llava documents."""
+    starts = np.flatnonzero(ids == start_id)
+    if len(starts) != len(patches):
+        raise AssertionError(f"{len(starts)} vision runs for {len(patches)} images")
+    return tuple(Attached(int(s) + 1, p) for s, p in zip(starts, patches, strict=True))
 
 
 KIND = InterleavedKind

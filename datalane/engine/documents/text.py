@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from datalane.engine.documents.base import KindBase, Rendered, Tokenized
+from datalane.engine.documents.base import DocKey, KindBase, Rendered, Tokenized
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.schema import Column
 
@@ -55,7 +55,8 @@ class TextKind(KindBase):
         self.field = field
         self.source = source  # its name, in the tokenizer's unknown-token warning
 
-    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+    def render(self, value: Any, key: DocKey | None = None,
+               ) -> tuple[Rendered | None, str | None, str | None]:
         text, reason, detail = text_value(value, f"field {self.field!r}")
         if text is None:
             return None, reason, detail

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import KindBase, Rendered, Tokenized
+from datalane.engine.documents.base import DocKey, KindBase, Rendered, Tokenized
 from datalane.engine.formats.base import MISSING
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.errors import ConfigError
@@ -97,7 +97,8 @@ class TokensKind(KindBase):
         self.bos_id = token("add_bos", ts.bos_token) if spec.add_bos else None
         self.eos_id = token("add_eos", ts.eos_token) if spec.add_eos else None
 
-    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+    def render(self, value: Any, key: DocKey | None = None,
+               ) -> tuple[Rendered | None, str | None, str | None]:
         ids, reason, detail = check_ids(value, self.vocab_size, self.field)
         if ids is None:
             return None, reason, detail

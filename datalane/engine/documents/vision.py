@@ -4,11 +4,11 @@ The field value is what a format reads for a vision source's parts (:mod:`datala
 ``{"image": bytes, "text": bytes | str}``. :class:`VisionKind` renders the caption (UTF-8,
 trailing whitespace stripped: what the filters see) and runs the image through
 :func:`datalane.engine.images.process` on the worker thread: decode within the recipe's limits,
-resize, patchify. The rendered document's ``value`` is the image's :class:`Patches` (uint8, one
-frame: ``repeat_frames=False``, the client repeats it); the document carries it to the packer
-(``attaches``: an :class:`Attached` at the offset of its first ``image_token``), which places
-it in a sequence, and the lane builds the per-image columns from it
-(:mod:`datalane.spec.imagecolumns`).
+augment (when the recipe declares it), resize, patchify. The rendered document's ``value`` is
+the image's :class:`Patches` (uint8, one frame: ``repeat_frames=False``, the client repeats
+it); the document carries it to the packer (``attaches``: an :class:`Attached` at the offset
+of its first ``image_token``), which places it in a sequence, and the lane builds the
+per-image columns from it (:mod:`datalane.spec.imagecolumns`).
 
 **Tokens** (as TorchTitan's ``insert_vision_placeholders``, the image first as in a CC12M
 pair): ``[BOS] vision_start image_token x N vision_end caption [EOS]`` where
@@ -19,6 +19,13 @@ ids of the three vision tokens come from the recipe's tokenizer by the names the
 (Qwen's by default); a tokenizer without them is a ConfigError. ``loss_mask`` is 0 on the
 three vision tokens and 1 elsewhere (TorchTitan's labels -100 on them). A document's raw length
 (what token filters see) is its placeholder run plus its caption tokens, without BOS and EOS.
+
+**Augmentation** (``augment: {crop, flip}``, off by default): each image's crop and flip are
+drawn from its record's :class:`~datalane.engine.documents.base.DocKey` and its index in the
+document, ``words(3, seed, "image-augment", lane, source, file, position, image)``
+(:func:`datalane.engine.images.augment.augment`; ``image`` is 0 here, and k for the k-th
+image of an interleaved document), so the pixels are the same for any world size, worker count
+or restore. The kind is ``keyed`` only then: without augmentation no key is built or used.
 
 **Bad records** (the ``bad_records`` policy applies; each detail names the problem): the image
 reasons of :data:`datalane.spec.limits.IMAGE_REASONS` (one bad image sets the document aside,
@@ -34,12 +41,21 @@ from typing import Any
 
 import numpy as np
 
-from datalane.engine.documents.base import LOSS_MASK, Attached, KindBase, Rendered, Tokenized
+from datalane.engine.documents.base import (
+    LOSS_MASK,
+    Attached,
+    DocKey,
+    KindBase,
+    Rendered,
+    Tokenized,
+)
 from datalane.engine.documents.text import text_value
 from datalane.engine.images import (
+    Augment,
     BadImage,
     ImageLimits,
     ImageRule,
+    Patches,
     PatchRule,
     ResizeRule,
     libraries,
@@ -51,6 +67,7 @@ from datalane.spec.errors import ConfigError
 from datalane.spec.limits import IMAGE_REASONS
 from datalane.spec.schema import Column
 from datalane.spec.vision import ImageSettings
+from datalane.spec.visioncontract import VisionContract
 
 __all__ = ["VisionKind", "image_rule"]
 
@@ -64,7 +81,9 @@ def image_rule(spec: ImageSettings) -> ImageRule:
         resize=ResizeRule(spec.patch_size, spec.merge_size, spec.resize.min_pixels,
                           spec.resize.max_pixels, size),  # type: ignore[arg-type]
         patches=PatchRule(spec.patch_size, spec.temporal_patch_size, spec.merge_size,
-                          spec.order))
+                          spec.order, tuple(spec.image_mean),  # type: ignore[arg-type]
+                          tuple(spec.image_std)),  # type: ignore[arg-type]
+        augment=Augment(spec.augment.crop, spec.augment.flip))
 
 
 class VisionKind(KindBase):
@@ -79,6 +98,8 @@ class VisionKind(KindBase):
         self.spec = spec
         self.tokenizer = tokenizer
         self.rule = image_rule(spec)
+        #: an augmenting kind draws from each record's key (the map stage then builds it)
+        self.keyed = self.rule.augment.active
         #: the loss mask, then the per-image columns (patch rows of one frame: the client
         #: repeats it temporal_patch_size times)
         self.columns: tuple[Column, ...] = (LOSS_MASK, *imagecolumns.columns(
@@ -97,6 +118,15 @@ class VisionKind(KindBase):
         self.start_id = token("vision_start_token")
         self.end_id = token("vision_end_token")
         self._texts = (spec.image_token, spec.vision_start_token, spec.vision_end_token)
+        video = tok.token_to_id("<|video_pad|>")
+        patches = self.rule.patches
+        self.vision: VisionContract | None = VisionContract(
+            self.image_id, -1 if video is None else int(video), self.start_id, self.end_id,
+            tokenizer.pad_id, patches.patch_size, patches.temporal_patch_size,
+            patches.merge_size, patches.order, patches.mean, patches.std)
+        """The source's vision contract: its tokens' ids (``<|video_pad|>``'s where the
+        vocabulary has it, else -1, an id no token has: videos are not carried; the
+        tokenizer's pad, what the lanes pad ``input_ids`` with) and its patch rule."""
         # the first placeholder follows BOS (if the tokenizer adds one) and vision_start
         self._first_pad = (1 if tokenizer.bos_id is not None else 0) + 1
 
@@ -114,7 +144,20 @@ class VisionKind(KindBase):
             return None, "vision_token_in_text", f"{label} holds the vision token {held!r}"
         return text, reason, detail
 
-    def render(self, value: Any) -> tuple[Rendered | None, str | None, str | None]:
+    def image(self, data: bytes, key: DocKey | None, index: int) -> Patches:
+        """Image ``index`` of the document at ``key`` through the image pipeline (one frame);
+        raises :class:`BadImage`. An augmenting rule draws from the key and the index."""
+        if not self.keyed:
+            return process(data, self.rule, repeat_frames=False)
+        if key is None:
+            raise ValueError("an augmenting image kind renders a record only with its DocKey "
+                             "(the map stage gives it)")
+        return process(data, self.rule, seed=key.seed, lane=key.lane,
+                       document=(key.source, key.file, key.position, index),
+                       repeat_frames=False)
+
+    def render(self, value: Any, key: DocKey | None = None,
+               ) -> tuple[Rendered | None, str | None, str | None]:
         if not isinstance(value, dict) or "image" not in value or "text" not in value:
             return None, "not_text", (f"the record holds {type(value).__name__}, not an image "
                                       f"and a caption")
@@ -122,7 +165,7 @@ class VisionKind(KindBase):
         if caption is None:
             return None, reason, detail
         try:
-            patches = process(value["image"], self.rule, repeat_frames=False)
+            patches = self.image(value["image"], key, 0)
         except BadImage as e:
             return None, e.reason, e.detail
         return Rendered(caption.rstrip(), None, patches), None, None

@@ -35,11 +35,12 @@ next frame only up to its first newline.
 
 from __future__ import annotations
 
+import importlib
 import io
 import itertools
 import json
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from datalane.engine.compressed import FrameIndex, frame_index, known_index, open_stream
 from datalane.engine.files import SourceFile, open_file
@@ -47,7 +48,10 @@ from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Ref, TooLar
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES
 
-__all__ = ["JSONL"]
+if TYPE_CHECKING:
+    from datalane.spec.recipe import Source
+
+__all__ = ["JSONL", "JsonlReader", "parse_object"]
 
 # the last record of a chunk is finished by reads of 4 KiB, doubling up to 64 KiB: a line
 # usually ends within the first (a remote file fetches what is read, no read-ahead)
@@ -214,23 +218,24 @@ class Jsonl(FormatBase):
         return JsonlReader(files, field)
 
     def decode(self, raw: Any, field: str) -> Decoded:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return None, "non_utf8", f"invalid UTF-8 at byte {e.start} of the line"
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            return None, "malformed_json", f"malformed JSON ({e.msg}: column {e.colno})"
-        except RecursionError:
-            return None, "malformed_json", "JSON nested deeper than the parser's limit"
-        except ValueError as e:  # an integer beyond Python's digit limit, and the like
-            return None, "malformed_json", f"JSON the parser refuses: {e}"
-        if not isinstance(obj, dict):
-            return None, "malformed_json", f"a JSON {type(obj).__name__}, not an object"
+        obj, reason, detail = parse_object(raw)
+        if obj is None:
+            return None, reason, detail
         if field not in obj or obj[field] is None:
             return None, "missing_field", f"no field {field!r}"
         return obj[field], None, None
+
+    def for_source(self, source: Source) -> Jsonl:
+        """The configured copy a kind names by its ``jsonl_format`` (``module:attribute``,
+        built with the kind's configuration: llava's reads each record's images beside its
+        file, :mod:`datalane.engine.formats.llavajson`); every other source reads lines as
+        they are."""
+        path = getattr(source.kind_config, "jsonl_format", None)
+        if path is None:
+            return self
+        module, _, attribute = path.partition(":")
+        made: Jsonl = getattr(importlib.import_module(module), attribute)(source.kind_config)
+        return made
 
     def fewer_chunks_hint(self, files: list[SourceFile], where: str) -> str:
         mine = [f for f in files if f.format == self.name]
@@ -248,6 +253,26 @@ class Jsonl(FormatBase):
 
 
 JSONL = Jsonl()
+
+
+def parse_object(raw: bytes) -> tuple[dict[str, Any] | None, str, str]:
+    """The JSON object a record's bytes hold, or ``(None, reason, detail)`` for a bad record
+    (``non_utf8``, ``malformed_json``: not JSON, or JSON that is no object)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, "non_utf8", f"invalid UTF-8 at byte {e.start} of the line"
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, "malformed_json", f"malformed JSON ({e.msg}: column {e.colno})"
+    except RecursionError:
+        return None, "malformed_json", "JSON nested deeper than the parser's limit"
+    except ValueError as e:  # an integer beyond Python's digit limit, and the like
+        return None, "malformed_json", f"JSON the parser refuses: {e}"
+    if not isinstance(obj, dict):
+        return None, "malformed_json", f"a JSON {type(obj).__name__}, not an object"
+    return obj, "", ""
 
 
 def _buffered(raw: Any) -> Any:

@@ -14,6 +14,7 @@ from datalane.engine.images.patches import (
     normalize_table,
     patchify,
     placeholders,
+    unpatchify,
 )
 from datalane.engine.images.pipeline import ImageRule, libraries, process
 from datalane.engine.images.resize import RESAMPLE, ResizeRule, resize, target_size
@@ -21,5 +22,5 @@ from datalane.engine.images.resize import RESAMPLE, ResizeRule, resize, target_s
 __all__ = [
     "FORMATS", "RESAMPLE", "Augment", "BadImage", "ImageLimits", "ImageRule", "PatchRule",
     "Patches", "ResizeRule", "augment", "decode", "libraries", "normalize", "normalize_table",
-    "patchify", "placeholders", "process", "resize", "sniff", "target_size",
+    "patchify", "placeholders", "process", "resize", "sniff", "target_size", "unpatchify",
 ]

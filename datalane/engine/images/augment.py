@@ -58,11 +58,15 @@ def crop_box(width: int, height: int, aug: Augment, draws: list[int]) -> tuple[i
     return left, top, left + cw, top + ch
 
 
-def augment(image: Image.Image, aug: Augment, seed: int, lane: int, document: int) -> Image.Image:
-    """``image`` cropped and flipped as drawn for document ``document`` of lane ``lane``."""
+def augment(image: Image.Image, aug: Augment, seed: int, lane: int,
+            *document: object) -> Image.Image:
+    """``image`` cropped and flipped as drawn for ``document`` of lane ``lane``: the words of
+    ``(seed, "image-augment", lane, *document)``; a document kind gives where the image is
+    (source, file, position, the image's index in its document:
+    :class:`~datalane.engine.documents.base.DocKey`)."""
     if not aug.active:
         return image
-    draws = words(3, seed, "image-augment", lane, document)
+    draws = words(3, seed, "image-augment", lane, *document)
     out = image
     if aug.crop < 1.0:
         box = crop_box(image.width, image.height, aug, draws)

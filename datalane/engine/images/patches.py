@@ -11,8 +11,10 @@ pad it. Its text holds ``t * h * w / merge_size**2`` placeholder tokens.
 :func:`patchify` keeps the pixels as uint8 (a quarter of float32's bytes: what a lane ships);
 :func:`normalize` maps them to TorchTitan's float32 values through a 256-entry table computed
 with torchvision's own float32 operations (``x * (1/255)``, ``- mean``, ``/ std``), so the
-values are bit-identical to TorchTitan's (tests/engine/images/test_patches.py). Pure numpy,
-thread-safe. Callers: :mod:`datalane.engine.images.pipeline`, bench/images.py.
+values are bit-identical to TorchTitan's (tests/engine/images/test_patches.py).
+:func:`unpatchify` is :func:`patchify`'s exact inverse: an image's patch rows back to its
+pixels at the resized grid, as the model sees them (datalane/demos/vlm_samples.py draws them).
+Pure numpy, thread-safe. Callers: :mod:`datalane.engine.images.pipeline`, bench/images.py.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import numpy as np
 
 from datalane.spec.errors import ConfigError
 
-__all__ = ["PatchRule", "Patches", "normalize", "normalize_table", "patchify", "placeholders"]
+__all__ = ["PatchRule", "Patches", "normalize", "normalize_table", "patchify", "placeholders",
+           "unpatchify"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,30 @@ def patchify(pixels: np.ndarray, rule: PatchRule, *, repeat_frames: bool = True)
     grid_thw = (1, h, w)
     return Patches(values.reshape(h * w, 3 * frames * ps * ps), grid_thw,
                    placeholders(grid_thw, ms))
+
+
+def unpatchify(values: np.ndarray, grid_thw: tuple[int, int, int], rule: PatchRule) -> np.ndarray:
+    """The uint8 ``(H, W, 3)`` pixels whose :func:`patchify` under ``rule`` gives the patch
+    rows ``values`` of grid ``grid_thw`` (one frame a row, or ``temporal_patch_size`` of
+    them: the first is read); ValueError naming what does not fit."""
+    t, h, w = (int(v) for v in grid_thw)
+    ps, ms = rule.patch_size, rule.merge_size
+    frame = 3 * ps * ps
+    if t != 1 or h < 1 or w < 1 or h % ms or w % ms:
+        raise ValueError(f"grid_thw {tuple(grid_thw)} is not a still image's grid (t 1, h and "
+                         f"w positive multiples of merge_size {ms})")
+    if values.dtype != np.uint8 or values.ndim != 2 or len(values) != h * w or \
+            values.shape[1] not in (frame, frame * rule.temporal_patch_size):
+        raise ValueError(f"patch rows {values.dtype} {values.shape} are not the {h * w} uint8 "
+                         f"rows of {frame} or {frame * rule.temporal_patch_size} values of "
+                         f"grid_thw {tuple(grid_thw)}")
+    frames = values.shape[1] // frame
+    rows = values.reshape(h * w, 3, frames, ps, ps)[:, :, 0]  # (patch, c, ph, pw)
+    if rule.order == "block":  # (bh bw m n) c ph pw -> (bh m ph) (bw n pw) c
+        grid = rows.reshape(h // ms, w // ms, ms, ms, 3, ps, ps).transpose(0, 2, 5, 1, 3, 6, 4)
+    else:  # (h w) c ph pw -> (h ph) (w pw) c
+        grid = rows.reshape(h, w, 3, ps, ps).transpose(0, 3, 1, 4, 2)
+    return np.ascontiguousarray(grid.reshape(h * ps, w * ps, 3))
 
 
 def normalize_table(rule: PatchRule) -> np.ndarray:

@@ -3,7 +3,8 @@
 The whole per-image work of a lane's map stage for an image document, in one pure function
 that any worker thread may run (docs/vlm.md, datalane's plan). Its result depends on the
 bytes, the declared :class:`ImageRule` and, when it augments, ``(seed, lane, document)``:
-nothing else. Callers: the image document kind (next slice), bench/images.py, the tests.
+nothing else. Callers: the image document kinds (:mod:`datalane.engine.documents.vision`,
+``interleaved``), bench/images.py, the tests.
 """
 
 from __future__ import annotations
@@ -54,11 +55,13 @@ class ImageRule:
                 f"{self.patches.patch_size} x {self.patches.merge_size}")
 
 
-def process(data: bytes, rule: ImageRule, *, seed: int = 0, lane: int = 0, document: int = 0,
-            repeat_frames: bool = True) -> Patches:
+def process(data: bytes, rule: ImageRule, *, seed: int = 0, lane: int = 0,
+            document: tuple[object, ...] = (), repeat_frames: bool = True) -> Patches:
     """The uint8 patches of the encoded image ``data``; raises
-    :class:`~datalane.engine.images.decode.BadImage` for an image that cannot be used."""
+    :class:`~datalane.engine.images.decode.BadImage` for an image that cannot be used. An
+    augmenting ``rule`` draws from ``(seed, lane, *document)``
+    (:func:`~datalane.engine.images.augment.augment`)."""
     image = decode(data, rule.limits)
-    image = augment(image, rule.augment, seed, lane, document)
+    image = augment(image, rule.augment, seed, lane, *document)
     image = resize(image, rule.resize)
     return patchify(np.asarray(image), rule.patches, repeat_frames=repeat_frames)

@@ -135,12 +135,12 @@ def test_under_fail_a_bad_row_is_named_with_the_file_and_row(tmp_path: Path, row
 
 def test_a_too_many_images_row_is_set_aside_before_any_image_is_decoded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from datalane.engine.documents import interleaved
+    from datalane.engine.documents import vision  # VisionKind.image, which both kinds use
 
     def never(*_: Any, **__: Any) -> Any:
         raise AssertionError("an image was processed")
 
-    monkeypatch.setattr(interleaved, "process", never)
+    monkeypatch.setattr(vision, "process", never)
     path = _write(tmp_path / "docs.parquet", [(["a", None, None], [None, b"x", b"y"])])
     with pytest.raises(DataError, match=r"\(too_many_images=1\)"), \
             Loader(_recipe(path, interleaved={"max_images": 1}, bad_records="fail"),
