@@ -111,7 +111,8 @@ class DocStream:
         self._cur: MapResult | None = None
         self._cur_task: _Task | None = None
         self._i = 0
-        self._cursor = cur
+        self._cursor: SourceCursor | None = cur  # None: ``_cursor_at`` holds it
+        self._cursor_at: tuple[_Block, int] | None = None
         self._depth = 1  # tasks allowed in flight; grows to knobs.prefetch (slow start)
         self._queued_docs = 0  # documents of the tasks in flight
         # a kind that attaches images: the most bytes one document's hold, and the knob
@@ -375,8 +376,7 @@ class DocStream:
             last = j
             docs += 1
         if quick_last:
-            self._cursor = SourceCursor(block.epoch, block.index, block.chunk, block.pos,
-                                        task.start + self._i)
+            self._consumed(block, task.start + self._i)
         lo, hi = offsets[first], offsets[last + 1]
         file, pos, _ = self._record(last)
         return Run(self.source.index, tuple(res.columns[c.name][lo:hi] for c in
@@ -421,8 +421,7 @@ class DocStream:
             self._cursor = block.after
             end_of_epoch = block.after.epoch != block.epoch
         else:
-            self._cursor = SourceCursor(block.epoch, block.index, block.chunk, block.pos,
-                                        offset)
+            self._consumed(block, offset)
         file, pos, _ = block.records[task.start + i]
         self._counters.docs += 1
         reason = res.status[i]
@@ -443,6 +442,12 @@ class DocStream:
         if end_of_epoch:
             self._end_of_epoch(block.epoch)
         return False
+
+    def _consumed(self, block: _Block, offset: int) -> None:
+        """The cursor is ``offset`` records into ``block`` (built when it is read: a run
+        moves it once per document it accounts one by one)."""
+        self._cursor = None
+        self._cursor_at = (block, offset)
 
     def _first_records(self, reason: str | None, file: int, end_of_epoch: bool) -> None:
         """Fail at once when the lane's first records of the source (its first ``_PROBE``, or
@@ -530,6 +535,10 @@ class DocStream:
     @property
     def cursor(self) -> SourceCursor:
         """Resume point: where the next document not yet consumed comes from."""
+        if self._cursor is None:
+            assert self._cursor_at is not None
+            block, offset = self._cursor_at
+            self._cursor = SourceCursor(block.epoch, block.index, block.chunk, block.pos, offset)
         return self._cursor
 
     def close(self) -> None:

@@ -116,6 +116,8 @@ class Loader:
         self._streams: list[LaneStream] | None = None
         self._restore: Checkpoint | None = None
         self._step = 0
+        self._layout: list[tuple[str, tuple[int, ...], np.dtype[Any]]] | None = None
+        self._images = bool(self.plan.schema.image_columns)
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -205,15 +207,17 @@ class Loader:
         size = self.recipe.sequence_tokens
         # the lanes fill their rows of the step in place, and each window is hashed on this
         # thread as it is filled (hashlib releases the GIL: the map workers run meanwhile)
-        columns = {c.name: np.empty(c.shape(rows * len(streams), size), dtype=c.np_dtype)
-                   for c in schema if not c.per_image}
+        if self._layout is None:  # the step's per-token columns: (name, shape, dtype)
+            self._layout = [(c.name, c.shape(rows * len(streams), size), c.np_dtype)
+                            for c in schema if not c.per_image]
+        columns = {name: np.empty(shape, dtype=dtype) for name, shape, dtype in self._layout}
         windows = []
         lane_digests: dict[int, bytes] = {}
         for k, s in enumerate(streams):
             w = s.next_window({n: a[k * rows:(k + 1) * rows] for n, a in columns.items()})
             windows.append(w)
             lane_digests[w.lane] = w.digest  # lane order, as the windows came
-        if schema.image_columns:  # the windows' images, rows counted from the step's first
+        if self._images:  # the windows' images, rows counted from the step's first
             columns.update(imagecolumns.concat([(k * rows, w.columns)
                                                 for k, w in enumerate(windows)]))
         step_tokens = 0  # the windows' trained targets, counted in the columns if need be

@@ -29,6 +29,7 @@ from datalane.engine.documents.base import Attached, DocKey, DocumentKind, Rende
 from datalane.engine.documents.text import TextKind
 from datalane.engine.formats import FORMATS, Format
 from datalane.engine.formats.base import Decoded, TooLarge
+from datalane.engine.packers.base import ARANGE
 from datalane.spec.codepolicy import CodePolicy
 from datalane.spec.errors import ConfigError
 from datalane.spec.limits import TOO_LARGE
@@ -155,14 +156,20 @@ class MapStage:
         keep: list[int]
         got: Tokenized | None = None
         if self._whole is not None:  # a kind that checks a whole task at once (token ids)
-            values = []
-            for file, _, raw in records:
-                value, reason, _ = _decode(formats[file], raw, self.field)
-                if reason is not None:
-                    break
-                values.append(value)
+            if all(formats[f].passes_arrays for f in {file for file, _, _ in records}):
+                # the raw records are the values if they are all arrays (the kind checks that;
+                # any other raw, a TooLarge, None, is mapped one record at a time below)
+                got = self._whole([raw for _, _, raw in records])
             else:
-                got = self._whole(values)
+                values = []
+                for file, _, raw in records:
+                    value, reason, _ = _decode(formats[file], raw, self.field)
+                    if reason is not None:
+                        break
+                    values.append(value)
+                else:
+                    got = self._whole(values)
+            if got is not None:
                 keep = list(range(n))
         if got is None:
             keep = self._render(records, formats, status, detail, docs, lane)
@@ -217,7 +224,16 @@ class MapStage:
         if got is not None:
             got_columns, offs, raw_lens = got
             f = self.filters
-            for k, i in enumerate(keep):
+            doc_lens = np.diff(offs)
+            # the documents a token filter may set aside, found at once; each then looked at
+            # (the first reason that applies, in this order)
+            flagged = np.asarray(raw_lens) < max(f.min_tokens, 1)
+            if f.max_tokens is not None:
+                flagged |= np.asarray(raw_lens) > f.max_tokens
+            if self.longest is not None:
+                flagged |= doc_lens > self.longest
+            for k in np.flatnonzero(flagged).tolist():
+                i = keep[k]
                 length = int(raw_lens[k])
                 if length == 0:
                     status[i] = "empty_tokens"
@@ -230,8 +246,7 @@ class MapStage:
                     detail[i] = (f"the document's {int(offs[k + 1] - offs[k])} tokens do not "
                                  f"fit a sequence of {self.longest}, and its kind's documents "
                                  f"are never split")
-            kept = np.array([status[i] is None for i in keep], dtype=bool)
-            doc_lens = np.diff(offs)
+            kept = ~flagged  # (every record in keep had no status before the token filters)
             columns = {}
             for c in self.columns:
                 flat = got_columns.get(c.name)
@@ -243,13 +258,21 @@ class MapStage:
                                                               strict=True)]
                     flat = np.concatenate(pieces) if pieces else np.zeros(0, c.np_dtype)
                 columns[c.name] = flat
-            lengths[np.array(keep, dtype=np.int64)[kept]] = doc_lens[kept]
+            if len(keep) == n and not flagged.any():
+                lengths = doc_lens
+            else:
+                lengths[np.array(keep, dtype=np.int64)[kept]] = doc_lens[kept]
         else:
             columns = {c.name: np.zeros(0, dtype=c.np_dtype) for c in self.columns}
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        # computed here, on the worker, so that the ordered thread only copies them
-        positions = np.arange(int(offsets[-1]), dtype=np.int32)
-        positions -= np.repeat(offsets[:-1].astype(np.int32), lengths)
+        # computed here, on the worker, so that the ordered thread only copies them: each
+        # token's index less its document's start, into the array of the starts
+        total = int(offsets[-1])
+        positions = np.repeat(offsets[:-1].astype(np.int32), lengths)
+        if total <= len(ARANGE):
+            np.subtract(ARANGE[:total], positions, out=positions)
+        else:
+            positions = np.arange(total, dtype=np.int32) - positions
         return MapResult(columns, offsets, status, detail, positions, offsets.tolist(),
                          [i for i, reason in enumerate(status) if reason is not None])

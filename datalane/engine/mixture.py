@@ -114,7 +114,7 @@ class Mixture:
                 return None
             allow: Callable[[int], bool] | None = None
             others = [(i, self._key(i, self.consumed[i])) for i, w in enumerate(self.weights)
-                      if w and not self._done[i] and i != best]
+                      if w and not self._done[i] and i != best] if len(self.weights) > 1 else ()
             if others:
                 before = min((k for i, k in others if i < best), default=None)
                 after = min((k for i, k in others if i > best), default=None)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import struct
 
+import numpy as np
+
 __all__ = ["permutation", "words"]
 
 
@@ -18,13 +20,16 @@ def _key(parts: tuple[object, ...]) -> bytes:
     return "\x1f".join(str(p) for p in parts).encode()
 
 
+def _blocks(key: bytes, count: int) -> list[bytes]:
+    """The BLAKE2b blocks of 8 little-endian words that hold the first ``count`` words."""
+    return [hashlib.blake2b(key + struct.pack("<Q", block), digest_size=64).digest()
+            for block in range(-(-count // 8))]
+
+
 def _words(key: bytes, count: int) -> list[int]:
     out: list[int] = []
-    block = 0
-    while len(out) < count:
-        digest = hashlib.blake2b(key + struct.pack("<Q", block), digest_size=64).digest()
+    for digest in _blocks(key, count):
         out.extend(struct.unpack("<8Q", digest))
-        block += 1
     return out[:count]
 
 
@@ -33,9 +38,12 @@ def permutation(n: int, *key: object) -> list[int]:
     perm = list(range(n))
     if n < 2:
         return perm
-    words = _words(_key(key), n - 1)
-    for i in range(n - 1, 0, -1):
-        j = words[n - 1 - i] % (i + 1)
+    # word k picks the swap of index n - 1 - k among 0 .. n - 1 - k (all the modulos at once,
+    # exact in uint64; the swaps in order)
+    raw = b"".join(_blocks(_key(key), n - 1))
+    words = np.frombuffer(raw, dtype="<u8", count=n - 1)
+    picks = (words % np.arange(n, 1, -1, dtype=np.uint64)).tolist()
+    for i, j in zip(range(n - 1, 0, -1), picks, strict=True):
         perm[i], perm[j] = perm[j], perm[i]
     return perm
 

@@ -41,6 +41,36 @@ def test_permutation_is_a_pure_function_of_the_key() -> None:
         "the same key must give the same permutation (no hidden generator state)")
 
 
+def _fisher_yates(n: int, *key: object) -> list[int]:
+    """The documented algorithm, written out: word k is little-endian word k of the BLAKE2b
+    (64-byte) digests of the key joined by 0x1f, then the block counter as <Q; step k swaps
+    index n - 1 - k with word k modulo n - k."""
+    import hashlib
+    import struct
+
+    data = "\x1f".join(str(p) for p in key).encode()
+    words: list[int] = []
+    block = 0
+    while len(words) < n - 1:
+        words += struct.unpack("<8Q", hashlib.blake2b(data + struct.pack("<Q", block),
+                                                      digest_size=64).digest())
+        block += 1
+    perm = list(range(n))
+    for k in range(n - 1):
+        i = n - 1 - k
+        j = words[k] % (i + 1)
+        perm[i], perm[j] = perm[j], perm[i]
+    return perm
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 9, 17, 1023, 1024, 1025, 4099])
+def test_permutation_is_the_documented_fisher_yates(n: int) -> None:
+    """Blocks of every length (a word block partly used, words past 2^63) give exactly the
+    permutation of the algorithm as documented in datalane.engine.rng."""
+    for key in ((SEED, "block", "s", 0, 0, n), ("chunks", "web", 7)):
+        assert permutation(n, *key) == _fisher_yates(n, *key), f"n={n}, key={key}"
+
+
 def test_every_part_of_the_key_changes_the_permutation() -> None:
     base: tuple[int | str, ...] = (SEED, "block", "s", 0, 0, 0)
     ref = permutation(8, *base)

@@ -179,13 +179,15 @@ class Doc:
         return tuple(c[start:stop] for c in self.columns)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Run:
     """Consecutive kept documents of one source, as flat columns (packing in bulk).
 
     Document ``k`` is ``columns[c][offsets[k]:offsets[k+1]]``; ``offsets`` may repeat a value
     (a record set aside between two documents adds no token). ``last_ref`` is the reference
-    of the last document, the one a packer may have to carry over."""
+    of the last document, the one a packer may have to carry over. Not frozen, though never
+    changed: the ordered thread makes about one per window, and a frozen dataclass's
+    ``__init__`` costs several times a plain one's."""
 
     source: int
     columns: tuple[np.ndarray, ...]  # schema.document_columns() order; input_ids first

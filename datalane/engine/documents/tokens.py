@@ -111,21 +111,36 @@ class TokensKind(KindBase):
         """Check and concatenate a whole map task's values at once (the common case: every
         value a non-empty 1-D integer array, every id in range), or None when any value is
         not, so that the caller maps the records one at a time and names the bad ones."""
-        if not values or not all(type(v) is np.ndarray for v in values):
+        if not values or set(map(type, values)) != {np.ndarray}:
             return None
+        dtypes = {v.dtype for v in values}
+        # ids of one integer type that int32 holds (token files: uint16, uint32 not): joined
+        # and widened in one pass, then checked
+        one = dtypes.pop() if len(dtypes) == 1 else None
+        wide = (one is not None and one.kind in "iu" and np.can_cast(one, np.int32, "safe")
+                and self.bos_id is None and self.eos_id is None)
         try:  # a 0-d array has no length; arrays of other ranks do not join 1-D ones
-            lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-            flat = np.concatenate(values) if len(values) > 1 else values[0]
+            lens = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+            if wide:
+                flat = (np.concatenate(values, dtype=np.int32) if len(values) > 1
+                        else values[0].astype(np.int32))
+            else:
+                flat = np.concatenate(values) if len(values) > 1 else values[0]
         except (TypeError, ValueError):
             return None
         # one dtype over them all: a mix of signed and unsigned ids, or a float array, is no
         # longer an integer kind
         if flat.ndim != 1 or flat.dtype.kind not in "iu" or int(lens.min()) == 0:
             return None
-        if flat.dtype.kind == "i" and int(flat.min()) < 0:
+        unsigned = wide and one is not None and one.kind == "u"  # (widened: no id below 0)
+        if flat.dtype.kind == "i" and not unsigned and int(flat.min()) < 0:
             return None
         if int(flat.max()) >= self.vocab_size:
             return None
+        if wide:
+            offsets = np.zeros(len(values) + 1, dtype=np.int64)
+            np.cumsum(lens, out=offsets[1:])
+            return {"input_ids": flat}, offsets, lens
         return self._concat(values, flat, lens)
 
     def _concat(self, values: list[Any], flat: np.ndarray | None = None,

@@ -97,6 +97,10 @@ class Format(Protocol):
     name: str
     unit: str  # what a position counts ("byte", "row"), for error messages
     bad_reasons: frozenset[str]  # reasons decode() returns that are bad records
+    #: whether :meth:`decode` returns a raw record that is a numpy array as it is (token
+    #: files, Parquet integer lists): a map task whose raw records are all arrays then skips
+    #: decoding them one by one
+    passes_arrays: bool
 
     def cut(self, index: int, sf: SourceFile, chunk_bytes: int,
             chunk_rows: int | None) -> list[Chunk]:
@@ -145,6 +149,7 @@ class FormatBase:
     name: str
     unit: str
     bad_reasons: frozenset[str]
+    passes_arrays: bool = False
 
     def ref(self, file: int, pos: int) -> Ref:
         return (file, pos)

@@ -236,6 +236,7 @@ class Flatbin(FormatBase):
 
     name = "flatbin"
     bad_reasons: frozenset[str] = frozenset()
+    passes_arrays = True
 
     def __init__(self, source: str | None = None, dtype: str | None = None,
                  boundary: int | None = None) -> None:

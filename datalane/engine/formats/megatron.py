@@ -205,6 +205,7 @@ class Megatron(FormatBase):
     name = "megatron"
     unit = "document"
     bad_reasons: frozenset[str] = frozenset()
+    passes_arrays = True
 
     def __init__(self, expect: str | None = None, source: str | None = None) -> None:
         self._expect = expect  # the recipe's tokens.dtype, if it names one

@@ -173,6 +173,7 @@ class Parquet(FormatBase):
                  parts: dict[str, tuple[str, ...]] | None = None) -> None:
         self._ids = ids
         self._parts = parts
+        self.passes_arrays = parts is None  # (a row of parts is a dict, never an array)
 
     def for_source(self, source: Source) -> Parquet:
         parts = getattr(source.kind_config, "document_parts", None)

@@ -35,6 +35,13 @@ class WrapPacker(PackerBase):
     def __init__(self, ctx: PackContext, state: PackerState | None = None) -> None:
         self.ctx = ctx
         self._held: list[Held] = []
+        # each column of a window: (name, its index among the document columns or -1 for the
+        # positions, pad value)
+        self._columns: list[tuple[str, int, int]] = []
+        doc_index = 0
+        for c in ctx.schema:
+            self._columns.append((c.name, -1 if c.fill == "position" else doc_index, c.pad))
+            doc_index += c.fill != "position"
         data = check_packer(state, self.name, ctx.where)
         if data is None:
             return
@@ -92,17 +99,22 @@ class WrapPacker(PackerBase):
     def fill_window(self, columns: dict[str, np.ndarray], rows: int) -> int:
         """Fill ``columns`` (``rows`` sequences each) as ``rows`` calls of
         :meth:`next_sequence` would, documents taken in runs; rows past the data are padding.
-        Returns the rows that hold data (fewer than ``rows``: no document is left)."""
+        Returns the rows that hold data (fewer than ``rows``: no document is left).
+
+        The ordered thread runs this for every window: it works on whole parts (a carried
+        piece, runs of documents), a few numpy copies each, never per document."""
         ctx = self.ctx
         size = ctx.size
         total = rows * size
         # parts in order: (document columns, positions, where its documents start in it or
-        # None for a carried piece, the piece or run)
-        parts: list[tuple[tuple[np.ndarray, ...], np.ndarray, Sequence[int] | None,
-                          Piece | Run]] = [
-            (cols, ARANGE[:len(cols[0])], None, piece) for piece, cols, _ in self._held]
-        carried = [attached for _, _, attached in self._held]
-        have = sum(len(cols[0]) for cols, _, _, _ in parts)
+        # None for a carried piece)
+        parts: list[tuple[tuple[np.ndarray, ...], np.ndarray, Sequence[int] | None]] = []
+        have = 0
+        for _, cols, _ in self._held:
+            n = len(cols[0])
+            parts.append((cols, ARANGE[:n], None))
+            have += n
+        last: Held | Run | None = self._held[-1] if self._held else None
         next_run = ctx.next_run
         assert next_run is not None
         while have < total:
@@ -110,12 +122,13 @@ class WrapPacker(PackerBase):
             if run is None:
                 break
             ctx.counters.kept += run.docs
-            parts.append((run.columns, run.positions, run.offsets, run))
-            have += len(run)
+            parts.append((run.columns, run.positions, run.offsets))
+            have += len(run.positions)
+            last = run
         used = min(have, total)
         self._held = []
         if have > total:  # the last part's tail is carried into the next window
-            cols, _, _, last = parts[-1]
+            cols = parts[-1][0]
             tail = have - total
             n = len(cols[0])
             if isinstance(last, Run):
@@ -123,24 +136,25 @@ class WrapPacker(PackerBase):
                 piece = Piece(last.source, last.last_ref, length - tail, length)
                 attached: tuple[Attached, ...] = ()  # runs carry no attachments
             else:
-                piece = Piece(last.source, last.ref, last.stop - tail, last.stop)
-                attached = carried[-1]
+                assert last is not None
+                held, _, attached = last
+                piece = Piece(held.source, held.ref, held.stop - tail, held.stop)
             self._held.append((piece, tuple(c[n - tail:] for c in cols), attached))
-        doc_index = 0
-        for c in ctx.schema:
-            flat = columns[c.name].reshape(-1)
+        for name, doc_index, pad in self._columns:
+            flat = columns[name].reshape(-1)
             at = 0
-            for cols, positions, _, _ in parts:
-                if at >= used:
+            for cols, positions, _ in parts:
+                src = positions if doc_index < 0 else cols[doc_index]
+                n = len(src)
+                if at + n >= used:  # the last part in the window (its tail carried)
+                    flat[at:used] = src[:used - at]
                     break
-                n = min(len(cols[0]), used - at)
-                flat[at:at + n] = (positions if c.fill == "position" else cols[doc_index])[:n]
+                flat[at:at + n] = src
                 at += n
-            if c.fill == "position":
+            if doc_index < 0 and used > size:
                 self._restart_rows(flat, parts, used, size)
-            else:
-                doc_index += 1
-            flat[used:] = c.pad
+            if used < total:
+                flat[used:] = pad
         ctx.counters.tokens += used
         ctx.counters.padding += total - used
         return -(-used // size)
@@ -151,17 +165,18 @@ class WrapPacker(PackerBase):
         from 0 again after it, up to its end (or the row's)."""
         at = 0
         row = size
-        for cols, _, starts, _ in parts:
+        for cols, _, starts in parts:
             n = len(cols[0])
-            while row < min(at + n, used):
+            end_part = at + n
+            while row < end_part and row < used:
                 # the next document start after the boundary, within this part
-                end = at + n if starts is None else at + starts[
+                end = end_part if starts is None else at + starts[
                     bisect.bisect_right(starts, row - at)]
                 end = min(end, row + size, used)
-                if flat[row]:
-                    flat[row:end] -= flat[row]
+                if flat[row]:  # (the document's positions up to end are consecutive)
+                    flat[row:end] = ARANGE[:end - row]
                 row += size
-            at += n
+            at = end_part
             if at >= used:
                 break
 

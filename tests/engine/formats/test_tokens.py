@@ -238,6 +238,11 @@ def test_cut_documents_by_hand() -> None:
     assert [(c.start, c.stop) for c in cut_documents(0, starts, 4, 80, 2)] == [
         (0, 2), (2, 4), (4, 5)]
     assert cut_documents(0, np.array([0], np.int64), 4, 80, None) == []
+    # three documents start at token 5 (two empty), none after token 301: 100 tokens a chunk,
+    # marks 0, 100, ..., 900 fall on documents 0, 4, 5, 5, then past the last
+    starts = np.array([0, 5, 5, 5, 100, 300, 301, 1000], np.int64)
+    assert [(c.start, c.stop) for c in cut_documents(0, starts, 2, 200, None)] == [
+        (0, 4), (4, 5), (5, 7)]
 
 
 def test_a_damaged_index_is_a_data_error_naming_it(tmp_path: Path) -> None:
@@ -427,6 +432,10 @@ def test_parquet_nulls_inside_a_list_go_the_slow_way_and_are_named(tmp_path: Pat
     [np.array([1], np.uint64), np.array([2], np.int64)],         # they mix into float64
     [np.array([1, -2], np.int32)],                               # a negative id
     [np.array([1, VOCAB], np.uint32)],                           # an id out of range
+    [np.array([1], np.int8), np.array([-3], np.int8)],           # one signed type, widened
+    [np.array([1, 2], np.uint8), np.array([-1], np.int8)],       # they mix into int16
+    [np.array([3, VOCAB], np.uint16)],                           # widened, out of range
+    [np.array([True, False])],                                   # booleans
     [],
 ])
 def test_a_whole_task_is_checked_at_once_or_left_to_one_record_at_a_time(
@@ -451,3 +460,68 @@ def test_a_whole_task_in_one_pass_is_what_one_record_at_a_time_gives(
             a = one["input_ids"] if isinstance(one, dict) else one
             b = other["input_ids"] if isinstance(other, dict) else other
             assert a.dtype == b.dtype and a.tolist() == b.tolist()
+
+
+@pytest.mark.parametrize(("values", "ids"), [
+    # ids of one type int32 holds are joined and widened in one pass
+    ([np.array([7, 8, 9], np.uint16), np.array([1023], np.uint16)], [7, 8, 9, 1023]),
+    ([np.array([0, 5], np.int16), np.array([6], np.int16)], [0, 5, 6]),
+    ([np.array([4], np.uint8), np.array([255, 3], np.uint8)], [4, 255, 3]),
+    # other types (uint32, a mix) are joined, checked, then cast, as before
+    ([np.array([100, 200], np.uint32), np.array([1], np.uint32)], [100, 200, 1]),
+    ([np.array([2, 3], np.uint8), np.array([4], np.int8)], [2, 3, 4]),
+    ([np.array([12, 13], ">u2")], [12, 13]),  # big-endian ids: their values
+])
+def test_a_whole_task_of_arrays_gives_the_ids_as_int32(
+        tokenizer: TokenizerHandle, values: list[np.ndarray], ids: list[int]) -> None:
+    kind = TokensKind(TokensSpec(), tokenizer)
+    got = kind.tokenize_values(values)
+    assert got is not None
+    columns, offsets, lens = got
+    assert columns["input_ids"].dtype == np.int32
+    assert columns["input_ids"].tolist() == ids
+    lengths = [len(v) for v in values]
+    assert lens.tolist() == lengths
+    assert offsets.tolist() == [0, *np.cumsum(lengths).tolist()]
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "flatbin", "parquet"])
+def test_token_filters_set_aside_documents_of_a_whole_task(
+        tokenizer: TokenizerHandle, fmt: str) -> None:
+    """A task of token arrays goes to the kind whole (the formats pass arrays as they are);
+    the token filters then set aside exactly the documents outside the bounds, with the
+    offsets and positions of the ones kept."""
+    from datalane.engine.formats import FORMATS
+    from datalane.engine.mapstage import MapStage
+    from datalane.spec.recipe import Filters
+
+    assert FORMATS[fmt].passes_arrays
+    stage = MapStage("input_ids", Filters(min_tokens=3, max_tokens=5),
+                     TokensKind(TokensSpec(), tokenizer))
+    lengths = [2, 3, 5, 6, 4]
+    records = [(0, k, np.arange(10, 10 + n, dtype=np.uint16)) for k, n in enumerate(lengths)]
+    result = stage.run(records, [FORMATS[fmt]])
+    assert result.status == ["min_tokens", None, None, "max_tokens", None]
+    assert result.offsets.tolist() == [0, 0, 3, 8, 8, 12]
+    assert result.bounds == [0, 0, 3, 8, 8, 12]
+    assert result.set_aside == [0, 3]
+    assert result.tokens.tolist() == [10, 11, 12, 10, 11, 12, 13, 14, 10, 11, 12, 13]
+    assert result.positions.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3]
+
+
+def test_a_task_with_a_raw_that_is_no_array_is_mapped_record_by_record(
+        tokenizer: TokenizerHandle) -> None:
+    """A raw record too large to hold (a TooLarge, not an array) among arrays: the task is
+    not taken whole; the record is set aside as too_large and the others kept."""
+    from datalane.engine.formats import FORMATS
+    from datalane.engine.formats.base import TooLarge
+    from datalane.engine.mapstage import MapStage
+    from datalane.spec.recipe import Filters
+
+    stage = MapStage("input_ids", Filters(), TokensKind(TokensSpec(), tokenizer))
+    records = [(0, 0, np.array([5, 6], np.uint16)), (0, 2, TooLarge(1 << 30, "document")),
+               (0, 3, np.array([7], np.uint16))]
+    result = stage.run(records, [FORMATS["megatron"]])
+    assert result.status == [None, "too_large", None]
+    assert result.tokens.tolist() == [5, 6, 7]
+    assert result.positions.tolist() == [0, 1, 0]
