@@ -12,6 +12,14 @@ A pre-tokenized source (``tokens``) reading an integer list column (``list<int32
 ``large_list<int64>``, ...) gets each row as a numpy view of the column's values, cut at its
 offsets, instead of a Python list of Python ints (:func:`_id_lists`): ``to_pylist`` builds one
 object per token and was most of the time of such a source.
+
+Arrow's own threads are never used (``pre_buffer=False``, ``use_threads=False``): the file is a
+Python file object (:func:`~datalane.engine.files.open_file`: ranged reads, the plan's size
+check), so Arrow's I/O and CPU pool threads would call into Python to read it, and such a native
+thread alive at interpreter exit aborts the process ("terminate called without an active
+exception", SIGABRT: 1 rank process of about 50 ``datalane demo`` runs at load 13-19). The
+engine's reader threads already read blocks in parallel; a row group decodes on the one that
+reads it.
 """
 
 from __future__ import annotations
@@ -84,7 +92,7 @@ class ParquetReader:
             sf = self._files[index]
             f = open_file(sf, ranged=True)
             try:
-                pf = pq.ParquetFile(f)
+                pf = pq.ParquetFile(f, pre_buffer=False)  # no Arrow threads (above)
             except Exception as e:
                 f.close()
                 if isinstance(e, DataError | StorageError):
@@ -117,10 +125,11 @@ class ParquetReader:
             if self._parts is not None:
                 names = pf.schema_arrow.names
                 wanted = [c for cols in self._parts.values() for c in cols if c in names]
-                table = pf.read_row_group(g, columns=list(dict.fromkeys(wanted)))
+                table = pf.read_row_group(g, columns=list(dict.fromkeys(wanted)),
+                                          use_threads=False)
                 values = part_rows(self._parts, names, rows, table.column)
             elif self._field in pf.schema_arrow.names:
-                column = pf.read_row_group(g, columns=[self._field]).column(0)
+                column = pf.read_row_group(g, columns=[self._field], use_threads=False).column(0)
                 if len(column) != rows:
                     raise DataError(f"{sf.uri}: row group {g} holds {len(column)} values of "
                                     f"{self._field!r}, but its footer says {rows} rows")
