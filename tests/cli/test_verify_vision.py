@@ -26,8 +26,12 @@ from datalane.engine.loader import Step
 from datalane.runner import run_world
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import load_recipe
-from datalane.testing.images import CHATML_TEMPLATE, ImageCorpus, make_image_corpus, \
-    make_llava_corpus
+from datalane.testing.images import (
+    CHATML_TEMPLATE,
+    ImageCorpus,
+    make_image_corpus,
+    make_llava_corpus,
+)
 from datalane.verify import verify
 from tests.support.vision import write_interleaved
 
@@ -53,10 +57,11 @@ def _digest(data: bytes) -> str:
 
 
 def _recipe(path: Path, seq_len: int, source: dict[str, Any]) -> Path:
+    """The recipe of one source, beside its corpus's vision tokenizer."""
     path.write_text(json.dumps({
         "lanes": 4, "global_batch_size": 4, "seq_len": seq_len,
-        "packing": {"algorithm": "bestfit"}, "tokenizer": {"uri": str(path.parent /
-                                                                    "tokenizer.json")},
+        "packing": {"algorithm": "bestfit"},
+        "tokenizer": {"uri": str(path.parent / "tokenizer.json")},
         "sources": [{"name": "docs", "epochs": 1, **source}]}))
     return path
 
@@ -133,8 +138,9 @@ def _llava(root: Path) -> Case:
         for name in [named] if isinstance(named, str) else named:
             images[_digest((root / name).read_bytes())] += 1
     assert len(docs) == IMAGES and sum(images.values()) == corpus.images == 21
-    recipe = _recipe(root / "llava-recipe.json", 511, {
-        "uris": [corpus.json], "chunk_bytes": 1024, "llava": {"template_text": CHATML_TEMPLATE, **RESIZE}})
+    llava = {"template_text": CHATML_TEMPLATE, **RESIZE}
+    recipe = _recipe(root / "llava-recipe.json", 511,
+                     {"uris": [corpus.json], "chunk_bytes": 1024, "llava": llava})
     return Case(recipe, docs, images)
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
