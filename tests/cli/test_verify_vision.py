@@ -56,13 +56,14 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(rows.values.tobytes()).hexdigest()
 
 
-def _recipe(path: Path, seq_len: int, source: dict[str, Any]) -> Path:
-    """The recipe of one source, beside its corpus's vision tokenizer."""
+def _recipe(path: Path, seq_len: int, source: dict[str, Any], name: str = "docs") -> Path:
+    """The recipe of one source, beside its corpus's vision tokenizer (the source's name
+    seeds its shuffle)."""
     path.write_text(json.dumps({
         "lanes": 4, "global_batch_size": 4, "seq_len": seq_len,
         "packing": {"algorithm": "bestfit"},
         "tokenizer": {"uri": str(path.parent / "tokenizer.json")},
-        "sources": [{"name": "docs", "epochs": 1, **source}]}))
+        "sources": [{"name": name, "epochs": 1, **source}]}))
     return path
 
 
@@ -84,7 +85,7 @@ def _vision(corpus: ImageCorpus) -> Case:
         docs[(START, *[IMAGE] * 4, END, *caption, EOS)] += 1
         images[_digest(row["image"])] += 1
     recipe = _recipe(Path(corpus.root) / "vision.json", 127,
-                     {"uris": corpus.shards, "vision": RESIZE})
+                     {"uris": corpus.shards, "vision": RESIZE}, name="pairs")
     return Case(recipe, docs, images)
 
 
