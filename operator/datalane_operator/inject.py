@@ -224,6 +224,8 @@ def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None,
         {"name": "DATALANE_PIPELINE", "value": pipeline.name},
         {"name": PREDICATE_MODULES_ENV, "value": ",".join(predicate_modules)},
     ]
+    if side.imageBytes is not None:  # unset: no variable, the sidecar's default
+        env.append({"name": "DATALANE_IMAGE_BYTES", "value": str(side.imageBytes)})
     if data.endpoint is not None:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": data.endpoint})
     if data.region is not None:

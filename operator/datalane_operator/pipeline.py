@@ -169,6 +169,12 @@ class SidecarSpec:
         "limit), 0 for a pod of one rank. Each worker holds a copy of the plan and its ranks' "
         "windows: give the sidecar memory for them (docs/operator.md, The sidecar's "
         "processes).", default=0, ge=0, le=256)
+    imageBytes: int | None = doc(
+        "Decoded image bytes (patch rows) the sidecar lets each lane and image source hold in "
+        "flight (its --image-bytes, DATALANE_IMAGE_BYTES; a knob: never changes output, only "
+        "how far map tasks run ahead; docs/architecture.md, Backpressure). Null: the "
+        "sidecar's default, 512 MiB. Vision recipes only; give the sidecar memory for it.",
+        default=None, ge=1, le=1 << 40)
 
 
 MAX_PARALLEL = 1 << 16

@@ -318,3 +318,44 @@ def test_a_bad_rank_processes_is_refused_naming_it(value: Any, message: str) -> 
     with pytest.raises(ConfigError) as e:
         load_pipeline(dp(sidecar={"rankProcesses": value}))
     assert str(e.value) == message
+
+
+# ---- spec.sidecar.imageBytes: the sidecar's --image-bytes ----
+
+
+def test_image_bytes_reach_the_sidecar_and_unset_leave_its_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from datalane_sidecar import cli
+
+    from datalane.spec.knobs import Knobs
+
+    base = dp()["spec"]["sidecar"]
+    plain = sidecar_of(inject(pod()))
+    assert "DATALANE_IMAGE_BYTES" not in env_of(plain)  # unset: no variable, the spec as before
+    assert sidecar_of(inject(pod(), sidecar={**base, "imageBytes": None})) == plain
+    side = sidecar_of(inject(pod(), sidecar={**base, "imageBytes": 128 << 20}))
+    assert env_of(side)["DATALANE_IMAGE_BYTES"] == "134217728"
+    # the one difference: the variable, appended to the same environment
+    assert [e for e in side["env"] if e["name"] != "DATALANE_IMAGE_BYTES"] == plain["env"]
+    assert {**side, "env": plain["env"]} == plain
+    for container, expected in ((plain, Knobs.image_bytes), (side, 134217728)):
+        monkeypatch.delenv("DATALANE_IMAGE_BYTES", raising=False)
+        for e in container["env"]:
+            monkeypatch.setenv(e["name"], e.get("value", "llama-worker-0"))
+        assert cli._parser().parse_args(container["command"][1:]).image_bytes == expected
+    assert Knobs.image_bytes == 512 << 20
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (0, "spec.sidecar.imageBytes 0 must be >= 1"),
+    (-5, "spec.sidecar.imageBytes -5 must be >= 1"),
+    ((1 << 40) + 1, "spec.sidecar.imageBytes 1099511627777 must be <= 1099511627776"),
+    ("128Mi", "spec.sidecar.imageBytes must be an integer, got '128Mi'"),
+    ("134217728", "spec.sidecar.imageBytes must be an integer, got '134217728'"),
+    (True, "spec.sidecar.imageBytes must be an integer, got True"),
+    (1.5, "spec.sidecar.imageBytes must be an integer, got 1.5"),
+])
+def test_a_bad_image_bytes_is_refused_naming_it(value: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_pipeline(dp(sidecar={"imageBytes": value}))
+    assert str(e.value) == message

@@ -1,5 +1,6 @@
 """Hand-worked WebDataset shards of image-caption pairs, and the recipe that reads one
-(tests/engine/images: the vision kind, its per-image columns).
+(tests/engine/images: the vision kind, its per-image columns); Parquet files of interleaved
+rows (the interleaved kind).
 
 The ids of the vision tokens are those of tests/data/vision/tokenizer.json (datalane's bundled
 tokenizer with Qwen's vision tokens added; it adds EOS, not BOS). A 96 x 64 JPEG grows to
@@ -23,8 +24,8 @@ from datalane.spec.recipe import Recipe, load_recipe
 from datalane.testing.images import synthetic_image
 from tests.support.kinds import VISION_TOKENIZER
 
-__all__ = ["END", "EOS", "PAD", "START", "caption", "encoded", "vision_recipe", "write_shard",
-           "write_three"]
+__all__ = ["END", "EOS", "PAD", "START", "caption", "encoded", "vision_recipe",
+           "write_interleaved", "write_shard", "write_three"]
 
 START, PAD, END, EOS = 1026, 1024, 1027, 1
 
@@ -44,6 +45,18 @@ def write_shard(path: Path, samples: list[list[tuple[str, bytes]]]) -> None:
                 info = tarfile.TarInfo(f"{k:03d}.{ext}")
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
+
+
+def write_interleaved(path: Path, rows: list[tuple[list[Any], list[Any]]]) -> Path:
+    """A Parquet file of OBELICS-style rows: each (texts, images), two lists of one length,
+    ``None`` where the other list holds the entry."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({
+        "texts": pa.array([t for t, _ in rows], pa.list_(pa.string())),
+        "images": pa.array([i for _, i in rows], pa.list_(pa.binary()))}), path)
+    return path
 
 
 def vision_recipe(uris: list[str], seq_len: int, tokenizer: str = str(VISION_TOKENIZER),

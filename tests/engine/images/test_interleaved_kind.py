@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
@@ -24,7 +23,7 @@ from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import load_recipe
 from datalane.testing.images import hostile_images
 from tests.support.kinds import VISION_TOKENIZER
-from tests.support.vision import END, EOS, PAD, START, encoded
+from tests.support.vision import END, EOS, PAD, START, encoded, write_interleaved
 
 TEXTS = ["  Look: ", None, " a red square, then", " more", None, " two blue discs.  "]
 
@@ -44,13 +43,6 @@ def _titan_text() -> types.ModuleType:
 
 def _images() -> list[Any]:
     return [None, encoded(96, 64, "JPEG", 1), None, None, encoded(512, 256, "PNG", 2), None]
-
-
-def _write(path: Path, rows: list[tuple[list[Any], list[Any]]]) -> Path:
-    pq.write_table(pa.table({
-        "texts": pa.array([t for t, _ in rows], pa.list_(pa.string())),
-        "images": pa.array([i for _, i in rows], pa.list_(pa.binary()))}), path)
-    return path
 
 
 def _recipe(path: Path, seq_len: int = 255, **extra: Any) -> Any:
@@ -75,7 +67,7 @@ def test_a_row_gives_torchtitans_token_ids_and_labels(tmp_path: Path) -> None:
     doc = [*pieces[0], START, *[PAD] * 70, END, *pieces[1], START, *[PAD] * 128, END,
            *pieces[2], EOS]
     assert titan == doc and len(doc) == 5 + 72 + 16 + 130 + 12 + 1 == 236
-    path = _write(tmp_path / "docs.parquet", [(TEXTS, _images())])
+    path = write_interleaved(tmp_path / "docs.parquet", [(TEXTS, _images())])
     with Loader(_recipe(path), 0, 1, Knobs(workers=2)) as loader:
         step = loader.next_step()
         assert loader.next_step().ended
@@ -112,7 +104,7 @@ def test_bad_rows_are_bad_records_by_reason(tmp_path: Path) -> None:
     for texts, images, _, _ in BAD:
         rows.append((texts, [hostile_images()["truncated_jpeg"][0] if i == b"\xff\xd8"
                              else i for i in images]))
-    path = _write(tmp_path / "docs.parquet", rows)
+    path = write_interleaved(tmp_path / "docs.parquet", rows)
     with Loader(_recipe(path, interleaved={"max_images": 2}), 0, 1) as loader:
         assert loader.next_step().columns["input_ids"][0, 0] != EOS
         assert loader.next_step().ended
@@ -125,7 +117,7 @@ def test_bad_rows_are_bad_records_by_reason(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("row", "match"), [(b, b[3]) for b in BAD[1:]])
 def test_under_fail_a_bad_row_is_named_with_the_file_and_row(tmp_path: Path, row: Any,
                                                              match: str) -> None:
-    path = _write(tmp_path / "docs.parquet", [(TEXTS, _images()), (row[0], row[1])])
+    path = write_interleaved(tmp_path / "docs.parquet", [(TEXTS, _images()), (row[0], row[1])])
     with pytest.raises(DataError, match=rf"source 'docs': {match} in {path} at row 1"), \
             Loader(_recipe(path, interleaved={"max_images": 2}, bad_records="fail"),
                    0, 1) as loader:
@@ -141,7 +133,7 @@ def test_a_too_many_images_row_is_set_aside_before_any_image_is_decoded(
         raise AssertionError("an image was processed")
 
     monkeypatch.setattr(vision, "process", never)
-    path = _write(tmp_path / "docs.parquet", [(["a", None, None], [None, b"x", b"y"])])
+    path = write_interleaved(tmp_path / "docs.parquet", [(["a", None, None], [None, b"x", b"y"])])
     with pytest.raises(DataError, match=r"\(too_many_images=1\)"), \
             Loader(_recipe(path, interleaved={"max_images": 1}, bad_records="fail"),
                    0, 1) as loader:
@@ -176,7 +168,7 @@ def test_a_save_to_disk_dataset_of_image_lists_gives_the_same_document(tmp_path:
     images = [None if b is None else {"bytes": b, "path": None} for b in _images()]
     ds = datasets.Dataset.from_dict({"texts": [TEXTS], "images": [images]}, features=features)
     ds.save_to_disk(str(tmp_path / "hf"))
-    _write(tmp_path / "docs.parquet", [(TEXTS, _images())])
+    write_interleaved(tmp_path / "docs.parquet", [(TEXTS, _images())])
     got = []
     for path in (tmp_path / "hf", tmp_path / "docs.parquet"):
         with Loader(_recipe(path), 0, 1) as loader:
