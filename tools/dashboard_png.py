@@ -1,0 +1,217 @@
+"""Draw the operator's Grafana dashboard (helm/datalane/dashboards/datalane-operator.json) as a
+PNG from a scrape file of a real run, without Grafana or Prometheus: docs/operator-dashboard.png.
+
+Not a Grafana screenshot: each panel of the dashboard JSON is drawn with matplotlib at its
+``gridPos`` (24 columns; rows of 30 px as Grafana's), titled as there, its PromQL evaluated by
+:mod:`tools.promql` (which refuses any form it does not implement, so that an edited dashboard
+fails here instead of being drawn wrongly) every ``interval`` seconds, with
+``$__rate_interval`` as Grafana sets it for that scrape interval (4 of them) and
+``$namespace`` the scraped namespace. A ``stat`` panel shows its last value, coloured by its
+thresholds, over a sparkline; a ``timeseries`` panel one line per series, named by the target's
+``legendFormat``, in the panel's unit.
+
+    python tools/dashboard_png.py [--scrapes tests/data/operator-dashboard.scrapes.gz] \\
+        [--out docs/operator-dashboard.png]
+
+The scrapes come from ``python -m tests.operator.dashboard_run`` (the operator on the test
+control plane, docs/operator.md#operator-metrics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.promql import (  # noqa: E402  (after the path, for `python tools/dashboard_png.py`)
+    Expr,
+    TimeSeriesDB,
+    evaluate,
+    parse,
+    parse_scrapes,
+    substitute,
+)
+
+DASHBOARD = ROOT / "helm" / "datalane" / "dashboards" / "datalane-operator.json"
+SCRAPES = ROOT / "tests" / "data" / "operator-dashboard.scrapes.gz"
+OUT = ROOT / "docs" / "operator-dashboard.png"
+UNITS = {"s": "seconds", "ops": "ops/s", "reqps": "requests/s", "none": ""}
+RATE_INTERVALS = 4  # Grafana: $__rate_interval is at least 4 scrape intervals
+
+
+@dataclass
+class Target:
+    legend: str
+    expr: str
+    tree: Expr
+
+
+@dataclass
+class Panel:
+    title: str
+    kind: str  # "stat" or "timeseries"
+    grid: tuple[int, int, int, int]  # x, y, w, h in Grafana's grid units
+    unit: str
+    targets: list[Target]
+    thresholds: list[tuple[float, str]]  # (from value, colour), ascending
+
+
+def load_panels(dashboard: dict[str, Any], variables: dict[str, str]) -> list[Panel]:
+    """The dashboard's panels, every expression parsed (a ParseError names one that is not
+    supported; a ValueError names a panel type or field this drawing does not know)."""
+    panels = []
+    for raw in dashboard.get("panels", []):
+        title = raw.get("title", "")
+        kind = raw.get("type")
+        if kind not in ("stat", "timeseries"):
+            raise ValueError(f"panel {title!r}: type {kind!r} is not drawn (stat, timeseries)")
+        g = raw.get("gridPos", {})
+        grid = (g.get("x"), g.get("y"), g.get("w"), g.get("h"))
+        if not all(isinstance(v, int) and v >= 0 for v in grid) or grid[0] + grid[2] > 24:
+            raise ValueError(f"panel {title!r}: gridPos {g!r} is not within 24 columns")
+        defaults = raw.get("fieldConfig", {}).get("defaults", {})
+        unit = defaults.get("unit", "none")
+        if unit not in UNITS:
+            raise ValueError(f"panel {title!r}: unit {unit!r} is not known ({', '.join(UNITS)})")
+        steps = defaults.get("thresholds", {}).get("steps", [])
+        thresholds = [(-math.inf if s.get("value") is None else float(s["value"]), s["color"])
+                      for s in steps]
+        targets = []
+        for t in raw.get("targets", []):
+            expr = t["expr"]
+            targets.append(Target(t.get("legendFormat", ""), expr,
+                                  parse(substitute(expr, variables))))
+        if not targets:
+            raise ValueError(f"panel {title!r} has no targets")
+        panels.append(Panel(title, kind, grid, unit, targets, thresholds))
+    return panels
+
+
+def legend(fmt: str, labels: tuple[tuple[str, str], ...]) -> str:
+    """Grafana's ``{{label}}`` substitution; without a format, the labels themselves."""
+    d = dict(labels)
+    if not fmt:
+        return "{" + ", ".join(f'{k}="{v}"' for k, v in labels) + "}"
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: d.get(m[1], ""), fmt)
+
+
+def series_of(panel: Panel, db: TimeSeriesDB, times: list[float],
+              ) -> dict[str, list[float]]:
+    """Each legend's values at ``times`` (NaN where the expression has no value)."""
+    out: dict[str, list[float]] = {}
+    for target in panel.targets:
+        for i, t in enumerate(times):
+            for labels, v in evaluate(target.tree, db, t).items():
+                out.setdefault(legend(target.legend, labels), [math.nan] * len(times))[i] = v
+    return dict(sorted(out.items()))
+
+
+GRAFANA_COLOURS = {"green": "#73bf69", "red": "#f2495c", "yellow": "#fade2a",
+                   "orange": "#ff9830", "blue": "#5794f2"}
+PALETTE = ["#7eb26d", "#eab839", "#6ed0e0", "#ef843c", "#e24d42", "#1f78c1", "#ba43a9",
+           "#705da0", "#508642", "#cca300"]  # Grafana's classic palette
+
+
+def render(dashboard: dict[str, Any], scrape_text: str, out: Path, interval: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scrapes = parse_scrapes(scrape_text)
+    if not scrapes:
+        raise ValueError("the scrape file holds no scrapes")
+    namespaces = {s.target.get("namespace", "") for s in scrapes}
+    if len(namespaces) != 1:
+        raise ValueError(f"the scrapes are of namespaces {sorted(namespaces)}; expected one")
+    variables = {"namespace": namespaces.pop(),
+                 "__rate_interval": f"{round(RATE_INTERVALS * interval)}s"}
+    panels = load_panels(dashboard, variables)
+    db = TimeSeriesDB(scrapes)
+    end = scrapes[-1].t
+    times = [i * interval for i in range(int(end / interval) + 1)]
+
+    rows = max(p.grid[1] + p.grid[3] for p in panels)
+    width_in, row_in = 16.0, 0.3
+    fig = plt.figure(figsize=(width_in, rows * row_in + 0.6), facecolor="#111217")
+    fig.text(0.01, 1 - 0.25 / (rows * row_in + 0.6),
+             f"{dashboard.get('title', '')}   namespace = {variables['namespace']}   "
+             f"(drawn from {len(scrapes)} scrapes of a real run, every {interval:g} s; "
+             f"$__rate_interval = {variables['__rate_interval']}; not a Grafana screenshot)",
+             color="#ccccdc", fontsize=10, va="center")
+    top = 0.5 / (rows * row_in + 0.6)
+    usable = 1 - top
+    for p in panels:
+        x, y, w, h = p.grid
+        pad_x, pad_y = 0.006, 0.012
+        left = x / 24 + pad_x
+        bottom = 1 - top - (y + h) / rows * usable + pad_y
+        ax = fig.add_axes((left, bottom, w / 24 - 2 * pad_x, h / rows * usable - 2 * pad_y))
+        _draw(ax, p, series_of(p, db, times), times)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80, facecolor=fig.get_facecolor())
+    plt.close(fig)
+
+
+def _draw(ax: Any, p: Panel, series: dict[str, list[float]], times: list[float]) -> None:
+    ax.set_facecolor("#181b1f")
+    for spine in ax.spines.values():
+        spine.set_color("#2c3235")
+    ax.set_title(p.title, color="#ccccdc", fontsize=10, loc="left")
+    ax.tick_params(colors="#9fa7b3", labelsize=7)
+    if p.kind == "stat":
+        values = next(iter(series.values()), [])
+        last = next((v for v in reversed(values) if not math.isnan(v)), math.nan)
+        colour = "#ccccdc"
+        for start, name in p.thresholds:
+            if not math.isnan(last) and last >= start:
+                colour = GRAFANA_COLOURS.get(name, name)
+        ax.fill_between(times, values, color=colour, alpha=0.15, step=None)
+        ax.text(0.5, 0.5, "No data" if math.isnan(last) else f"{last:g}", color=colour,
+                fontsize=40, ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    for i, (name, values) in enumerate(series.items()):
+        ax.plot(times, values, color=PALETTE[i % len(PALETTE)], linewidth=1.3, label=name)
+    if not series:
+        ax.text(0.5, 0.5, "No data", color="#9fa7b3", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set_xlim(times[0], times[-1])
+    ax.set_ylim(bottom=0)
+    ax.grid(color="#2c3235", linewidth=0.6)
+    ax.set_xlabel("seconds into the run", color="#9fa7b3", fontsize=7)
+    if UNITS[p.unit]:
+        ax.set_ylabel(UNITS[p.unit], color="#9fa7b3", fontsize=7)
+    if series:
+        ax.legend(loc="upper left", fontsize=7, ncol=min(4, len(series)), frameon=False,
+                  labelcolor="#ccccdc")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dashboard", type=Path, default=DASHBOARD)
+    ap.add_argument("--scrapes", type=Path, default=SCRAPES, help="scrape file (.gz: gzipped)")
+    ap.add_argument("--interval", type=float, default=2.0,
+                    help="the scrapes' interval, seconds: the evaluation step")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    raw = args.scrapes.read_bytes()
+    text = (gzip.decompress(raw) if args.scrapes.suffix == ".gz" else raw).decode()
+    render(json.loads(args.dashboard.read_text()), text, args.out, args.interval)
+    sys.stdout.write(f"{args.out}: {args.out.stat().st_size} bytes\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
