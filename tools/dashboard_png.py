@@ -122,11 +122,18 @@ PALETTE = ["#7eb26d", "#eab839", "#6ed0e0", "#ef843c", "#e24d42", "#1f78c1", "#b
            "#705da0", "#508642", "#cca300"]  # Grafana's classic palette
 
 
+WIDTH_IN, ROW_IN, HEADER_IN = 16.0, 0.3, 0.35  # Grafana: 24 columns, rows of 30 px
+GAP_IN = 0.05  # between panels
+# inside a panel: the title above the plot, tick labels left and below, the legend below
+TITLE_IN, LEFT_IN, RIGHT_IN, TICKS_IN, LEGEND_ROW_IN = 0.3, 0.55, 0.15, 0.25, 0.17
+
+
 def render(dashboard: dict[str, Any], scrape_text: str, out: Path, interval: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
     scrapes = parse_scrapes(scrape_text)
     if not scrapes:
@@ -138,37 +145,55 @@ def render(dashboard: dict[str, Any], scrape_text: str, out: Path, interval: flo
                  "__rate_interval": f"{round(RATE_INTERVALS * interval)}s"}
     panels = load_panels(dashboard, variables)
     db = TimeSeriesDB(scrapes)
-    end = scrapes[-1].t
-    times = [i * interval for i in range(int(end / interval) + 1)]
+    times = [i * interval for i in range(int(scrapes[-1].t / interval) + 1)]
 
     rows = max(p.grid[1] + p.grid[3] for p in panels)
-    width_in, row_in = 16.0, 0.3
-    fig = plt.figure(figsize=(width_in, rows * row_in + 0.6), facecolor="#111217")
-    fig.text(0.01, 1 - 0.25 / (rows * row_in + 0.6),
+    height_in = HEADER_IN + rows * ROW_IN
+    fig = plt.figure(figsize=(WIDTH_IN, height_in), facecolor="#111217")
+    fig.text(0.1 / WIDTH_IN, 1 - HEADER_IN / 2 / height_in,
              f"{dashboard.get('title', '')}   namespace = {variables['namespace']}   "
-             f"(drawn from {len(scrapes)} scrapes of a real run, every {interval:g} s; "
-             f"$__rate_interval = {variables['__rate_interval']}; not a Grafana screenshot)",
-             color="#ccccdc", fontsize=10, va="center")
-    top = 0.5 / (rows * row_in + 0.6)
-    usable = 1 - top
+             f"(not a Grafana screenshot: the dashboard's panels drawn by tools/dashboard_png.py "
+             f"from {len(scrapes)} scrapes of a real run, every {interval:g} s; x: seconds "
+             f"into the run; $__rate_interval = {variables['__rate_interval']})",
+             color="#ccccdc", fontsize=9, va="center")
+
+    def box(x_in: float, top_in: float, w_in: float, h_in: float,
+            ) -> tuple[float, float, float, float]:
+        """Figure coordinates of a rectangle given in inches from the top-left corner."""
+        return (x_in / WIDTH_IN, 1 - (top_in + h_in) / height_in, w_in / WIDTH_IN,
+                h_in / height_in)
+
     for p in panels:
         x, y, w, h = p.grid
-        pad_x, pad_y = 0.006, 0.012
-        left = x / 24 + pad_x
-        bottom = 1 - top - (y + h) / rows * usable + pad_y
-        ax = fig.add_axes((left, bottom, w / 24 - 2 * pad_x, h / rows * usable - 2 * pad_y))
-        _draw(ax, p, series_of(p, db, times), times)
+        cx, cy = x * WIDTH_IN / 24 + GAP_IN, HEADER_IN + y * ROW_IN + GAP_IN
+        cw, ch = w * WIDTH_IN / 24 - 2 * GAP_IN, h * ROW_IN - 2 * GAP_IN
+        fig.patches.append(Rectangle(box(cx, cy, cw, ch)[:2], cw / WIDTH_IN, ch / height_in,
+                                     transform=fig.transFigure, facecolor="#181b1f",
+                                     edgecolor="#2c3235", linewidth=0.8, zorder=-1))
+        fig.text((cx + 0.1) / WIDTH_IN, 1 - (cy + TITLE_IN / 2) / height_in, p.title,
+                 color="#ccccdc", fontsize=9.5, va="center", weight="bold")
+        series = series_of(p, db, times)
+        if p.kind == "stat":
+            ax = fig.add_axes(box(cx + 0.1, cy + TITLE_IN, cw - 0.2, ch - TITLE_IN - 0.1))
+        else:
+            legend_rows = math.ceil(len(series) / LEGEND_COLUMNS) if series else 0
+            bottom = TICKS_IN + legend_rows * LEGEND_ROW_IN + 0.05
+            ax = fig.add_axes(box(cx + LEFT_IN, cy + TITLE_IN, cw - LEFT_IN - RIGHT_IN,
+                                  ch - TITLE_IN - bottom))
+        _draw(ax, p, series, times)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80, facecolor=fig.get_facecolor())
     plt.close(fig)
 
 
+LEGEND_COLUMNS = 4
+
+
 def _draw(ax: Any, p: Panel, series: dict[str, list[float]], times: list[float]) -> None:
     ax.set_facecolor("#181b1f")
     for spine in ax.spines.values():
-        spine.set_color("#2c3235")
-    ax.set_title(p.title, color="#ccccdc", fontsize=10, loc="left")
-    ax.tick_params(colors="#9fa7b3", labelsize=7)
+        spine.set_visible(False)
+    ax.tick_params(colors="#9fa7b3", labelsize=7, length=0)
     if p.kind == "stat":
         values = next(iter(series.values()), [])
         last = next((v for v in reversed(values) if not math.isnan(v)), math.nan)
@@ -176,26 +201,32 @@ def _draw(ax: Any, p: Panel, series: dict[str, list[float]], times: list[float])
         for start, name in p.thresholds:
             if not math.isnan(last) and last >= start:
                 colour = GRAFANA_COLOURS.get(name, name)
-        ax.fill_between(times, values, color=colour, alpha=0.15, step=None)
+        ax.fill_between(times, [0 if math.isnan(v) else v for v in values], color=colour,
+                        alpha=0.15, linewidth=0)
         ax.text(0.5, 0.5, "No data" if math.isnan(last) else f"{last:g}", color=colour,
                 fontsize=40, ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlim(times[0], times[-1])
+        ax.set_ylim(0, max([v for v in values if not math.isnan(v)], default=1) * 1.05)
         ax.set_xticks([])
         ax.set_yticks([])
         return
+    top = 0.0
     for i, (name, values) in enumerate(series.items()):
         ax.plot(times, values, color=PALETTE[i % len(PALETTE)], linewidth=1.3, label=name)
+        top = max([top, *(v for v in values if not math.isnan(v))])
     if not series:
         ax.text(0.5, 0.5, "No data", color="#9fa7b3", ha="center", va="center",
                 transform=ax.transAxes)
     ax.set_xlim(times[0], times[-1])
-    ax.set_ylim(bottom=0)
+    top = top or 1.0
+    ax.set_ylim(-0.03 * top, top * 1.08)  # a series at 0 stays visible above the axis
     ax.grid(color="#2c3235", linewidth=0.6)
-    ax.set_xlabel("seconds into the run", color="#9fa7b3", fontsize=7)
     if UNITS[p.unit]:
         ax.set_ylabel(UNITS[p.unit], color="#9fa7b3", fontsize=7)
     if series:
-        ax.legend(loc="upper left", fontsize=7, ncol=min(4, len(series)), frameon=False,
-                  labelcolor="#ccccdc")
+        ax.legend(loc="upper left", bbox_to_anchor=(0, -0.1 if len(series) else 0),
+                  fontsize=7, ncol=LEGEND_COLUMNS, frameon=False, labelcolor="#ccccdc",
+                  borderaxespad=0, handlelength=1.5)
 
 
 def main(argv: list[str] | None = None) -> int:
