@@ -347,10 +347,12 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
             merged[-1] = (bound, merged[-1][1] + count)
         else:
             merged.append((bound, count))
-    # counts that go down (float error of rates summed): forced up to the previous bucket's
+    # ensureMonotonicAndIgnoreSmallDeltas: a count below the previous bucket's, or within
+    # 1e-12 of it (float error of rates summed), is taken as the previous one
     for i in range(1, len(merged)):
-        if merged[i][1] < merged[i - 1][1]:
-            merged[i] = (merged[i][0], merged[i - 1][1])
+        prev = merged[i - 1][1]
+        if merged[i][1] < prev or math.isclose(merged[i][1], prev, rel_tol=1e-12):
+            merged[i] = (merged[i][0], prev)
     if len(merged) < 2 or merged[-1][1] == 0:
         return math.nan
     rank = q * merged[-1][1]

@@ -55,6 +55,9 @@ def test_rate_extrapolation_stops_at_zero_and_at_half_a_spacing() -> None:
     # by half the spacing, 1 s, but a counter at 1 rising 4 per 2 s was 0 only 0.5 s earlier:
     # (4 / 2 s) x 2.5 s = 5 over the 8 s range
     assert extrapolated_rate([(6.0, 1.0), (8.0, 5.0)], 0.0, 8.0) == pytest.approx(5 / 8)
+    # the half spacing first, then the zero point (Prometheus 3's order): a counter at 3
+    # rising 4 per 2 s was 0 1.5 s before, further than the 1 s: (4 / 2 s) x 3 s over 8 s
+    assert extrapolated_rate([(6.0, 3.0), (8.0, 7.0)], 0.0, 8.0) == pytest.approx(6 / 8)
     # a last sample 4 s before the end: extrapolated by 1 s; a first one far from 0: by 1 s
     assert extrapolated_rate([(0.5, 100.0), (2.5, 104.0), (4.5, 108.0)], 0.0, 8.5) == \
         pytest.approx(8 * (4 + 0.5 + 1) / 4 / 8.5)
@@ -68,6 +71,9 @@ def test_histogram_quantile_interpolates_within_a_bucket() -> None:
     assert bucket_quantile(0.5, buckets) == pytest.approx(0.1 + 0.4 * (5 - 2) / 4)  # 0.4
     assert bucket_quantile(0.1, buckets) == pytest.approx(0.05)  # rank 1 of the first 2
     assert bucket_quantile(0.99, buckets) == 1.0  # rank 9.9 is in +Inf: the highest bound
+    # a count that goes down is the previous bucket's (3, not 2): rank 3.5 of 4 is then the
+    # half of the one observation in (2, 3], 2.5 (2.75 if 2 were taken)
+    assert bucket_quantile(0.875, [(1.0, 3.0), (2.0, 2.0), (3.0, 4.0), (math.inf, 4.0)]) == 2.5
     assert math.isnan(bucket_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]))  # no observation
     assert math.isnan(bucket_quantile(0.5, [(0.1, 1.0), (1.0, 2.0)]))  # no +Inf bucket
 
