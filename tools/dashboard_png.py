@@ -46,7 +46,9 @@ DASHBOARD = ROOT / "helm" / "datalane" / "dashboards" / "datalane-operator.json"
 SCRAPES = ROOT / "tests" / "data" / "operator-dashboard.scrapes.gz"
 OUT = ROOT / "docs" / "operator-dashboard.png"
 UNITS = {"s": "seconds", "ops": "ops/s", "reqps": "requests/s", "none": ""}
-RATE_INTERVALS = 4  # Grafana: $__rate_interval is at least 4 scrape intervals
+# Grafana: $__rate_interval = max($__interval + scrape interval, 4 x scrape interval); with the
+# step ($__interval) one scrape interval, as here, that is 4 of them
+RATE_INTERVALS = 4
 
 
 @dataclass
@@ -237,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the scrapes' interval, seconds: the evaluation step")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
+    if not (math.isfinite(args.interval) and args.interval > 0):
+        ap.error(f"--interval {args.interval!r} is not a positive number of seconds")
     raw = args.scrapes.read_bytes()
     text = (gzip.decompress(raw) if args.scrapes.suffix == ".gz" else raw).decode()
     render(json.loads(args.dashboard.read_text()), text, args.out, args.interval)
