@@ -17,24 +17,80 @@ Written by hand, small: prometheus_client is a dependency of the sidecar, not th
   recipe-edit guard), each ``ok``, ``error``, ``timeout`` or ``denied`` (not touched: the
   cluster policy or a missing Secret);
 * ``datalane_operator_leader``: 1 while this replica is the leader, else 0.
+
+Every label set of the counters' vocabularies (:class:`Outcome`, :class:`Verdict` by webhook
+id in :data:`~datalane_operator.names.WEBHOOKS`, :class:`StoreKind` by :class:`StoreOutcome`)
+is exported from the start, at 0, as Prometheus' instrumentation guide asks: ``rate`` and
+``increase`` see a count only as a rise between two samples, so a series that first appears
+at 1 (the first refusal, say) would show nothing, and an alert on denials would miss it. The
+webhook label ``unknown`` appears only once counted: it is for made-up paths. The counting
+code and this initialisation name the same enums, so they cannot drift; a value outside them
+(which the types refuse) is still counted, in a series of its own: a metric must never fail
+the review or reconcile it counts.
 """
 
 from __future__ import annotations
 
 import bisect
+import enum
+import itertools
 import math
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from datalane_operator.names import WEBHOOKS
 
-__all__ = ["BUCKETS", "Histogram", "Metrics", "parse_endpoint", "start_server"]
+__all__ = ["BUCKETS", "Histogram", "Metrics", "Outcome", "StoreKind", "StoreOutcome", "Verdict",
+           "parse_endpoint", "start_server"]
+
+
+class Outcome(enum.StrEnum):
+    """How a reconcile ended (``reconciles_total{outcome}``)."""
+
+    OK = "ok"
+    ERROR = "error"
+
+
+class Verdict(enum.StrEnum):
+    """The answer to an admission review (``admissions_total{verdict}``)."""
+
+    ALLOWED = "allowed"
+    DENIED = "denied"
+    ERROR = "error"
+    """kopf's webhook function raised: no answer."""
+
+
+class StoreKind(enum.StrEnum):
+    """What an operation on a checkpoint store was (``store_operations_total{kind}``)."""
+
+    LOOK = "look"
+    """List and garbage-collect (the leader, every ``--storage-interval``)."""
+    PROGRESS = "progress"
+    """The newest committed step (the admission of a recipe edit)."""
+
+
+class StoreOutcome(enum.StrEnum):
+    """How an operation on a checkpoint store ended (``store_operations_total{outcome}``)."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    DENIED = "denied"
+    """Not touched: the cluster policy or a missing Secret."""
+
 
 # seconds: admission answers from memory in milliseconds; the webhooks time out at 5-10 s
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PREFIX = "datalane_operator_"
 Labels = tuple[tuple[str, str], ...]
+
+
+def _zeros(**vocabularies: Iterable[str]) -> dict[Labels, int]:
+    """Every combination of the label values, in the order given, at 0."""
+    names = list(vocabularies)
+    return {tuple((n, str(v)) for n, v in zip(names, values, strict=True)): 0
+            for values in itertools.product(*vocabularies.values())}
 
 
 def _labels(labels: Labels, extra: str = "") -> str:
@@ -82,32 +138,33 @@ class Metrics:
     """The counters and histograms of one operator process."""
 
     def __init__(self) -> None:
-        self.reconciles: dict[Labels, int] = {}
+        # every known label set from 0 (the module's docstring says why)
+        self.reconciles = _zeros(outcome=Outcome)
         self.reconcile_seconds = Histogram()
-        self.admissions: dict[Labels, int] = {}
+        self.admissions = _zeros(webhook=WEBHOOKS, verdict=Verdict)
         self.webhook_seconds: dict[Labels, Histogram] = {}
-        self.store_operations: dict[Labels, int] = {}
+        self.store_operations = _zeros(kind=StoreKind, outcome=StoreOutcome)
 
-    def reconciled(self, outcome: str, seconds: float) -> None:
-        key = (("outcome", outcome),)
+    def reconciled(self, outcome: Outcome, seconds: float) -> None:
+        key = (("outcome", str(outcome)),)
         self.reconciles[key] = self.reconciles.get(key, 0) + 1
         self.reconcile_seconds.observe(seconds)
 
-    def reviewed(self, webhook: str, verdict: str, seconds: float) -> None:
+    def reviewed(self, webhook: str, verdict: Verdict, seconds: float) -> None:
         # kopf's webhook server hands any request path over as the webhook's id: made-up
         # paths share one label, so that they cannot grow the label set without bound
         webhook = webhook if webhook in WEBHOOKS else "unknown"
-        key = (("webhook", webhook), ("verdict", verdict))
+        key = (("webhook", webhook), ("verdict", str(verdict)))
         self.admissions[key] = self.admissions.get(key, 0) + 1
         self.webhook_seconds.setdefault((("webhook", webhook),), Histogram()).observe(seconds)
 
-    def stored(self, kind: str, outcome: str) -> None:
-        key = (("kind", kind), ("outcome", outcome))
+    def stored(self, kind: StoreKind, outcome: StoreOutcome) -> None:
+        key = (("kind", str(kind)), ("outcome", str(outcome)))
         self.store_operations[key] = self.store_operations.get(key, 0) + 1
 
     def render(self, leading: bool) -> str:
-        """Every metric in the text format; counters without a sample yet are listed with
-        their HELP and TYPE only."""
+        """Every metric in the text format: each counter's known label sets (0 until
+        counted) and any other counted, sorted; a webhook histogram once it has a sample."""
         out: list[str] = []
 
         def family(name: str, kind: str, doc: str) -> str:

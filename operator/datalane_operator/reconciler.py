@@ -36,6 +36,7 @@ from datalane_operator.kube import (
     SecretForbidden,
     status_patch,
 )
+from datalane_operator.metrics import StoreKind, StoreOutcome
 from datalane_operator.names import LABEL_PIPELINE
 from datalane_operator.pipeline import Pipeline, load_pipeline
 from datalane_operator.recipemap import collect, configmap_body, configmap_name
@@ -85,23 +86,23 @@ async def look_at_store(rt: Runtime, pipeline: Pipeline) -> Listing:
     ckpt = pipeline.spec.checkpoint
     view = await _store_view(rt, pipeline)
     if isinstance(view, str):
-        rt.metrics.stored("look", "denied")
+        rt.metrics.stored(StoreKind.LOOK, StoreOutcome.DENIED)
         return Listing(ckpt.uri, error=view, denied=True)
 
     def listing() -> Listing:
         return view.look(ckpt.keep)
 
-    outcome = "error"
+    outcome = StoreOutcome.ERROR
     try:
         found = await asyncio.wait_for(asyncio.wrap_future(rt.store_calls.submit(listing)),
                                        rt.config.storage_timeout)
-        outcome = "ok" if found.ok else "error"
+        outcome = StoreOutcome.OK if found.ok else StoreOutcome.ERROR
         return found
     except TimeoutError:
-        outcome = "timeout"
+        outcome = StoreOutcome.TIMEOUT
         return Listing(ckpt.uri, error=f"no answer within {rt.config.storage_timeout:.0f} s")
     finally:
-        rt.metrics.stored("look", outcome)
+        rt.metrics.stored(StoreKind.LOOK, outcome)
 
 
 async def store_progress(rt: Runtime, body: Mapping[str, Any]) -> Progress:
@@ -116,19 +117,19 @@ async def store_progress(rt: Runtime, body: Mapping[str, Any]) -> Progress:
         return Progress(uri, error=f"the stored DataPipeline does not load: {e}")
     view = await _store_view(rt, pipeline)
     if isinstance(view, str):
-        rt.metrics.stored("progress", "denied")
+        rt.metrics.stored(StoreKind.PROGRESS, StoreOutcome.DENIED)
         return Progress(uri, error=view)
     timeout = min(rt.config.storage_timeout, _ADMISSION_STORE_TIMEOUT)
-    outcome = "error"
+    outcome = StoreOutcome.ERROR
     try:
         step, error = await asyncio.wait_for(
             asyncio.wrap_future(rt.store_calls.submit(view.newest)), timeout)
-        outcome = "error" if error else "ok"
+        outcome = StoreOutcome.ERROR if error else StoreOutcome.OK
     except TimeoutError:
-        outcome = "timeout"
+        outcome = StoreOutcome.TIMEOUT
         return Progress(uri, error=f"no answer within {timeout:.0f} s")
     finally:
-        rt.metrics.stored("progress", outcome)
+        rt.metrics.stored(StoreKind.PROGRESS, outcome)
     return Progress(uri, step, error or None)
 
 

@@ -33,7 +33,7 @@ from datalane_operator import reconciler
 from datalane_operator.coalescer import Coalescer
 from datalane_operator.kube import Kube
 from datalane_operator.leader import LeaderElector, LeaseConfig
-from datalane_operator.metrics import Metrics, start_server
+from datalane_operator.metrics import Metrics, Outcome, Verdict, start_server
 from datalane_operator.policy import Policy
 from datalane_operator.recipemap import RECIPE_GRACE_S
 from datalane_operator.stats import Latencies
@@ -128,7 +128,7 @@ class Runtime:
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return (self.loop or asyncio.get_running_loop()).create_task(coro)
 
-    def reviewed(self, webhook: str, seconds: float, verdict: str) -> None:
+    def reviewed(self, webhook: str, seconds: float, verdict: Verdict) -> None:
         """An admission review was answered (:class:`~datalane_operator.webhooks.
         TimedWebhookServer`)."""
         self.admission.add(seconds)
@@ -148,7 +148,7 @@ class Runtime:
             log.error("reconcile of %s/%s failed; the next event or storage look retries",
                       *key, exc_info=error)
         self.reconcile_latency.add(seconds)
-        self.metrics.reconciled("ok" if error is None else "error", seconds)
+        self.metrics.reconciled(Outcome.OK if error is None else Outcome.ERROR, seconds)
 
     def look(self, key: Key) -> None:
         """List (and garbage-collect) the checkpoint store of ``key`` in the background, then

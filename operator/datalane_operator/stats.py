@@ -13,6 +13,8 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from datalane_operator.metrics import Verdict
+
 __all__ = ["Latencies", "timed", "verdict_of"]
 
 
@@ -44,13 +46,14 @@ class Latencies:
         return out
 
 
-def verdict_of(response: Any) -> str:
+def verdict_of(response: Any) -> Verdict:
     """``allowed`` or ``denied``, from an AdmissionReview response."""
     answer = response.get("response") if isinstance(response, dict) else None
-    return "allowed" if isinstance(answer, dict) and answer.get("allowed") else "denied"
+    allowed = isinstance(answer, dict) and answer.get("allowed")
+    return Verdict.ALLOWED if allowed else Verdict.DENIED
 
 
-Record = Callable[[str, float, str], None]  # (webhook, seconds, verdict)
+Record = Callable[[str, float, Verdict], None]  # (webhook, seconds, verdict)
 
 
 def timed(fn: Any, clock: Callable[[], float], record: Record) -> Any:
@@ -65,7 +68,7 @@ def timed(fn: Any, clock: Callable[[], float], record: Record) -> Any:
                      headers: dict[str, str] | None = None,
                      sslpeer: dict[str, Any] | None = None) -> Any:
         t0 = clock()
-        verdict = "error"
+        verdict = Verdict.ERROR
         try:
             payload = request.get("request") or {}
             ns = payload.get("namespace")
