@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
-from datalane_operator.metrics import Histogram, Metrics
+from datalane_operator.metrics import Histogram, Metrics, Outcome
 
 from tests.support.paths import REPO
 from tools import dashboard_png
@@ -101,9 +101,9 @@ def test_sum_and_sum_by_over_two_replicas() -> None:
     def scrape(t: float, pod: str, ok: int, error: int, up: bool = True) -> str:
         m = Metrics()
         for _ in range(ok):
-            m.reconciled("ok", 0.01)
+            m.reconciled(Outcome.OK, 0.01)
         for _ in range(error):
-            m.reconciled("error", 0.01)
+            m.reconciled(Outcome.ERROR, 0.01)
         return f"# scrape t={t:g} up={int(up)} namespace=n pod={pod}\n" + m.render(pod == "a")
 
     text = (scrape(0, "a", 2, 1) + scrape(0, "b", 1, 0) + scrape(4, "a", 10, 5)
@@ -114,7 +114,7 @@ def test_sum_and_sum_by_over_two_replicas() -> None:
     assert at(f"sum by (outcome) ({rate})", db, 4.0) == {}
     # over (-4, 4]: a's ok 2 -> 10 in 4 s, extrapolated towards the window's start, but only
     # to where it was 0 (1 s before): 8 x 5/4 over 8 s = 1.25/s; a's error 1 -> 5 and b's ok
-    # 1 -> 5 likewise: 4 x 5/4 / 8 = 0.625/s; b has no error series (never counted)
+    # 1 -> 5 likewise: 4 x 5/4 / 8 = 0.625/s; b's error stays 0 (a series from the start)
     rate8 = rate.replace("[4s]", "[8s]")
     assert at(f"sum by (outcome) ({rate8})", db, 4.0) == {
         (("outcome", "ok"),): pytest.approx(1.25 + 0.625),

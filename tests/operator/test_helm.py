@@ -376,13 +376,13 @@ def test_metrics_are_served_and_monitoring_is_off_by_default() -> None:
 
 def exported_series() -> set[str]:
     """Every series name the operator's metrics have, with one sample of each."""
-    from datalane_operator.metrics import Metrics
+    from datalane_operator.metrics import Metrics, Outcome, StoreKind, StoreOutcome, Verdict
     from prometheus_client.parser import text_string_to_metric_families
 
     m = Metrics()
-    m.reconciled("ok", 0.1)
-    m.reviewed("inject-sidecar", "allowed", 0.01)
-    m.stored("look", "ok")
+    m.reconciled(Outcome.OK, 0.1)
+    m.reviewed("inject-sidecar", Verdict.ALLOWED, 0.01)
+    m.stored(StoreKind.LOOK, StoreOutcome.OK)
     return {s.name for f in text_string_to_metric_families(m.render(leading=True))
             for s in f.samples}
 

@@ -1,10 +1,12 @@
 """The operator's Prometheus metrics: hand-worked counts and buckets in the text
-format, read back by prometheus_client's parser, and served over real HTTP from the counts
-that real reviews, reconciles and looks at a real store on disk make."""
+format, read back by prometheus_client's parser, every known label set exported from 0, and
+served over real HTTP from the counts that real reviews, reconciles and looks at a real store
+on disk make."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import socket
 from pathlib import Path
@@ -13,7 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 from datalane_operator.cli import main as operator_main
-from datalane_operator.metrics import Metrics
+from datalane_operator.metrics import Metrics, Outcome, StoreKind, StoreOutcome, Verdict
+from datalane_operator.names import WEBHOOKS
 from datalane_operator.pipeline import load_pipeline
 from datalane_operator.policy import Policy
 from datalane_operator.reconciler import look_at_store, store_progress
@@ -26,6 +29,11 @@ from tests.store.support import commit_steps
 
 from .builders import dp
 
+# the vocabularies as docs/operator.md lists them: the enums must say the same
+OUTCOMES = {"ok", "error"}
+VERDICTS = {"allowed", "denied", "error"}
+STORE_KINDS = {"look", "progress"}
+STORE_OUTCOMES = {"ok", "error", "timeout", "denied"}
 EMPTY_BUCKETS = ["0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0",
                  "10.0", "+Inf"]
 
@@ -39,19 +47,31 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
+def counter(name: str, label_names: tuple[str, str] | tuple[str],
+            vocabularies: tuple[set[str], ...], counted: dict[tuple[str, ...], int]) -> list[str]:
+    """The sample lines of a counter: every combination of the vocabularies, sorted, at
+    its ``counted`` value (hand-worked), else 0."""
+    assert set(counted) <= set(itertools.product(*vocabularies))
+    out = []
+    for values in itertools.product(*(sorted(v) for v in vocabularies)):
+        labels = ",".join(f'{k}="{v}"' for k, v in zip(label_names, values, strict=True))
+        out.append(f"{name}{{{labels}}} {counted.get(values, 0)}")
+    return out
+
+
 def test_hand_worked_counts_and_buckets() -> None:
     m = Metrics()
-    m.reconciled("ok", 0.25)       # on a bound: le="0.25" counts it (less or equal)
-    m.reconciled("ok", 3.0)
-    m.reconciled("error", 2 ** -7)  # 0.0078125
-    m.reviewed("inject-sidecar", "allowed", 2 ** -10)
-    m.reviewed("inject-sidecar", "allowed", 0.5)
-    m.reviewed("inject-sidecar", "denied", 0.0625)
-    m.reviewed("validate-datapipeline", "error", 12.0)  # past every bound: +Inf only
-    m.stored("look", "ok")
-    m.stored("look", "ok")
-    m.stored("look", "denied")
-    m.stored("progress", "timeout")
+    m.reconciled(Outcome.OK, 0.25)       # on a bound: le="0.25" counts it (less or equal)
+    m.reconciled(Outcome.OK, 3.0)
+    m.reconciled(Outcome.ERROR, 2 ** -7)  # 0.0078125
+    m.reviewed("inject-sidecar", Verdict.ALLOWED, 2 ** -10)
+    m.reviewed("inject-sidecar", Verdict.ALLOWED, 0.5)
+    m.reviewed("inject-sidecar", Verdict.DENIED, 0.0625)
+    m.reviewed("validate-datapipeline", Verdict.ERROR, 12.0)  # past every bound: +Inf only
+    m.stored(StoreKind.LOOK, StoreOutcome.OK)
+    m.stored(StoreKind.LOOK, StoreOutcome.OK)
+    m.stored(StoreKind.LOOK, StoreOutcome.DENIED)
+    m.stored(StoreKind.PROGRESS, StoreOutcome.TIMEOUT)
 
     def hist(name: str, labels: str, cumulative: list[int], total: str) -> list[str]:
         sep = "," if labels else ""
@@ -65,8 +85,8 @@ def test_hand_worked_counts_and_buckets() -> None:
     expected = [
         f"# HELP {p}reconciles_total Finished reconciles of DataPipelines, by outcome.",
         f"# TYPE {p}reconciles_total counter",
-        f'{p}reconciles_total{{outcome="error"}} 1',
-        f'{p}reconciles_total{{outcome="ok"}} 2',
+        *counter(f"{p}reconciles_total", ("outcome",), (OUTCOMES,),
+                 {("error",): 1, ("ok",): 2}),
         f"# HELP {p}reconcile_duration_seconds Duration of reconciles.",
         f"# TYPE {p}reconcile_duration_seconds histogram",
         #    0.005 .01 .025 .05 .1 .25 .5 1 2.5 5 10 +Inf
@@ -74,9 +94,9 @@ def test_hand_worked_counts_and_buckets() -> None:
               [0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3], "3.2578125"),
         f"# HELP {p}admissions_total Admission reviews answered, by webhook and verdict.",
         f"# TYPE {p}admissions_total counter",
-        f'{p}admissions_total{{webhook="inject-sidecar",verdict="allowed"}} 2',
-        f'{p}admissions_total{{webhook="inject-sidecar",verdict="denied"}} 1',
-        f'{p}admissions_total{{webhook="validate-datapipeline",verdict="error"}} 1',
+        *counter(f"{p}admissions_total", ("webhook", "verdict"), (set(WEBHOOKS), VERDICTS),
+                 {("inject-sidecar", "allowed"): 2, ("inject-sidecar", "denied"): 1,
+                  ("validate-datapipeline", "error"): 1}),
         f"# HELP {p}webhook_duration_seconds Time to answer an admission review, by webhook.",
         f"# TYPE {p}webhook_duration_seconds histogram",
         *hist(f"{p}webhook_duration_seconds", 'webhook="inject-sidecar"',
@@ -86,9 +106,9 @@ def test_hand_worked_counts_and_buckets() -> None:
         f"# HELP {p}store_operations_total Operations on checkpoint stores, by kind (look, "
         f"progress) and outcome.",
         f"# TYPE {p}store_operations_total counter",
-        f'{p}store_operations_total{{kind="look",outcome="denied"}} 1',
-        f'{p}store_operations_total{{kind="look",outcome="ok"}} 2',
-        f'{p}store_operations_total{{kind="progress",outcome="timeout"}} 1',
+        *counter(f"{p}store_operations_total", ("kind", "outcome"),
+                 (STORE_KINDS, STORE_OUTCOMES),
+                 {("look", "denied"): 1, ("look", "ok"): 2, ("progress", "timeout"): 1}),
         f"# HELP {p}leader 1 while this replica is the leader (it reconciles).",
         f"# TYPE {p}leader gauge",
         f"{p}leader 1",
@@ -100,16 +120,61 @@ def test_hand_worked_counts_and_buckets() -> None:
     assert got[(f"{p}leader", ())] == 0
     assert got[(f"{p}webhook_duration_seconds_count", (("webhook", "inject-sidecar"),))] == 3
     assert got[(f"{p}reconciles_total", (("outcome", "ok"),))] == 2
+    assert got[(f"{p}admissions_total",
+                (("verdict", "denied"), ("webhook", "validate-pytorchjob-scale")))] == 0
+
+
+def test_a_fresh_operator_exports_every_known_label_set_at_0() -> None:
+    """So that ``rate`` sees a first count as a rise from 0 (a series that appears at 1 has
+    no earlier sample to rise from): every outcome, every webhook x verdict, every store kind
+    x outcome - but not the ``unknown`` webhook of made-up paths, never requested yet."""
+    assert {str(v) for v in Outcome} == OUTCOMES and {str(v) for v in Verdict} == VERDICTS
+    assert {str(v) for v in StoreKind} == STORE_KINDS
+    assert {str(v) for v in StoreOutcome} == STORE_OUTCOMES
+    assert len(WEBHOOKS) == 6
+    got = samples(Metrics().render(leading=False))
+    p = "datalane_operator_"
+
+    def series(name: str) -> dict[tuple[str, ...], float]:
+        return {tuple(v for _, v in labels): value for (n, labels), value in got.items()
+                if n == p + name}
+
+    assert series("reconciles_total") == {(o,): 0 for o in OUTCOMES}
+    # parsed labels come sorted by name: (verdict, webhook), (kind, outcome)
+    assert series("admissions_total") == {(v, w): 0 for v in VERDICTS for w in WEBHOOKS}
+    assert len(series("admissions_total")) == 18
+    assert series("store_operations_total") == {(k, o): 0 for k in STORE_KINDS
+                                                for o in STORE_OUTCOMES}
+    assert not series("webhook_duration_seconds_count")  # a histogram: from its first review
+    m = Metrics()
+    m.reviewed("no-such-webhook", Verdict.ALLOWED, 0.001)
+    assert samples(m.render(leading=False))[
+        (f"{p}admissions_total", (("verdict", "allowed"), ("webhook", "unknown")))] == 1
+
+
+def test_a_value_outside_the_vocabulary_is_still_counted() -> None:
+    """The types refuse it (mypy); at run time it gets a series of its own rather than an
+    exception, which would fail the review or the store look being counted."""
+    m = Metrics()
+    m.reviewed("inject-sidecar", "maybe", 0.001)  # type: ignore[arg-type]
+    m.stored(StoreKind.LOOK, "lost")  # type: ignore[arg-type]
+    got = samples(m.render(leading=False))
+    p = "datalane_operator_"
+    assert got[(f"{p}admissions_total", (("verdict", "maybe"), ("webhook", "inject-sidecar")))] == 1
+    assert got[(f"{p}store_operations_total", (("kind", "look"), ("outcome", "lost")))] == 1
+    assert got[(f"{p}store_operations_total", (("kind", "look"), ("outcome", "ok")))] == 0
 
 
 def test_requests_to_made_up_paths_share_one_label() -> None:
     """kopf's server passes any path as the webhook id: 1000 made-up ones make one series."""
     m = Metrics()
     for i in range(1000):
-        m.reviewed(f"made-up-{i}", "error", 0.001)
-    m.reviewed("validate-pytorchjob-scale", "allowed", 0.001)
-    assert m.admissions == {(("webhook", "unknown"), ("verdict", "error")): 1000,
-                            (("webhook", "validate-pytorchjob-scale"), ("verdict", "allowed")): 1}
+        m.reviewed(f"made-up-{i}", Verdict.ERROR, 0.001)
+    m.reviewed("validate-pytorchjob-scale", Verdict.ALLOWED, 0.001)
+    assert len(m.admissions) == 6 * 3 + 1
+    counted = {k: n for k, n in m.admissions.items() if n}
+    assert counted == {(("webhook", "unknown"), ("verdict", "error")): 1000,
+                       (("webhook", "validate-pytorchjob-scale"), ("verdict", "allowed")): 1}
     assert sorted(m.webhook_seconds) == [(("webhook", "unknown"),),
                                          (("webhook", "validate-pytorchjob-scale"),)]
 
@@ -183,13 +248,13 @@ def test_served_over_http_from_real_work(tmp_path: Path) -> None:
     assert got[(f"{p}reconciles_total", (("outcome", "error"),))] == 1
     assert got[(f"{p}reconcile_duration_seconds_count", ())] == 2
     admissions = {labels: v for (name, labels), v in got.items()
-                  if name == f"{p}admissions_total"}
+                  if name == f"{p}admissions_total" and v}
     assert admissions == {(("verdict", "allowed"), ("webhook", "inject-sidecar")): 1,
                           (("verdict", "denied"), ("webhook", "inject-sidecar")): 1,
                           (("verdict", "error"), ("webhook", "validate-pytorchjob")): 1}
     assert got[(f"{p}webhook_duration_seconds_count", (("webhook", "inject-sidecar"),))] == 2
     stores = {labels: v for (name, labels), v in got.items()
-              if name == f"{p}store_operations_total"}
+              if name == f"{p}store_operations_total" and v}
     assert stores == {(("kind", "look"), ("outcome", "ok")): 1,
                       (("kind", "look"), ("outcome", "denied")): 1,
                       (("kind", "progress"), ("outcome", "ok")): 1}
