@@ -276,3 +276,14 @@ def test_docs_list_every_metric() -> None:
     listed = {m for m in re.findall(r"^\| `(datalane_operator_\w+)", section, re.M)}
     exported = set(re.findall(r"^# TYPE (\S+) ", Metrics().render(leading=False), re.M))
     assert listed == exported
+
+
+def test_docs_list_every_label_value() -> None:
+    """Each counter's row names every value of its vocabulary (and of the webhook ids)."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
+    section = doc.split("## Operator metrics", 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(1): set(re.findall(r"`([a-z-]+)`", m.group(2)))
+            for m in re.finditer(r"^\| `datalane_operator_(\w+)\{.*?\|(.*)$", section, re.M)}
+    assert OUTCOMES <= rows["reconciles_total"]
+    assert set(WEBHOOKS) | {"unknown"} | VERDICTS <= rows["admissions_total"]
+    assert STORE_KINDS | STORE_OUTCOMES <= rows["store_operations_total"]
