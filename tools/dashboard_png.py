@@ -8,7 +8,10 @@ fails here instead of being drawn wrongly) every ``interval`` seconds, with
 ``$__rate_interval`` as Grafana sets it for that scrape interval (4 of them) and
 ``$namespace`` the scraped namespace. A ``stat`` panel shows its last value, coloured by its
 thresholds, over a sparkline; a ``timeseries`` panel one line per series, named by the target's
-``legendFormat``, in the panel's unit.
+``legendFormat``, in the panel's unit. Its legend, in as many columns as the longest name lets
+fit, names every series, or where that takes more than two rows those that leave 0 in the run
+and counts the others (the operator exports every known label set from 0, so most of its
+webhook x verdict series stay there).
 
     python tools/dashboard_png.py [--scrapes tests/data/operator-dashboard.scrapes.gz] \\
         [--out docs/operator-dashboard.png]
@@ -178,7 +181,8 @@ def render(dashboard: dict[str, Any], scrape_text: str, out: Path, interval: flo
         if p.kind == "stat":
             ax = fig.add_axes(box(cx + 0.1, cy + TITLE_IN, cw - 0.2, ch - TITLE_IN - 0.1))
         else:
-            legend_rows = math.ceil(len(series) / LEGEND_COLUMNS) if series else 0
+            entries, columns = legend_layout(series, cw - LEFT_IN - RIGHT_IN)
+            legend_rows = math.ceil(len(entries) / columns) if entries else 0
             bottom = TICKS_IN + legend_rows * LEGEND_ROW_IN + 0.05
             ax = fig.add_axes(box(cx + LEFT_IN, cy + TITLE_IN, cw - LEFT_IN - RIGHT_IN,
                                   ch - TITLE_IN - bottom))
@@ -188,7 +192,27 @@ def render(dashboard: dict[str, Any], scrape_text: str, out: Path, interval: flo
     plt.close(fig)
 
 
-LEGEND_COLUMNS = 4
+LEGEND_CHAR_IN, LEGEND_HANDLE_IN = 0.055, 0.45  # a character at fontsize 7; line and gap
+LEGEND_MAX_ROWS = 2
+
+
+def legend_layout(series: dict[str, list[float]], width_in: float) -> tuple[list[str], int]:
+    """The legend's entries, and how many columns of the longest fit ``width_in`` (1 to 4).
+    Every series, unless that takes more than two rows: then those that leave 0 somewhere,
+    and ``N more at 0`` for the series that are 0 wherever they have a value."""
+    def columns(entries: list[str]) -> int:
+        longest = max((len(e) for e in entries), default=1)
+        return max(1, min(4, int(width_in / (longest * LEGEND_CHAR_IN + LEGEND_HANDLE_IN))))
+
+    entries = list(series)
+    if math.ceil(len(entries) / columns(entries)) > LEGEND_MAX_ROWS:
+        at_zero = [n for n, vs in series.items()
+                   if all(v == 0 for v in vs if not math.isnan(v))
+                   and not all(math.isnan(v) for v in vs)]
+        entries = [n for n in series if n not in at_zero]
+        if at_zero:
+            entries.append(f"{len(at_zero)} more at 0")
+    return entries, columns(entries)
 
 
 def _draw(ax: Any, p: Panel, series: dict[str, list[float]], times: list[float]) -> None:
@@ -213,9 +237,13 @@ def _draw(ax: Any, p: Panel, series: dict[str, list[float]], times: list[float])
         ax.set_yticks([])
         return
     top = 0.0
+    entries, columns = legend_layout(series, ax.get_position().width * ax.figure.get_figwidth())
     for i, (name, values) in enumerate(series.items()):
-        ax.plot(times, values, color=PALETTE[i % len(PALETTE)], linewidth=1.3, label=name)
+        ax.plot(times, values, color=PALETTE[i % len(PALETTE)], linewidth=1.3,
+                label=name if name in entries else None)
         top = max([top, *(v for v in values if not math.isnan(v))])
+    if len(entries) > sum(name in entries for name in series):  # "N more at 0"
+        ax.plot([], [], color="#9fa7b3", linewidth=1.3, label=entries[-1])
     if not series:
         ax.text(0.5, 0.5, "No data", color="#9fa7b3", ha="center", va="center",
                 transform=ax.transAxes)
@@ -227,7 +255,7 @@ def _draw(ax: Any, p: Panel, series: dict[str, list[float]], times: list[float])
         ax.set_ylabel(UNITS[p.unit], color="#9fa7b3", fontsize=7)
     if series:
         ax.legend(loc="upper left", bbox_to_anchor=(0, -0.1 if len(series) else 0),
-                  fontsize=7, ncol=LEGEND_COLUMNS, frameon=False, labelcolor="#ccccdc",
+                  fontsize=7, ncol=columns, frameon=False, labelcolor="#ccccdc",
                   borderaxespad=0, handlelength=1.5)
 
 

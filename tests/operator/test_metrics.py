@@ -284,6 +284,6 @@ def test_docs_list_every_label_value() -> None:
     section = doc.split("## Operator metrics", 1)[1].split("\n## ", 1)[0]
     rows = {m.group(1): set(re.findall(r"`([a-z-]+)`", m.group(2)))
             for m in re.finditer(r"^\| `datalane_operator_(\w+)\{.*?\|(.*)$", section, re.M)}
-    assert OUTCOMES <= rows["reconciles_total"]
+    assert rows["reconciles_total"] >= OUTCOMES
     assert set(WEBHOOKS) | {"unknown"} | VERDICTS <= rows["admissions_total"]
-    assert STORE_KINDS | STORE_OUTCOMES <= rows["store_operations_total"]
+    assert rows["store_operations_total"] >= STORE_KINDS | STORE_OUTCOMES
