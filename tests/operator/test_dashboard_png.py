@@ -181,9 +181,35 @@ def test_the_committed_scrapes_of_a_real_run_fill_every_panel(tmp_path: Path) ->
     for p in dashboard_png.load_panels(DASHBOARD, variables):
         series = dashboard_png.series_of(p, db, times)
         assert any(v > 0 for vs in series.values() for v in vs if not math.isnan(v)), p.title
+        if p.title == "Admission reviews by webhook and verdict":
+            admissions = series
+    # each refusal shows as a rate (a first count is a rise from the exported 0): the
+    # pipeline refused at 12 and 60 s, the scale to 9 at 32 and 60 s; 1 in the 8 s window
+    # extrapolated (Prometheus' rate) to 0.125-0.167/s while the window holds it
+    for name, refused in (("validate-datapipeline denied", (12, 60)),
+                          ("validate-pytorchjob-scale denied", (32, 60))):
+        rising = [t for t, v in zip(times, admissions[name], strict=True) if v > 0]
+        assert rising and all(any(r < t <= r + 10 for r in refused) for t in rising), name
+        assert all(any(r < t <= r + 10 for t in rising) for r in refused), name
+        assert max(v for v in admissions[name] if v > 0) == pytest.approx(1 / 6, abs=0.01)
     out = tmp_path / "d.png"
     dashboard_png.main(["--out", str(out)])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size < 300_000
     committed = REPO / "docs" / "operator-dashboard.png"
     assert committed.stat().st_size < 300_000
+
+
+def test_a_long_legend_names_the_series_that_leave_0() -> None:
+    nan = math.nan
+    few = {"error": [nan, 0.0, 0.0], "ok": [nan, 1.0, 2.0]}
+    assert dashboard_png.legend_layout(few, 7.0) == (["error", "ok"], 4)  # all: one row
+    many = {f"webhook-{i:02} denied": [nan, 0.0, 0.0] for i in range(18)}
+    many["webhook-03 denied"] = [nan, 0.0, 0.125]
+    many["no-value"] = [nan, nan, nan]  # not "at 0": it has no value at all
+    # 17 characters x 0.055 + 0.45 = 1.385 in a column: 5 fit in 7 in, at most 4; so 5
+    # rows for 19, more than 2
+    assert dashboard_png.legend_layout(many, 7.0) == (
+        ["webhook-03 denied", "no-value", "17 more at 0"], 4)
+    assert dashboard_png.legend_layout(many, 3.0)[1] == 2  # 3 / 1.385
+    assert dashboard_png.legend_layout(many, 1.0)[1] == 1
