@@ -172,5 +172,7 @@ def test_trainjob_resize_resumes_with_the_same_global_batches(tmp_path: Path) ->
         before = [records(pod_log("default", name, TRAINJOB_TRAINER)) for name in first]
         runs = wait_for_steps([pod_log("default", name, TRAINJOB_TRAINER) for name in second],
                               AFTER, timeout=600)
-        check_resumed(before, runs, world=RESIZED, committed_before=committed_before,
-                      lanes_per_rank=[4, 4], reference_world=NODES, after_steps=AFTER)
+        step = check_resumed(before, runs, world=RESIZED, committed_before=committed_before,
+                             lanes_per_rank=[4, 4], reference_world=NODES, after_steps=AFTER)
+        print(f"TrainJob {JOB}: {NODES} -> {RESIZED} nodes; lastCommittedStep {committed_before} "
+              f"before the resize, resumed at step {step}")  # shown by pytest -rA
