@@ -85,10 +85,13 @@ playground-down: $(STAMP)
 test: $(STAMP) lint cluster images
 	$(BIN)/python -m pytest -q -m "not trainer_v2"
 
-# The TrainJob test against Kubeflow Trainer v2's and JobSet's own controllers, built from their
+# The TrainJob tests against Kubeflow Trainer v2's and JobSet's own controllers, built from their
 # Go modules into the cluster cache first (881 s measured on the loaded 2-core machine, once):
-# not in `make test`, whose cold run (~55 min) leaves no room for them within CI's 90 min.
-test-trainer-v2: $(STAMP) cluster
+# pods injected on the test control plane (tests/operator/test_trainjob_cluster.py), and a
+# resize of a TrainJob whose pods really run, on `python -m playground up --trainer-v2`
+# (tests/playground/test_trainjob_resize.py, the images too). Not in `make test`, whose cold
+# run (~55 min) leaves no room for them within CI's 90 min.
+test-trainer-v2: $(STAMP) cluster images
 	DATALANE_CLUSTER_TRAINER_V2=1 bash tests/cluster/build.sh
 	$(BIN)/python -m pytest -q -m trainer_v2
 

@@ -1,6 +1,7 @@
 """``make playground``: a local cluster that the README's "On a cluster" section runs against.
 
     python -m playground up      # start it (or find it running); prints the KUBECONFIG line
+    python -m playground up --trainer-v2   # ... with Kubeflow Trainer v2 and JobSet too
     python -m playground down    # stop everything it started, remove its folder
     python -m playground logs POD [CONTAINER] [-n NAMESPACE]   # a container's output
 
@@ -13,6 +14,8 @@
   use (what ``kind load`` does for kind: the images are on the node, nothing is pulled);
 * the control plane of the tests (playground/cluster.py: etcd, kube-apiserver,
   kube-controller-manager, kube-scheduler) without kwok, and Kubeflow's training-operator;
+  with ``--trainer-v2`` also Kubeflow Trainer v2's and JobSet's controllers
+  (playground/trainerv2.py: TrainJobs);
 * an S3 server (moto) on port 30900 of the host with the demo corpus in ``s3://playground``;
 * the node agent (playground/node.py): the Node ``playground`` whose pods really run, every
   container in podman.
@@ -146,10 +149,11 @@ def start_s3(folder: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-def serve(folder: Path) -> int:
+def serve(folder: Path, trainer_v2: bool = False) -> int:
     """Start everything, write state.json, run the node agent until SIGTERM."""
     from .cluster import Cluster, ClusterOptions
     from .node import NodeAgent
+    from .trainerv2 import start_trainer_v2
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -170,6 +174,9 @@ def serve(folder: Path) -> int:
         cluster.start()
         cluster.start_training_operator()
         _log(f"control plane and training-operator ready at {time.monotonic() - t0:.1f} s")
+        if trainer_v2:
+            start_trainer_v2(cluster)
+            _log(f"Trainer v2 and JobSet ready at {time.monotonic() - t0:.1f} s")
         s3 = start_s3(folder)
         _log(f"S3 server on :{S3_PORT} with the corpus at {time.monotonic() - t0:.1f} s")
         agent = NodeAgent(cluster.api_client(), folder, gateway, cluster.apiserver_port,
@@ -184,8 +191,8 @@ def serve(folder: Path) -> int:
         (folder / "bin").symlink_to(cluster.bin_dir)
         state = {"pid": os.getpid(), "kubeconfig": str(folder / "kubeconfig"),
                  "bin": str(cluster.bin_dir), "server": cluster.server,
-                 "s3": f"http://127.0.0.1:{S3_PORT}", "started_s": round(
-                     time.monotonic() - t0, 1)}
+                 "s3": f"http://127.0.0.1:{S3_PORT}", "trainer_v2": trainer_v2,
+                 "started_s": round(time.monotonic() - t0, 1)}
         (folder / "state.json.part").write_text(json.dumps(state, indent=1))
         (folder / "state.json.part").rename(folder / "state.json")
         _log(f"ready in {time.monotonic() - t0:.1f} s")
@@ -211,9 +218,13 @@ def serve(folder: Path) -> int:
 
 
 # -- up, down, logs ---------------------------------------------------------------------------
-def up(folder: Path, timeout: float = 3600) -> int:
+def up(folder: Path, timeout: float = 3600, trainer_v2: bool = False) -> int:
     state = read_state(folder)
     if state is not None:
+        if trainer_v2 and not state.get("trainer_v2"):
+            _out(f"the playground runs (pid {state['pid']}) without Trainer v2: "
+                 "`make playground-down` first, then up --trainer-v2", err=True)
+            return 1
         _out(f"the playground runs (pid {state['pid']}); to use it:\n{export_line(folder)}")
         return 0
     if folder.exists():
@@ -225,7 +236,8 @@ def up(folder: Path, timeout: float = 3600) -> int:
         [str(ROOT), str(ROOT / "sidecar"), str(ROOT / "operator"),
          os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     with open(log, "ab") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "playground", "serve"], cwd=ROOT,
+        serve_args = ["serve", *(["--trainer-v2"] if trainer_v2 else [])]
+        proc = subprocess.Popen([sys.executable, "-m", "playground", *serve_args], cwd=ROOT,
                                 env=env, stdout=f, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     (folder / "serve.pid").write_text(str(proc.pid))
@@ -244,8 +256,10 @@ def up(folder: Path, timeout: float = 3600) -> int:
                  "cleans up", err=True)
             return 1
         time.sleep(0.5)
+    extra = ", Trainer v2 and JobSet" if trainer_v2 else ""
     _out(f"[playground] ready in {time.monotonic() - t0:.1f} s: the API server, the "
-         f"training-operator, an S3 server and the node 'playground' (pods run in podman). "
+         f"training-operator{extra}, an S3 server and the node 'playground' (pods run in "
+         f"podman). "
          f"The README's 'On a cluster' commands run against it:\n{export_line(folder)}")
     return 0
 
@@ -298,20 +312,25 @@ def logs(folder: Path, pod: str, container: str, namespace: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m playground", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("up", help="start the playground (or find it running)")
+    trainer_v2 = argparse.ArgumentParser(add_help=False)
+    trainer_v2.add_argument(
+        "--trainer-v2", action="store_true",
+        help="also run Kubeflow Trainer v2's and JobSet's controllers (TrainJobs; built by "
+             "DATALANE_CLUSTER_TRAINER_V2=1 bash tests/cluster/build.sh)")
+    sub.add_parser("up", help="start the playground (or find it running)", parents=[trainer_v2])
     sub.add_parser("down", help="stop it and remove its folder")
-    sub.add_parser("serve", help="(what `up` runs, detached)")
+    sub.add_parser("serve", help="(what `up` runs, detached)", parents=[trainer_v2])
     lg = sub.add_parser("logs", help="a container's output")
     lg.add_argument("pod")
     lg.add_argument("container", nargs="?", default="pytorch")
     lg.add_argument("-n", "--namespace", default="default")
     args = p.parse_args(argv)
     if args.cmd == "up":
-        return up(FOLDER)
+        return up(FOLDER, trainer_v2=args.trainer_v2)
     if args.cmd == "down":
         return down(FOLDER)
     if args.cmd == "serve":
-        return serve(FOLDER)
+        return serve(FOLDER, trainer_v2=args.trainer_v2)
     return logs(FOLDER, args.pod, args.container, args.namespace)
 
 

@@ -25,13 +25,13 @@ from datalane_operator import names
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from playground.trainerv2 import RUNTIME, trainer_v2
 from tests.cluster.harness import Cluster
 from tests.cluster.util import eventually
 
 from .builders import RECIPE, jobset_pod, trainjob
 from .stack import Stack, datalane_stack
 from .test_e2e import apply, dp_status, pipeline
-from .trainerv2 import RUNTIME, trainer_v2
 
 pytestmark = [pytest.mark.cluster]
 CRD = Path(__file__).parent / "testdata" / "trainjobs.trainer.kubeflow.org.yaml"
@@ -126,13 +126,13 @@ def test_train_job_resize_guard_injection_and_status(stack: Stack,
 
 @pytest.mark.trainer_v2
 def test_real_trainer_v2_and_jobset_pods_are_injected_and_resizes_guarded(
-        stack: Stack, k8s_api: client.ApiClient, tmp_path: Path) -> None:
-    """Trainer v2.0.0 and JobSet v0.8.2 themselves (tests/operator/trainerv2.py): a TrainJob of
+        stack: Stack, k8s_api: client.ApiClient) -> None:
+    """Trainer v2.0.0 and JobSet v0.8.2 themselves (playground/trainerv2.py): a TrainJob of
     2 nodes becomes a JobSet whose indexed Job's pods the datalane webhook injects; the
     status counts them; a resize to 9 nodes is refused before either controller sees it."""
     c, ns = stack.cluster, stack.namespace
     core, custom = client.CoreV1Api(k8s_api), client.CustomObjectsApi(k8s_api)
-    with trainer_v2(c, tmp_path / "trainer-v2"):
+    with trainer_v2(c):
         body = pipeline("tj2", "llm", json.loads(json.dumps(RECIPE)),
                         {"uri": f"file://{stack.log.parent}/store2"})
         body["spec"]["workload"] = {"kind": "TrainJob", "name": "llm"}

@@ -21,70 +21,16 @@ It takes several minutes (the images are rebuilt when the tree changed).
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
-import time
-from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from datalane.runner import run_world
-from datalane.spec.hashing import global_hash
-from datalane.spec.knobs import Knobs
-from datalane.spec.recipe import load_recipe
-from playground.__main__ import FOLDER, export_line, read_state
+from playground.__main__ import export_line
+
+from .session import running_playground
+from .trainers import check_resumed, console_block, pod_log, records, wait_for_steps
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containers, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
 AFTER = 8  # steps the resumed workers read before the comparison
-
-
-def console_block() -> list[str]:
-    """The commands of the console block of README.md's "On a cluster" section (comment-only
-    continuation lines dropped, backslash continuations joined)."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## On a cluster\n"):]
-    section = section[:section.index("\n## ", 3)]
-    block = section.split("```console\n", 1)[1].split("```", 1)[0]
-    block = re.sub(r"\\\n\s*", "", block)  # a line ending in a backslash goes on
-    return [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.startswith("{")]
-
-
-def steps_of(runs: list[list[dict[str, Any]]]) -> dict[int, dict[int, bytes]]:
-    """step -> lane -> digest, from the workers' step records (a step read twice, by a trainer
-    restarted in its pod, must read the same)."""
-    out: dict[int, dict[int, bytes]] = {}
-    for run in runs:
-        for rec in run:
-            if "lanes" not in rec:
-                continue
-            lanes = out.setdefault(rec["step"], {})
-            for k, v in rec["lanes"].items():
-                assert lanes.setdefault(int(k), bytes.fromhex(v)) == bytes.fromhex(v), rec
-    return out
-
-
-def global_hashes(steps: dict[int, dict[int, bytes]]) -> dict[int, str]:
-    return {s: global_hash(d[k] for k in sorted(d)) for s, d in steps.items() if len(d) == 8}
-
-
-def local_recipe() -> dict[str, Any]:
-    """examples/pretrain.yaml's recipe over the playground's local copy of the corpus."""
-    docs = list(yaml.safe_load_all((ROOT / "examples/pretrain.yaml").read_text()))
-    spec = next(d for d in docs if d["kind"] == "DataPipeline")["spec"]
-    text = json.dumps(spec["recipe"]).replace("s3://playground/corpus", str(FOLDER / "corpus"))
-    return {**json.loads(text), "lanes": spec["lanes"],
-            "global_batch_size": spec["globalBatchSize"]}
 
 
 def test_readme_cluster_section() -> None:
@@ -92,35 +38,17 @@ def test_readme_cluster_section() -> None:
     assert commands[0].split("#")[0].strip() == "make playground"
     assert commands[-1].split("#")[0].strip() == "make playground-down"
     assert commands[1].strip() == export_line(), "the README's KUBECONFIG line"
-    if read_state() is not None:
-        pytest.fail("a playground runs already (this test starts its own): "
-                    "make playground-down first")
-    py = [sys.executable, "-m", "playground"]
-    up = subprocess.run([*py, "up"], cwd=ROOT, capture_output=True, text=True, timeout=1500,
-                        check=False)
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert up.stdout.strip().splitlines()[-1] == export_line()  # what `make playground` prints
-    state = read_state()
-    assert state is not None
-    env = {**os.environ, "KUBECONFIG": state["kubeconfig"],
-           "PATH": f"{state['bin']}{os.pathsep}{os.environ['PATH']}"}
-
-    def sh(cmd: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=timeout, check=False)
-
-    def status(field: str) -> str:
-        return sh(f"kubectl get dp pretrain -o jsonpath='{{.status.{field}}}'").stdout
-
-    out: dict[str, subprocess.CompletedProcess[str]] = {}
-    committed_before = -1
-    try:
+    with running_playground() as (up, sh):
+        # what `make playground` prints
+        assert up.stdout.strip().splitlines()[-1] == export_line()
+        committed_before = -1
         for cmd in commands[2:-1]:
             if "--replicas=3" in cmd:
-                committed_before = int(status("lastCommittedStep"))
-            out[cmd] = res = sh(cmd)
+                committed_before = int(sh.status("pretrain", "lastCommittedStep"))
+            res = sh(cmd)
             refused = "--replicas=9" in cmd
             assert (res.returncode != 0) == refused, f"$ {cmd}\n{res.stdout}\n{res.stderr}"
+        out = dict(sh.ran)
 
         # helm install: the operator runs in the cluster, from the chart, on the node
         pods = json.loads(sh("kubectl get pods -n datalane-system -o json").stdout)["items"]
@@ -147,55 +75,16 @@ def test_readme_cluster_section() -> None:
         (nine,) = [r for c, r in out.items() if "--replicas=9" in c]
         assert "8 lanes cannot be split over 9 workers; use 1 to 8" in " ".join(
             nine.stderr.split()), nine.stderr
-        assert (status("worldSize"), status("lanesPerRank")) == ("3", "2-3")
+        assert (sh.status("pretrain", "worldSize"),
+                sh.status("pretrain", "lanesPerRank")) == ("3", "2-3")
 
         # the resumed workers: 3 of them, from a committed step, the same global batches
         new = {p["metadata"]["name"]: p["metadata"]["uid"] for p in json.loads(sh(
             "kubectl get pods -l training.kubeflow.org/job-name=llama -o json").stdout)["items"]}
         assert sorted(new) == [f"llama-worker-{i}" for i in range(3)]
-        pods_dir = FOLDER / "pods"
-        first_runs = [records(pods_dir / f"default_llama-worker-{i}" / "pytorch.log")
+        first_runs = [records(pod_log("default", f"llama-worker-{i}", "pytorch"))
                       for i in range(4)]
-        second = {name: pods_dir / f"default_{name}_{uid[:8]}" / "pytorch.log"
-                  for name, uid in new.items()}
-        deadline = time.monotonic() + 420
-        while True:
-            runs = [records(path) for path in second.values()]
-            starts = [r[0] for r in runs if r]
-            if len(starts) == 3 and all(
-                    len([x for x in r if "lanes" in x]) >= AFTER for r in runs):
-                break
-            assert time.monotonic() < deadline, f"the resumed workers did not read {AFTER} " \
-                f"steps:\n" + "\n".join(p.read_text()[-2000:] for p in second.values()
-                                        if p.exists())
-            time.sleep(2)
-        resume = {s["resume"] for s in starts}
-        assert len(resume) == 1 and {s["world"] for s in starts} == {3}, starts
-        (step,) = resume
-        assert step is not None and step >= committed_before >= 4, (step, committed_before)
-        for run in runs:
-            assert next(x for x in run if "lanes" in x)["step"] == step
-        lanes_per_rank = sorted(len(next(x for x in r if "lanes" in x)["lanes"]) for r in runs)
-        assert lanes_per_rank == [2, 3, 3]
-        before, after = global_hashes(steps_of(first_runs)), global_hashes(steps_of(runs))
-        assert sorted(before)[:4] == [0, 1, 2, 3] and max(before) >= step - 1
-        assert min(after) == step and len(after) >= AFTER
-        reference = run_world(load_recipe(local_recipe()), 4, Knobs(workers=1),
-                              max(after) + 1).hashes
-        assert before == {s: reference[s] for s in before}
-        assert after == {s: reference[s] for s in after}
-    except BaseException:
-        sys.stderr.write("\n".join(f"$ {c}\n{r.stdout}{r.stderr}" for c, r in out.items()))
-        log = FOLDER / "playground.log"
-        if log.exists():
-            sys.stderr.write(log.read_text(errors="replace")[-6000:])
-        raise
-    finally:
-        down = subprocess.run([*py, "down"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=300, check=False)
-        assert down.returncode == 0, down.stdout + down.stderr
-    assert not FOLDER.exists()
-    assert not re.search(r"dlp-", subprocess.run(
-        ["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
-        check=False, env={**os.environ, "CONTAINERS_CONF": str(ROOT / "images/containers.conf")},
-    ).stdout)
+        runs = wait_for_steps([pod_log("default", name, "pytorch", again=uid)
+                               for name, uid in new.items()], AFTER, timeout=420)
+        check_resumed(first_runs, runs, world=3, committed_before=committed_before,
+                      lanes_per_rank=[2, 3, 3], reference_world=4, after_steps=AFTER)

@@ -1,5 +1,6 @@
 """Kubeflow Trainer v2's controller manager and JobSet's controller, run out of cluster against
-the test control plane (the binaries of ``DATALANE_CLUSTER_TRAINER_V2=1 tests/cluster/build.sh``).
+a :class:`~playground.cluster.Cluster` (the binaries of
+``DATALANE_CLUSTER_TRAINER_V2=1 tests/cluster/build.sh``).
 
 What running them outside a cluster takes (found by trying, docs/control-plane.md):
 
@@ -12,31 +13,30 @@ What running them outside a cluster takes (found by trying, docs/control-plane.m
   to exist before it writes certificates, and starts the controllers only then. Its webhooks
   stay unregistered (the CRDs' defaults apply). It writes them to the fixed
   ``/tmp/k8s-webhook-server/serving-certs`` and serves from ``$TMPDIR/...``, so ``TMPDIR``
-  stays ``/tmp`` (the training-operator of the harness reads its own ``TMPDIR``; two test
-  sessions running Trainer v2 at once on one machine would share that folder).
+  stays ``/tmp`` (the training-operator of the cluster reads its own ``TMPDIR``; two clusters
+  running Trainer v2 at once on one machine would share that folder).
 
-Callers: tests/operator/test_trainjob_cluster.py. Skips when the binaries are not built.
+Both join the cluster's processes (``jobset-controller``, ``trainer-controller-manager``), so
+``Cluster.stop`` ends them, ``check_alive`` watches them and ``diagnostics`` shows their logs.
+
+Callers: the playground (``python -m playground up --trainer-v2``) and
+tests/operator/test_trainjob_cluster.py (:func:`trainer_v2` around one test of a shared
+cluster).
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
-import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-from datalane_operator.certs import make_bundle
 
-from tests.cluster.harness import Cluster, free_ports
+from .cluster import Cluster, ClusterError, Process, free_ports, share_dir
 
 TRAINER_VERSION = "v2.0.0"
 JOBSET_VERSION = "v0.8.2"
@@ -44,9 +44,10 @@ RUNTIME = "torch-distributed"
 JOBSET_WEBHOOK = "datalane-test-jobset"
 TRAINER_WEBHOOK = "validator.trainer.kubeflow.org"  # the name its cert-controller patches
 TRAINER_NAMESPACE = "kubeflow-system"
+PROCESSES = ("jobset-controller", "trainer-controller-manager")
 
 # Upstream's ClusterTrainingRuntime torch-distributed (manifests/base/runtimes of v2.0.0),
-# with a placeholder image (kwok runs the pods).
+# with a placeholder image (the TrainJob names its own).
 TORCH_RUNTIME: dict[str, Any] = {
     "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
     "metadata": {"name": RUNTIME},
@@ -60,53 +61,44 @@ TORCH_RUNTIME: dict[str, Any] = {
                          {"name": "node", "image": "registry.invalid/torch:1"}]}}}}}]}}}}
 
 
-def _bin_and_share(cluster: Cluster) -> tuple[Path, Path, Path, Path]:
+def binaries(cluster: Cluster) -> tuple[Path, Path, Path, Path]:
+    """(trainer binary, jobset binary, trainer CRDs folder, jobset CRDs folder)."""
     bin_dir = Path(cluster.bin_dir)
     trainer = bin_dir / f"trainer-controller-manager-{TRAINER_VERSION}"
     jobset = bin_dir / f"jobset-controller-{JOBSET_VERSION}"
-    share = bin_dir.parent / "share"
+    share = share_dir(bin_dir)
     crds = share / f"trainer-{TRAINER_VERSION}", share / f"jobset-{JOBSET_VERSION}"
     if not (trainer.exists() and jobset.exists() and crds[0].is_dir() and crds[1].is_dir()):
-        pytest.fail("Trainer v2 and JobSet controllers not built: run make test-trainer-v2 "
-                    "(DATALANE_CLUSTER_TRAINER_V2=1 bash tests/cluster/build.sh, about 15-20 "
-                    "min cold), which builds them first")
+        raise ClusterError(
+            f"Trainer v2 and JobSet controllers not built in {bin_dir}: run make "
+            "test-trainer-v2 or DATALANE_CLUSTER_TRAINER_V2=1 bash tests/cluster/build.sh "
+            "(about 15-20 min cold)")
     return trainer, jobset, crds[0], crds[1]
 
 
 def _apply(cluster: Cluster, obj: dict[str, Any]) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=e2e", "-f",
-                    "-", input=json.dumps(obj))
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=datalane",
+                    "-f", "-", input=json.dumps(obj))
 
 
-def _wait_healthy(url_port: int, proc: subprocess.Popen[bytes], log: Path, what: str) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{url_port}/readyz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{what} not ready in 90 s:\n{log.read_text()[-3000:]}")
+def _ready(cluster: Cluster, name: str, port: int) -> None:
+    cluster.wait_for(f"{name} /readyz",
+                     lambda: cluster._http_ok(f"http://127.0.0.1:{port}/readyz"), timeout=90)
 
 
-@contextmanager
-def trainer_v2(cluster: Cluster, workdir: Path) -> Iterator[None]:
+def start_trainer_v2(cluster: Cluster) -> None:
     """JobSet's and Trainer v2's controllers running, their CRDs and the torch runtime
-    installed; everything cluster-scoped they needed is removed afterwards."""
-    trainer_bin, jobset_bin, trainer_crds, jobset_crds = _bin_and_share(cluster)
+    installed (a no-op when they run already)."""
+    if PROCESSES[0] in cluster.processes:
+        return
+    trainer_bin, jobset_bin, trainer_crds, jobset_crds = binaries(cluster)
     for f in [*sorted(jobset_crds.glob("*.yaml")), *sorted(trainer_crds.glob("*.yaml"))]:
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=e2e",
-                        "-f", str(f))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/jobsets.jobset.x-k8s.io", "crd/trainjobs.trainer.kubeflow.org",
-                    "crd/clustertrainingruntimes.trainer.kubeflow.org",
-                    "crd/trainingruntimes.trainer.kubeflow.org")
+        cluster.kubectl("apply", "--server-side", "--force-conflicts",
+                        "--field-manager=datalane", "-f", str(f))
+    for crd in ("jobsets.jobset.x-k8s.io", "trainjobs.trainer.kubeflow.org",
+                "clustertrainingruntimes.trainer.kubeflow.org",
+                "trainingruntimes.trainer.kubeflow.org"):
+        cluster.wait_crd_established(crd)
     if cluster.kubectl("get", "namespace", TRAINER_NAMESPACE, check=False).returncode:
         cluster.kubectl("create", "namespace", TRAINER_NAMESPACE)
     cluster.kubectl("create", "secret", "generic", "kubeflow-trainer-webhook-cert", "-n",
@@ -115,9 +107,12 @@ def trainer_v2(cluster: Cluster, workdir: Path) -> Iterator[None]:
                      "kind": "ValidatingWebhookConfiguration",
                      "metadata": {"name": TRAINER_WEBHOOK}, "webhooks": []})
     js_port, js_health, tr_health, tr_webhook = free_ports(4)
-    tls = make_bundle(["127.0.0.1"], common_name="jobset-webhook")
-    certs = workdir / "jobset-certs"
-    tls.write(certs)
+    work = cluster.wd / "trainer-v2"
+    certs = work / "jobset-certs"
+    certs.mkdir(parents=True, exist_ok=True)
+    assert cluster.ca is not None
+    cluster.ca.issue("jobset-webhook", ip_addresses=["127.0.0.1"]).write(
+        certs / "tls.crt", certs / "tls.key")
     _apply(cluster, {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": JOBSET_WEBHOOK}, "webhooks": [{
@@ -125,10 +120,10 @@ def trainer_v2(cluster: Cluster, workdir: Path) -> Iterator[None]:
             "failurePolicy": "Fail",
             "clientConfig": {
                 "url": f"https://127.0.0.1:{js_port}/mutate-jobset-x-k8s-io-v1alpha2-jobset",
-                "caBundle": base64.b64encode(tls.ca_pem).decode()},
+                "caBundle": base64.b64encode(cluster.ca_pem).decode()},
             "rules": [{"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"],
                        "operations": ["CREATE"], "resources": ["jobsets"]}]}]})
-    config = workdir / "jobset-config.yaml"
+    config = work / "jobset-config.yaml"
     config.write_text(yaml.safe_dump({
         "apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
         "health": {"healthProbeBindAddress": f"127.0.0.1:{js_health}"},
@@ -136,38 +131,43 @@ def trainer_v2(cluster: Cluster, workdir: Path) -> Iterator[None]:
         "webhook": {"port": js_port, "host": "127.0.0.1", "certDir": str(certs)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False}}))
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir),
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
            "KUBECONFIG": str(cluster.kubeconfig), "POD_NAMESPACE": TRAINER_NAMESPACE,
            "TMPDIR": "/tmp"}
-    setpriv = shutil.which("setpriv")
-    pre = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
-    procs: list[subprocess.Popen[bytes]] = []
+    jobset, trainer = PROCESSES
+    cluster.processes[jobset] = p = Process(
+        jobset, [str(jobset_bin), "--kubeconfig", str(cluster.kubeconfig), "--config",
+                 str(config)], cluster.logs_dir / f"{jobset}.log", env=env)
+    p.start()
+    _ready(cluster, jobset, js_health)
+    cluster.processes[trainer] = p = Process(
+        trainer, [str(trainer_bin), "--kubeconfig", str(cluster.kubeconfig),
+                  "--health-probe-bind-address", f"127.0.0.1:{tr_health}",
+                  "--metrics-bind-address", "0", "--webhook-server-port", str(tr_webhook)],
+        cluster.logs_dir / f"{trainer}.log", env=env)
+    p.start()
+    _ready(cluster, trainer, tr_health)
+    _apply(cluster, TORCH_RUNTIME)
+
+
+def stop_trainer_v2(cluster: Cluster) -> None:
+    """Both controllers stopped and the webhook configurations that name them removed (the
+    CRDs and the runtime stay)."""
+    for name in reversed(PROCESSES):
+        p = cluster.processes.pop(name, None)
+        if p is not None:
+            p.stop()
+    cluster.kubectl("delete", f"mutatingwebhookconfiguration/{JOBSET_WEBHOOK}",
+                    f"validatingwebhookconfiguration/{TRAINER_WEBHOOK}",
+                    "--ignore-not-found", check=False)
+
+
+@contextmanager
+def trainer_v2(cluster: Cluster) -> Iterator[None]:
+    """Trainer v2 and JobSet running for the body of the ``with`` (one test of a cluster that
+    other tests share: everything cluster-scoped that names them is removed afterwards)."""
     try:
-        js_log, tr_log = workdir / "jobset.log", workdir / "trainer.log"
-        with open(js_log, "wb") as f:
-            procs.append(subprocess.Popen(
-                [*pre, str(jobset_bin), "--kubeconfig", str(cluster.kubeconfig), "--config",
-                 str(config)], stdout=f, stderr=subprocess.STDOUT, env=env))
-        _wait_healthy(js_health, procs[0], js_log, "jobset-controller")
-        with open(tr_log, "wb") as f:
-            procs.append(subprocess.Popen(
-                [*pre, str(trainer_bin), "--kubeconfig", str(cluster.kubeconfig),
-                 "--health-probe-bind-address", f"127.0.0.1:{tr_health}",
-                 "--metrics-bind-address", "0", "--webhook-server-port", str(tr_webhook)],
-                stdout=f, stderr=subprocess.STDOUT, env=env))
-        _wait_healthy(tr_health, procs[1], tr_log, "trainer-controller-manager")
-        _apply(cluster, TORCH_RUNTIME)
+        start_trainer_v2(cluster)
         yield
     finally:
-        for p in procs:  # SIGTERM to both at once, then 15 s for both together
-            p.terminate()
-        deadline = time.monotonic() + 15
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        cluster.kubectl("delete", f"mutatingwebhookconfiguration/{JOBSET_WEBHOOK}",
-                        f"validatingwebhookconfiguration/{TRAINER_WEBHOOK}",
-                        "--ignore-not-found", check=False)
+        stop_trainer_v2(cluster)
