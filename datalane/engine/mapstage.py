@@ -29,7 +29,7 @@ from datalane.engine.documents.base import Attached, DocKey, DocumentKind, Rende
 from datalane.engine.documents.text import TextKind
 from datalane.engine.formats import FORMATS, Format
 from datalane.engine.formats.base import Decoded, TooLarge
-from datalane.engine.packers.base import ARANGE
+from datalane.engine.packers.base import positions_of
 from datalane.spec.codepolicy import CodePolicy
 from datalane.spec.errors import ConfigError
 from datalane.spec.limits import TOO_LARGE
@@ -270,9 +270,6 @@ class MapStage:
         # token's index less its document's start, into the array of the starts
         total = int(offsets[-1])
         positions = np.repeat(offsets[:-1].astype(np.int32), lengths)
-        if total <= len(ARANGE):
-            np.subtract(ARANGE[:total], positions, out=positions)
-        else:
-            positions = np.arange(total, dtype=np.int32) - positions
+        np.subtract(positions_of(total), positions, out=positions)
         return MapResult(columns, offsets, status, detail, positions, offsets.tolist(),
                          [i for i, reason in enumerate(status) if reason is not None])

@@ -35,7 +35,7 @@ from datalane.spec.schema import SampleSchema
 from datalane.spec.state import Counters, PackerState, Piece
 
 __all__ = ["Held", "PackContext", "Packer", "PackerBase", "Placed", "assemble", "decode_pieces",
-           "take"]
+           "positions_of", "take"]
 
 #: a piece, its document columns, and its document's attachments (offsets in the document)
 Held = tuple[Piece, tuple[np.ndarray, ...], tuple[Attached, ...]]
@@ -123,6 +123,13 @@ def take(ctx: PackContext) -> Held | None:
 ARANGE = np.arange((1 << 20) + 1, dtype=np.int32)  # positions 0.. of a piece (seq_len <= 2^20)
 
 
+def positions_of(n: int) -> np.ndarray:
+    """Positions ``0..n-1`` of a piece: a view of :data:`ARANGE` when it is long enough, else
+    a new array. A carried piece can be longer than any sequence (a document spanning several
+    windows), and a short view would leave the rest of its positions unwritten."""
+    return ARANGE[:n] if n <= len(ARANGE) else np.arange(n, dtype=np.int32)
+
+
 def assemble(pieces: list[Held], ctx: PackContext) -> dict[str, np.ndarray]:
     """One sequence from ``pieces`` in order, padded to ``ctx.size``; counts tokens and sets
     ``ctx.placed`` to the attachments whose token the sequence holds, at their offset in it."""
@@ -138,7 +145,7 @@ def assemble(pieces: list[Held], ctx: PackContext) -> dict[str, np.ndarray]:
         if c.fill == "position":
             for _, cols, _ in pieces:
                 n = len(cols[0])
-                a[at:at + n] = ARANGE[:n]
+                a[at:at + n] = positions_of(n)
                 at += n
         else:
             for _, cols, _ in pieces:

@@ -13,13 +13,13 @@ import numpy as np
 
 from datalane.engine.documents.base import Attached, Run
 from datalane.engine.packers.base import (
-    ARANGE,
     Held,
     PackContext,
     PackerBase,
     assemble,
     check_packer,
     decode_pieces,
+    positions_of,
     take,
 )
 from datalane.spec.errors import MismatchError
@@ -112,7 +112,7 @@ class WrapPacker(PackerBase):
         have = 0
         for _, cols, _ in self._held:
             n = len(cols[0])
-            parts.append((cols, ARANGE[:n], None))
+            parts.append((cols, positions_of(n), None))
             have += n
         last: Held | Run | None = self._held[-1] if self._held else None
         next_run = ctx.next_run
@@ -174,7 +174,7 @@ class WrapPacker(PackerBase):
                     bisect.bisect_right(starts, row - at)]
                 end = min(end, row + size, used)
                 if flat[row]:  # (the document's positions up to end are consecutive)
-                    flat[row:end] = ARANGE[:end - row]
+                    flat[row:end] = positions_of(end - row)
                 row += size
             at = end_part
             if at >= used:

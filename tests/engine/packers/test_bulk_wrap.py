@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from datalane.engine.documents.base import Run
+from datalane.engine.packers import base
 from tests.engine.packers.test_packers import SIZE, Feed, packer_of, pieces_of
 
 
@@ -125,3 +126,23 @@ def test_a_restored_carry_over_fills_the_first_window() -> None:
     assert feed.fetched == [(0, (7, 1))], "the carried document is re-read by reference"
     rows, seqs = fill(packer, 2)
     assert (rows, seqs) == (2, [[(1, 2, 6), (2, 0, 4)], [(2, 4, 5), (3, 0, 7)]]), f"{seqs}"
+
+
+def test_a_carried_piece_longer_than_the_position_table_gets_all_its_positions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The packers take positions from a table of 2^20 + 1 (any sequence fits); a document
+    # spanning windows is carried as one piece that can be longer. With the table cut to 8
+    # (= SIZE), the carried A16-36 (20 tokens) must still count 0..19 before rows restart:
+    # window 2 = [A16-24] [A24-32] [A32-36 B0-3 pad]
+    monkeypatch.setattr(base, "ARANGE", np.arange(SIZE, dtype=np.int32))
+    packer, counters = window_packer(RunFeed([36, 3], [1]))
+    assert fill(packer, 2) == (2, [[(0, 0, 8)], [(0, 8, 16)]])
+    assert packer.state()["held"][0][2:] == [16, 36], packer.state()
+    columns = {c.name: np.full((3, SIZE), 77, dtype=c.np_dtype) for c in packer.ctx.schema}
+    assert packer.fill_window(columns, 3) == 3
+    assert columns["positions"].reshape(-1).tolist() == (
+        list(range(8)) * 2 + [0, 1, 2, 3, 0, 1, 2, -1]), (
+        f"every position of a carried piece longer than the table must be written, the "
+        f"window stepping by the piece's real length: {columns['positions'].tolist()}")
+    assert columns["input_ids"][2].tolist()[:7] == [1032, 1033, 1034, 1035, 2000, 2001, 2002]
+    assert (counters.tokens, counters.padding) == (39, 1)
