@@ -14,8 +14,11 @@ record ``image_path`` when it is not a non-empty string, is absolute, is a URI (
 component holds ``:``), holds a backslash, a NUL or a ``..`` component, or - on a local
 filesystem - leads outside the JSON file's folder once symlinks are resolved (the folder's own
 symlinks resolved too: the folder is the root). A path to nothing (or to a directory) is
-``image_missing``; a file over the source's ``limits.max_bytes`` is ``image_too_large``, known
-from its size before it is read, and at most ``max_bytes + 1`` bytes are ever read. A record
+``image_missing``, and so is a path through a file (``ok.png/x.png``); a path the filesystem
+cannot follow (a component too long, a loop of symlinks) or that is not valid Unicode (a lone
+surrogate) is ``image_path``. A file over the source's ``limits.max_bytes`` is
+``image_too_large``, known from its size before it is read, and at most ``max_bytes + 1``
+bytes are ever read. A record
 naming more than ``max_images`` images is ``too_many_images`` before any is read; an ``image``
 that is neither a path nor a list of paths is ``malformed_sample``; a record without its
 conversation ``missing_field``. Files are read through fsspec, so a JSON file on S3 reads its
@@ -30,6 +33,7 @@ plan's file identities (a changed image file changes the pixels, not the fingerp
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Iterator
@@ -88,8 +92,24 @@ class Folder:
                 return _read_local(self.real, joined, max_bytes)
             return _read_remote(self.fs, joined, max_bytes)
         except OSError as e:
+            # a path the record got wrong fails the same way every time: a bad record, never
+            # a transient error (the job would retry the same record forever)
+            bad = _BAD_PATH_ERRORS.get(e.errno or 0)
+            if bad is not None:
+                return None, *bad
             raise StorageError(f"cannot read the image {rel!r} of {self.uri}: {e}",
                                transient=True) from e
+
+
+#: errno of a read -> (reason, detail): errors of the path itself, not of the storage
+_BAD_PATH_ERRORS: dict[int, tuple[str, str]] = {
+    errno.ENOENT: (IMAGE_MISSING, "no such file beside the JSON file"),
+    errno.ENOTDIR: (IMAGE_MISSING, "no such file beside the JSON file (a component of the "
+                                   "path is a file, not a folder)"),
+    errno.ENAMETOOLONG: (IMAGE_PATH, "the path (or one of its components) is too long for "
+                                     "the filesystem"),
+    errno.ELOOP: (IMAGE_PATH, "the path goes round a loop of symlinks"),
+}
 
 
 def _relative(rel: Any) -> tuple[list[str] | None, str]:
@@ -97,6 +117,10 @@ def _relative(rel: Any) -> tuple[list[str] | None, str]:
     if not isinstance(rel, str) or not rel:
         what = "an empty string" if rel == "" else type(rel).__name__
         return None, f"the path is {what}, not a relative path"
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return None, "the path is not valid Unicode (it holds a lone surrogate)"
     if "\x00" in rel or "\\" in rel:
         return None, "the path holds a NUL byte or a backslash"
     if rel.startswith("/"):

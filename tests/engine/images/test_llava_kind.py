@@ -10,6 +10,7 @@ minimum, 256 x 256 (a factor of 4), a grid of 256 / 16 = 16 patches a side, (1, 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections import Counter
@@ -21,7 +22,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from datalane.engine.loader import Loader
-from datalane.spec.errors import ConfigError, DataError
+from datalane.spec.errors import ConfigError, DataError, StorageError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import load_recipe
 from datalane.testing.images import CHATML_TEMPLATE, LlavaCorpus, hostile_images, make_llava_corpus
@@ -151,6 +152,15 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
      r"leads outside the JSON file's folder .* once symlinks are resolved"),
     ({"image": "nothere.png", "conversations": _turns("<image>", "a")}, "image_missing",
      r"image 'nothere\.png': no such file"),
+    # paths the filesystem refuses the same way every time are bad records, not I/O errors
+    ({"image": "ok.png/x.png", "conversations": _turns("<image>", "a")}, "image_missing",
+     r"image 'ok\.png/x\.png': no such file .*a component of the path is a file"),
+    ({"image": "a" * 300 + ".png", "conversations": _turns("<image>", "a")}, "image_path",
+     r"too long for the filesystem"),
+    ({"image": "loop1", "conversations": _turns("<image>", "a")}, "image_path",
+     r"image 'loop1': the path goes round a loop of symlinks"),
+    ({"image": "\ud800.png", "conversations": _turns("<image>", "a")}, "image_path",
+     r"not valid Unicode \(it holds a lone surrogate\)"),
     ({"image": "sub", "conversations": _turns("<image>", "a")}, "image_missing",
      r"not a file"),
     ({"image": "big.png", "conversations": _turns("<image>", "a")}, "image_too_large",
@@ -189,6 +199,8 @@ def _bad_folder(tmp_path: Path) -> Path:
     (folder / "sub").mkdir()
     (tmp_path / "outside.png").write_bytes(encoded(64, 64, "PNG", 3))
     (folder / "out.png").symlink_to(tmp_path / "outside.png")
+    (folder / "loop1").symlink_to(folder / "loop2")
+    (folder / "loop2").symlink_to(folder / "loop1")
     return folder
 
 
@@ -440,3 +452,21 @@ def test_train_on_marks_text_tokens_never_vision_tokens(tmp_path: Path, train_on
         assert mask[:n][~vision].all()
     else:  # the last assistant turn only: its content and end
         assert mask[:n].tolist() == [0] * (n - len(last)) + [1] * len(last)
+
+
+def test_a_read_failing_for_the_storage_is_a_transient_storage_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # only errors of the path itself are bad records; an I/O error (EIO here) may pass, so it
+    # stays a StorageError the job retries, naming the image and the JSON file
+    from datalane.engine.formats import llavajson
+
+    folder = _bad_folder(tmp_path)
+
+    def failing(*_: Any) -> Any:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(llavajson, "_read_local", failing)
+    with pytest.raises(StorageError, match=r"cannot read the image 'ok\.png' of .*data\.json: "
+                                           r".*Input/output error") as got:
+        llavajson.Folder.of(str(folder / "data.json")).read("ok.png", 16384)
+    assert got.value.transient
