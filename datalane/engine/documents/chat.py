@@ -22,7 +22,9 @@ span's start or end is trained. ``train_on``: ``assistant`` every assistant turn
 
 **Bad records** (the recipe's ``bad_records`` policy applies; each detail names the problem):
 ``not_messages`` (not a non-empty list of mappings with ``role`` and ``content``),
-``bad_role``, ``not_text`` (content that is not a string), ``no_assistant`` (nothing to
+``bad_role``, ``not_text`` (content that is not a string), ``invalid_unicode`` (content, or
+the rendered text, holding a lone surrogate, as JSON's ``"\\ud800"`` makes: the tokenizer
+would refuse the whole batch), ``no_assistant`` (nothing to
 train on under ``assistant`` / ``last_assistant``), ``chat_template`` (the template raised,
 through ``raise_exception`` or otherwise, went past a bound of a render or would print a value
 without a fixed text (:mod:`.template_sandbox`), or is not prefix-consistent for the
@@ -47,6 +49,7 @@ from datalane.engine.documents.chat_template import (
     find_template,
     plain_message,
 )
+from datalane.engine.documents.text import unencodable
 from datalane.engine.formats.base import MISSING
 from datalane.engine.tokenize import TokenizerHandle
 from datalane.spec.chat import ChatSpec
@@ -61,8 +64,8 @@ class ChatKind(KindBase):
     """Renders conversations with a chat template; thread-safe, stateless after construction."""
 
     columns: tuple[Column, ...] = (LOSS_MASK,)
-    bad_reasons = frozenset({"not_messages", "bad_role", "not_text", "no_assistant",
-                             "chat_template"})
+    bad_reasons = frozenset({"not_messages", "bad_role", "not_text", "invalid_unicode",
+                             "no_assistant", "chat_template"})
 
     def __init__(self, spec: ChatSpec, tokenizer: TokenizerHandle, where: str = "chat") -> None:
         self.spec = spec
@@ -120,6 +123,8 @@ class ChatKind(KindBase):
             if not isinstance(content, str):
                 what = "null" if content is None else type(content).__name__
                 return None, "not_text", f"{field}[{i}].content is {what}, not a string"
+            if not content.isascii() and (problem := unencodable(content)) is not None:
+                return None, "invalid_unicode", f"{field}[{i}].content {problem}"
             out.append(plain_message(m))
         return out, "", ""
 
@@ -162,6 +167,10 @@ class ChatKind(KindBase):
         except Exception as e:  # the template's code, on this record's data
             return None, "chat_template", (f"the chat template failed on {step}: "
                                            f"{type(e).__name__}: {e}"[:500])
+        if not full.isascii() and (problem := unencodable(full)) is not None:
+            # from a message's other keys (the contents are checked): a tokenizer refuses
+            # the whole batch for it, so the record is set aside here
+            return None, "invalid_unicode", f"the rendered conversation {problem}"
         if self.spec.train_on == "all":
             spans = [(0, len(full))]
         return Rendered(full, _merged(spans)), None, None

@@ -24,11 +24,12 @@ output, markers included.
 
 **Bad records** (each detail names the problem): the chat kind's (``not_messages`` for a turn
 without ``from`` / ``value``, ``bad_role`` for another ``from``, ``not_text``,
-``no_assistant``, ``chat_template``: also a template that drops a marker, adds one, or prints a
-vision token), ``malformed_sample`` (markers and images in different numbers: the detail gives
-both), ``vision_token_in_text`` (a turn holding a vision token's text), the image reasons
-(``image_<...>``, the detail naming the path), and the format's (``image_path``,
-``image_missing``, ``too_many_images``: :mod:`datalane.engine.formats.llavajson`).
+``invalid_unicode`` (a lone surrogate), ``no_assistant``, ``chat_template``: also a template
+that drops a marker, adds one, or prints a vision token), ``malformed_sample`` (markers and
+images in different numbers: the detail gives both), ``vision_token_in_text`` (a turn holding
+a vision token's text), the image reasons (``image_<...>``, the detail naming the path), and
+the format's (``image_path``, ``image_missing``, ``too_many_images``:
+:mod:`datalane.engine.formats.llavajson`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import numpy as np
 from datalane.engine.documents.base import Attached, DocKey, Rendered, Tokenized
 from datalane.engine.documents.chat import ChatKind, trained_mask
 from datalane.engine.documents.interleaved import MALFORMED, TOO_MANY_IMAGES, attach_runs
+from datalane.engine.documents.text import unencodable
 from datalane.engine.documents.vision import VisionKind
 from datalane.engine.images import BadImage, libraries
 from datalane.engine.tokenize import TokenizerHandle
@@ -91,6 +93,8 @@ class LlavaKind(VisionKind):
             if not isinstance(text, str):
                 what = "null" if text is None else type(text).__name__
                 return None, "not_text", f"{field}[{i}].value is {what}, not a string"
+            if not text.isascii() and (problem := unencodable(text)) is not None:
+                return None, "invalid_unicode", f"{field}[{i}].value {problem}"
             held = next((t for t in self._texts if t in text), None)
             if held is not None:
                 return None, "vision_token_in_text", (f"{field}[{i}].value holds the vision "

@@ -332,6 +332,9 @@ BAD = [
      "messages[0].content is list"),
     ([U("x"), {"role": "assistant", "content": 5}], "not_text", "messages[1].content is int"),
     ([U("x"), U("y")], "no_assistant", "no assistant turn"),
+    # a lone surrogate (JSON's "\ud800") would make the tokenizer refuse the whole batch
+    ([U("hi\ud800"), A("y")], "invalid_unicode",
+     "messages[0].content holds the lone surrogate U+D800 at character 2"),
 ]
 
 
@@ -346,10 +349,22 @@ def test_bad_records(handle: TokenizerHandle, value: Any, reason: str, detail: s
 
 def test_the_bad_record_reasons(handle: TokenizerHandle) -> None:
     assert config_kind(handle, "chatml").bad_reasons == {
-        "not_messages", "bad_role", "not_text", "no_assistant", "chat_template"}
+        "not_messages", "bad_role", "not_text", "invalid_unicode", "no_assistant",
+        "chat_template"}
     assert ChatKind.columns == (LOSS_MASK,)
     assert (LOSS_MASK.name, LOSS_MASK.dtype, LOSS_MASK.pad, LOSS_MASK.default) == (
         "loss_mask", "uint8", 0, 1)
+
+
+def test_a_lone_surrogate_the_template_prints_from_another_key_is_a_bad_record(
+        handle: TokenizerHandle) -> None:
+    # the contents are checked by name; a message's other keys reach the template as they are
+    template = "{% for m in messages %}{{ m.name }}:{{ m.content }}\n{% endfor %}"
+    doc, reason, detail = kind(handle, template_text=template).render(
+        [{"role": "user", "content": "x", "name": "a\udc80"}, A("y")])
+    assert (doc, reason, detail) == (
+        None, "invalid_unicode",
+        "the rendered conversation holds the lone surrogate U+DC80 at character 1")
 
 
 def test_what_the_template_rejects_is_a_chat_template_record(handle: TokenizerHandle) -> None:

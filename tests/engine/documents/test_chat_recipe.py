@@ -23,6 +23,8 @@ from datalane.engine.formats import FORMATS
 from datalane.runner import run_world
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Packing, Recipe, Shuffle, load_recipe
+from datalane.testing.images import CHATML_TEMPLATE as CHATML
+from tests.support import paths
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +174,23 @@ def test_a_chat_source_of_a_recipe_changes_the_fingerprint_with_its_template(
         dataclasses.replace(recipe.sources[0], chat=other), recipe.sources[1]]))
     assert a.fingerprint != b.fingerprint
     assert a.fingerprint_doc["documents"]["sft"]["kind"] == "chat"
+
+
+def test_a_lone_surrogate_is_a_bad_record_not_a_failed_map_task(tmp_path: Path) -> None:
+    # JSON's "\ud800" decodes to a str the tokenizer refuses (TypeError for the whole batch,
+    # failing the map task); the kind sets the record aside before tokenizing
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    bad = {"messages": [{"role": "user", "content": "hi\ud800"},
+                        {"role": "assistant", "content": "yo"}]}
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [good, bad, good]))
+    recipe = load_recipe({
+        "lanes": 1, "global_batch_size": 1, "seq_len": 63,
+        "tokenizer": {"uri": str(paths.DATA / "chat" / "tokenizer.json")},
+        "sources": [{"name": "c", "uris": [str(path)], "chat": {"template_text": CHATML}}]})
+    with Loader(recipe, 0, 1, Knobs(workers=1)) as loader:
+        for _ in range(10):
+            if loader.next_step().ended:
+                break
+        counters = loader.counters()
+    assert (counters.kept, counters.skipped) == (2, {"invalid_unicode": 1}), counters

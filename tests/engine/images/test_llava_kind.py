@@ -180,6 +180,8 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
      r"conversations\[0\]\.from is 'robot'"),
     ({"image": "ok.png", "conversations": [{"from": "human", "value": 3}]}, "not_text",
      r"conversations\[0\]\.value is int"),
+    ({"image": "ok.png", "conversations": _turns("<image>\ud800", "a")}, "invalid_unicode",
+     r"conversations\[0\]\.value holds the lone surrogate U\+D800 at character 7"),
     ({"image": "ok.png", "conversations": [{"value": "<image>"}]}, "not_messages",
      r"conversations\[0\] is not a mapping with 'from' and 'value'"),
     ({"image": "ok.png", "conversations": _turns("<image><|vision_end|>", "a")},
