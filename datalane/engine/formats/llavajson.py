@@ -7,24 +7,24 @@ whitespace is ``[`` is one array, read an element at a time (:mod:`.jsonarray`);
 is JSONL, read as the JSON format reads it. Either way a record's position is the byte offset
 of its first byte.
 
-The reader gives each record with the file it came from (:class:`Located`), because decoding
-it reads the images it names - on the worker threads, as every decode runs - and a format's
+The reader gives each record with the file it came from (:class:`Located`), because decoding it
+reads the images it names - on the worker threads, as every decode runs - and a format's
 ``decode`` is given the record alone. A path is refused, before anything is read, as a bad
 record ``image_path`` when it is not a non-empty string, is absolute, is a URI (its first
-component holds ``:``), holds a backslash, a NUL or a ``..`` component, or - on a local
-filesystem - leads outside the JSON file's folder once symlinks are resolved (the folder's own
-symlinks resolved too: the folder is the root). A path to nothing (or to a directory) is
-``image_missing``, and so is a path through a file (``ok.png/x.png``); a path the filesystem
-cannot follow (a component too long, a loop of symlinks) or that is not valid Unicode (a lone
-surrogate) is ``image_path``. A file over the source's ``limits.max_bytes`` is
-``image_too_large``, known from its size before it is read, and at most ``max_bytes + 1``
-bytes are ever read. A record
-naming more than ``max_images`` images is ``too_many_images`` before any is read; an ``image``
-that is neither a path nor a list of paths is ``malformed_sample``; a record without its
-conversation ``missing_field``. Files are read through fsspec, so a JSON file on S3 reads its
-images from beside it there (an object store has no symlinks; the path checks are the same).
-A read that fails for another reason (a network error) raises a StorageError naming the image
-and the JSON file.
+component holds ``:``), holds a backslash, a NUL or a ``..`` component, holds ``%``, ``?`` or
+``#`` on a filesystem that is not local (a URL would decode ``%2e%2e/`` to ``../``), or - on a
+local filesystem - leads outside the JSON file's folder once symlinks are resolved (the
+folder's own symlinks resolved too: the folder is the root). A path to nothing (or to a
+directory) is ``image_missing``, and so is a path through a file (``ok.png/x.png``); a path the
+filesystem cannot follow (a component too long, a loop of symlinks) or that is not valid
+Unicode (a lone surrogate) is ``image_path``. A file over the source's ``limits.max_bytes`` is
+``image_too_large``, known from its size before it is read, and at most ``max_bytes + 1`` bytes
+are ever read. A record naming more than ``max_images`` images is ``too_many_images`` before
+any is read; an ``image`` that is neither a path nor a list of paths is ``malformed_sample``; a
+record without its conversation ``missing_field``. Files are read through fsspec, so a JSON
+file on S3 reads its images from beside it there (an object store has no symlinks; the other
+path checks are the same). A read that fails for another reason (a network error) raises a
+StorageError naming the image and the JSON file.
 
 The decoded value is ``{"conversations": [...], "images": (bytes, ...), "paths": (str, ...)}``
 for the document kind (:mod:`datalane.engine.documents.llava`); the images are not part of the
@@ -83,7 +83,7 @@ class Folder:
 
     def read(self, rel: Any, max_bytes: int) -> tuple[bytes | None, str, str]:
         """The bytes of the image at ``rel``, or ``(None, reason, detail)``."""
-        parts, why = _relative(rel)
+        parts, why = _relative(rel, local=self.real is not None)
         if parts is None:
             return None, IMAGE_PATH, why
         joined = "/".join([self.path, *parts]) if self.path else "/".join(parts)
@@ -112,8 +112,10 @@ _BAD_PATH_ERRORS: dict[int, tuple[str, str]] = {
 }
 
 
-def _relative(rel: Any) -> tuple[list[str] | None, str]:
-    """The components of a relative image path, or ``(None, why it is refused)``."""
+def _relative(rel: Any, local: bool) -> tuple[list[str] | None, str]:
+    """The components of a relative image path, or ``(None, why it is refused)``. Off a
+    local filesystem the path becomes part of a URL (fsspec's http, S3 keys), where ``%``
+    escapes are decoded (``%2e%2e/`` is ``../``) and ``?`` / ``#`` end the path: refused."""
     if not isinstance(rel, str) or not rel:
         what = "an empty string" if rel == "" else type(rel).__name__
         return None, f"the path is {what}, not a relative path"
@@ -128,6 +130,9 @@ def _relative(rel: Any) -> tuple[list[str] | None, str]:
     if _SCHEME.match(rel):
         return None, "the path is a URI (its first component holds ':'); image paths are " \
                      "relative to the JSON file's folder"
+    if not local and any(c in rel for c in "%?#"):
+        return None, ("the path holds '%', '?' or '#', which a URL would decode or cut; on a "
+                      "remote filesystem image paths are plain names")
     parts = [p for p in rel.split("/") if p not in ("", ".")]
     if ".." in parts:
         return None, "the path holds '..'; an image must lie in the JSON file's folder"

@@ -472,3 +472,33 @@ def test_a_read_failing_for_the_storage_is_a_transient_storage_error(
                                            r".*Input/output error") as got:
         llavajson.Folder.of(str(folder / "data.json")).read("ok.png", 16384)
     assert got.value.transient
+
+
+@pytest.mark.parametrize("rel", ["%2e%2e/%2e%2e/secret.jpg", "a%2Fb.png", "x.png?v=1",
+                                 "x.png#frag"])
+def test_off_a_local_filesystem_url_characters_in_a_path_are_refused(rel: str) -> None:
+    # fsspec's http filesystem puts the path in a URL: '%2e%2e/' decodes to '../' (outside
+    # the JSON file's folder), '?' and '#' cut the path. The same names are plain on disk.
+    from datalane.engine.formats.llavajson import _relative
+
+    assert _relative(rel, local=False) == (
+        None, "the path holds '%', '?' or '#', which a URL would decode or cut; on a remote "
+              "filesystem image paths are plain names")
+    assert _relative(rel, local=True)[0] == [p for p in rel.split("/")]
+
+
+def test_a_remote_folder_reads_plain_paths_and_refuses_escapes() -> None:
+    import fsspec
+
+    from datalane.engine.formats.llavajson import Folder
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe({"/llava-remote/d/ok.png": b"png", "/llava-remote/secret.jpg": b"secret"})
+    try:
+        folder = Folder.of("memory://llava-remote/d/data.json")
+        assert folder.real is None  # not local
+        assert folder.read("ok.png", 100) == (b"png", "", "")
+        data, reason, detail = folder.read("%2e%2e/secret.jpg", 100)
+        assert (data, reason) == (None, "image_path") and "'%', '?' or '#'" in detail
+    finally:
+        fs.rm("/llava-remote", recursive=True)
