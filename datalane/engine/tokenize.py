@@ -1,8 +1,11 @@
 """The tokenizer stage: a ``tokenizer.json`` from any fsspec URI, batched encode, BOS/EOS.
 
 Documents are encoded without the tokenizer's own post-processing (``add_special_tokens``
-off); BOS and EOS are added here by the recipe's policy, so the result never depends on how a
-tokenizer file happens to configure its template. Called from map tasks on worker threads
+off), padding or truncation (a file's ``padding`` / ``truncation`` blocks are dropped at load:
+padding to a batch's longest document would make a document's ids depend on its map task);
+BOS and EOS are added here by the recipe's policy, so the result never depends on how a
+tokenizer file happens to configure its template. A tokenizer's identity stays its file's
+SHA-256. Called from map tasks on worker threads
 (``encode_batch_fast`` releases the GIL and runs in Rust).
 
 A valid tokenizer may still not fit the data: one whose vocabulary lacks the text's characters
@@ -65,6 +68,11 @@ class TokenizerHandle:
         except Exception as e:  # tokenizers raises a plain Exception on bad JSON
             raise ConfigError(f"tokenizer.uri {spec.uri!r} is not a valid tokenizer.json: "
                               f"{e}") from e
+        # A file's "padding" block would pad every document of a batch to its longest, and
+        # "truncation" cut them: a document's tokens would depend on which map task (cut by
+        # timing) it was encoded in. Documents are never padded or cut here; the packers do it.
+        tok.no_padding()
+        tok.no_truncation()
 
         def token(field: str, name: str) -> int:
             tid = tok.token_to_id(name)

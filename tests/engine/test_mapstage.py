@@ -340,3 +340,33 @@ def test_special_token_missing_from_the_vocabulary(spec: dict[str, Any], message
 def test_bos_name_is_not_needed_when_bos_is_off() -> None:
     handle = TokenizerHandle.load(TokenizerSpec(uri=tokenizer_path(), bos_token="<s>"))
     assert handle.bos_id is None
+
+
+def _with_padding_and_truncation(source: str, path: Path) -> Path:
+    """A copy of the tokenizer.json at ``source`` whose file asks for padding to the
+    longest of a batch and truncation to 3 tokens (as some published tokenizer.json do)."""
+    tok = Tokenizer.from_file(source)
+    tok.enable_padding(pad_id=0, pad_token=tok.id_to_token(0))
+    tok.enable_truncation(max_length=3)
+    text = tok.to_str()
+    assert json.loads(text)["padding"] and json.loads(text)["truncation"]
+    path.write_text(text)
+    return path
+
+
+def test_a_tokenizer_files_padding_and_truncation_never_apply(
+        tmp_path: Path, handle: TokenizerHandle, raw_tokenizer: Tokenizer) -> None:
+    # Padded to a batch's longest, a document's ids would depend on which map task (cut by
+    # timing) it was encoded in; truncated, it would lose tokens. Both are dropped at load.
+    path = _with_padding_and_truncation(tokenizer_path(), tmp_path / "tokenizer.json")
+    loaded = TokenizerHandle.load(TokenizerSpec(uri=str(path)))
+    texts = ["hello", "hello world this is a longer document"]
+    want = [raw_tokenizer.encode(t, add_special_tokens=False).ids + [EOS] for t in texts]
+    assert len(want[1]) > len(want[0]) + 1 and len(want[1]) > 4
+    for batch in ([texts[0]], [texts[1]], texts, texts[::-1]):
+        ids, offsets, _ = loaded.encode(batch)
+        got = [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(batch))]
+        assert got == [want[texts.index(t)] for t in batch], (
+            f"the same ids whatever the batch, as without the file's padding: {got}")
+    # the identity is still the file's bytes (this file is another file)
+    assert loaded.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() != handle.sha256

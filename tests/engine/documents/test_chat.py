@@ -578,3 +578,24 @@ def test_block_lines_are_trimmed_as_transformers_trims_them(handle: TokenizerHan
     doc, _, _ = kind(handle, template_text=template).render(msgs)
     assert doc == Rendered("U: q\nA: a\n", ((8, 10),))
     assert doc.text == hf_tokenizer("chatml", template).apply_chat_template(msgs, tokenize=False)
+
+
+def test_a_tokenizer_files_padding_never_reaches_a_chat_batch(
+        tmp_path: Path, handle: TokenizerHandle) -> None:
+    # the chat kind tokenizes whole map tasks at once (and copies the tokenizer when it drops
+    # the post-processor): a file's padding would pad each conversation to the longest
+    tok = Tokenizer.from_file(TOKENIZER)
+    tok.enable_padding(pad_id=0, pad_token=tok.id_to_token(0))
+    path = tmp_path / "tokenizer.json"
+    path.write_text(tok.to_str())
+    padded = TokenizerHandle.load(TokenizerSpec(uri=str(path)))
+    convs = [CONVERSATIONS["ends_with_user"], CONVERSATIONS["multi_turn"]]
+    for train_on in ("assistant", "all"):
+        plain_kind = config_kind(handle, "chatml", train_on=train_on)
+        padded_kind = config_kind(padded, "chatml", train_on=train_on)
+        want = [one(plain_kind, c) for c in convs]
+        docs = [padded_kind.render(c)[0] for c in convs]
+        columns, offsets, _ = padded_kind.tokenize(docs)
+        got = [(columns["input_ids"][offsets[i]:offsets[i + 1]].tolist(),
+                columns["loss_mask"][offsets[i]:offsets[i + 1]].tolist()) for i in range(2)]
+        assert got == want, f"train_on {train_on}: a batch must give each alone's ids and mask"
