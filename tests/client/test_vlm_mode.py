@@ -173,3 +173,31 @@ def test_torchtitans_dataloader_refuses_a_sidecar_without_the_vision_contract(
                                       dp_world_size=1, dp_rank=0, seq_len=255,
                                       local_batch_size=1)
     assert closed == [True]
+
+
+def test_torchtitans_dataloader_closes_a_sidecar_whose_schema_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the schema itself can fail (a malformed vision contract in the sidecar's Health
+    is a MismatchError): the loader's channel is closed all the same."""
+    pytest.importorskip("torchtitan")
+    from datalane.client import torchtitan
+
+    closed: list[bool] = []
+
+    class Malformed:
+        lanes, lanes_total, per_step, socket = range(2), 2, 2, "/run/bad.sock"
+
+        @property
+        def schema(self) -> Any:
+            raise MismatchError("the Health of the sidecar at /run/bad.sock: vision: pad_id 1024 "
+                                "is also image_id")
+
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(torchtitan, "_open_loader", lambda *args: Malformed())
+    with pytest.raises(MismatchError, match=r"pad_id 1024 is also image_id"):
+        torchtitan.DataLaneDataLoader(torchtitan.DataLaneDataLoader.Config(socket="/x"),
+                                      dp_world_size=1, dp_rank=0, seq_len=255,
+                                      local_batch_size=1)
+    assert closed == [True]
