@@ -221,11 +221,12 @@ class DataLaneDataset(IterableDataset[dict[str, torch.Tensor]]):
         self.global_tokens = global_tokens  # add item["global_tokens"] (an all-reduce a step)
         self.dp_group = dp_group  # the data-parallel process group (None: the default one)
         self._global: tuple[int, torch.Tensor] | None = None  # (step, global_tokens)
-        self.vlm, self._contract = _vlm_settings(loader, vlm) if vlm is not False else (
-            None, None)
-        """VLM mode's special tokens and patch rule (None: items are dicts of tensors), and
-        the vision contract they were read from (checked again at each iterator's first
-        microbatch, :func:`_check_contract`)."""
+        self.vlm: VlmSettings | None = None
+        """VLM mode's special tokens and patch rule (None: items are dicts of tensors)."""
+        self._contract: VisionContract | None = None  # what they were read from: checked
+        # again at each iterator's first microbatch (_check_contract)
+        if vlm is not False:
+            self.vlm, self._contract = _vlm_settings(loader, vlm)
         if self.vlm is not None and global_tokens:
             raise ConfigError("DataLaneDataset(vlm=..., global_tokens=True): a VLM item is "
                               "TorchTitan's (input_dict, labels), whose every input key "
