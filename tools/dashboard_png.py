@@ -133,6 +133,17 @@ GAP_IN = 0.05  # between panels
 TITLE_IN, LEFT_IN, RIGHT_IN, TICKS_IN, LEGEND_ROW_IN = 0.3, 0.55, 0.15, 0.25, 0.17
 
 
+def rate_interval(interval: float) -> str:
+    """``$__rate_interval`` for scrapes every ``interval`` seconds, in whole milliseconds (the
+    finest unit PromQL writes): ``8s`` for 2 s, ``400ms`` for 0.1 s (never rounded to ``0s``,
+    which Prometheus refuses); ValueError below 1 ms."""
+    ms = round(RATE_INTERVALS * interval * 1000)
+    if ms < 1:
+        raise ValueError(f"--interval {interval:g} gives a $__rate_interval of "
+                         f"{RATE_INTERVALS * interval:g} s: under the 1 ms PromQL can write")
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
 def render(dashboard: dict[str, Any], scrape_text: str, out: Path, interval: float) -> None:
     import matplotlib
 
@@ -147,7 +158,7 @@ def render(dashboard: dict[str, Any], scrape_text: str, out: Path, interval: flo
     if len(namespaces) != 1:
         raise ValueError(f"the scrapes are of namespaces {sorted(namespaces)}; expected one")
     variables = {"namespace": namespaces.pop(),
-                 "__rate_interval": f"{round(RATE_INTERVALS * interval)}s"}
+                 "__rate_interval": rate_interval(interval)}
     panels = load_panels(dashboard, variables)
     db = TimeSeriesDB(scrapes)
     times = [i * interval for i in range(int(scrapes[-1].t / interval) + 1)]
@@ -269,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not (math.isfinite(args.interval) and args.interval > 0):
         ap.error(f"--interval {args.interval!r} is not a positive number of seconds")
+    try:
+        rate_interval(args.interval)
+    except ValueError as e:
+        ap.error(str(e))
     raw = args.scrapes.read_bytes()
     text = (gzip.decompress(raw) if args.scrapes.suffix == ".gz" else raw).decode()
     render(json.loads(args.dashboard.read_text()), text, args.out, args.interval)

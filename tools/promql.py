@@ -5,8 +5,10 @@ Prometheus (tools/dashboard_png.py), and nothing more.
 Supported, as Prometheus evaluates them:
 
 * a selector ``name{label="value", label!="value"}`` (an instant vector: each series' newest
-  sample within the 5 minute lookback, none after a staleness marker);
-* ``rate(selector[range])``: the per-second increase over the left-open window
+  sample within the 5 minute lookback, none after a staleness marker); in a value only the
+  escapes ``\\"`` and ``\\\\`` (Prometheus' other Go escapes are refused, not misread);
+* ``rate(selector[range])``, the range a positive number of ``ms``, ``s``, ``m`` or ``h``:
+  the per-second increase over the left-open window
   ``(t - range, t]``, counter resets added back, extrapolated to the window's edges by
   Prometheus' rule (``extrapolatedRate`` in promql/functions.go);
 * ``sum(expr)`` and ``sum by (labels) (expr)``;
@@ -33,8 +35,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["LOOKBACK_S", "ParseError", "Scrape", "Series", "TimeSeriesDB", "evaluate", "parse",
-           "parse_scrapes", "substitute"]
+__all__ = ["LOOKBACK_S", "ParseError", "Rate", "Scrape", "Selector", "Series", "TimeSeriesDB",
+           "evaluate", "parse", "parse_scrapes", "substitute"]
 
 LOOKBACK_S = 300.0  # Prometheus' default --query.lookback-delta
 STALE = math.nan  # a staleness marker (Prometheus uses a special NaN; no sample here is NaN)
@@ -152,8 +154,9 @@ class Quantile:
 Expr = Selector | Rate | Sum | Quantile
 
 TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<num>\d+(?:\.\d+)?(?![\w.]))'
-                   r'|(?P<dur>\[\d+[smh]\])|(?P<id>[A-Za-z_:][\w:]*)|(?P<op>!=|=~|!~|[(){},=]))')
-DURATION = {"s": 1.0, "m": 60.0, "h": 3600.0}
+                   r'|(?P<dur>\[\d+(?:ms|[smh])\])|(?P<id>[A-Za-z_:][\w:]*)'
+                   r'|(?P<op>!=|=~|!~|[(){},=]))')
+DURATION = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 EXPECTED = {"dur": "a range such as [5m]", "str": "a quoted value", "num": "a number",
             "id": "a name", "op": "an operator"}
 
@@ -232,7 +235,11 @@ class _Parser:
             sel = self.selector()
             rng = self.take("dur")
             self.take("op", ")")
-            return Rate(sel, float(rng[1:-2]) * DURATION[rng[-2]])
+            m = re.fullmatch(r"\[(\d+)(\D+)\]", rng)
+            assert m is not None  # a "dur" token
+            if int(m[1]) == 0:  # Prometheus refuses a range that is not positive
+                self.refuse(f"the range {rng}", verb=" is not positive")
+            return Rate(sel, int(m[1]) * DURATION[m[2]])
         if value == "histogram_quantile":
             self.i += 1
             self.take("op", "(")
@@ -268,14 +275,27 @@ class _Parser:
                     self.refuse(f"matcher {label}{op}")
                 self.i += 1
                 raw = self.take("str")
-                matchers.append((label, op, re.sub(r"\\(.)", r"\1", raw[1:-1])))
+                matchers.append((label, op, self.unquote(raw)))
                 if self.peek() == ("op", ","):
                     self.i += 1
+                elif self.peek() != ("op", "}"):
+                    self.refuse(f"expected ',' or '}}' after the matcher {label}{op}{raw}, "
+                                f"found {self.peek()[1]!r}", verb="")
             self.i += 1
         nxt = self.peek()
         if nxt[0] == "id" and nxt[1] == "offset":
             self.refuse("offset")
         return Selector(name, tuple(matchers))
+
+    def unquote(self, raw: str) -> str:
+        """A quoted value's text: ``\\"`` and ``\\\\`` decoded; Prometheus' other (Go) escapes
+        are refused rather than read as the letter they escape."""
+        def one(m: re.Match[str]) -> str:
+            if m[1] not in ('"', "\\"):
+                self.refuse(f"the escape {m[0]} in {raw}", verb=" is not supported (only \\\" "
+                                                               "and \\\\)")
+            return m[1]
+        return re.sub(r"\\(.)", one, raw[1:-1])
 
 
 # ---- evaluation ------------------------------------------------------------------------------

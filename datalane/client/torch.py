@@ -74,12 +74,13 @@ from torch.utils.data import IterableDataset
 from datalane.client import lanekeys
 from datalane.client.batch import Batch
 from datalane.spec import imagecolumns
-from datalane.spec.errors import ConfigError
+from datalane.spec.errors import ConfigError, MismatchError
 from datalane.spec.targets import IGNORE_INDEX, trained_targets
 
 if TYPE_CHECKING:
     from datalane.client.torchvlm import VlmSettings
     from datalane.spec.schema import SampleSchema
+    from datalane.spec.visioncontract import VisionContract
 
 __all__ = ["DataLaneDataset", "cu_seqlens", "to_tensors"]
 
@@ -137,13 +138,15 @@ def to_tensors(batch: Batch) -> dict[str, torch.Tensor]:
     return out
 
 
-def _vlm_settings(loader: _Loader, vlm: bool | VlmSettings) -> VlmSettings:
+def _vlm_settings(loader: _Loader, vlm: bool | VlmSettings
+                  ) -> tuple[VlmSettings, VisionContract | None]:
     """VLM mode's settings: given, or (``vlm=True``) read from the vision contract of the
-    loader's sample schema (the recipe's in-process, the one the sidecar announces)."""
+    loader's sample schema (the recipe's in-process, the one the sidecar announces); with the
+    contract they were read from (None: given)."""
     from datalane.client.torchvlm import vlm_settings
 
     if vlm is not True:
-        return vlm  # type: ignore[return-value]
+        return vlm, None  # type: ignore[return-value]
     schema = getattr(loader, "schema", None)
     if schema is None:
         raise ConfigError(f"DataLaneDataset(vlm=True) over a {type(loader).__name__} that has "
@@ -158,7 +161,29 @@ def _vlm_settings(loader: _Loader, vlm: bool | VlmSettings) -> VlmSettings:
                           f"per-image columns (its columns {list(schema.names)}: no source has "
                           f"`vision` settings), so there are no images for TorchTitan's "
                           f"multimodal batch")
-    return settings
+    return settings, schema.vision
+
+
+def _where(loader: _Loader) -> str:
+    socket = getattr(loader, "socket", None)
+    return f"the sidecar at {socket}" if socket else f"the {type(loader).__name__}"
+
+
+def _check_contract(loader: _Loader, read: VisionContract) -> None:
+    """The contract VLM mode read before the first microbatch (from a sidecar: its Health) is
+    the one the microbatches come with (the reply to Open): a sidecar restarted with another
+    recipe in between would otherwise be served with the first one's tokens and normalisation.
+    After the first Open the session's fingerprint holds the recipe."""
+    now = loader.schema.vision
+    if now == read:
+        return
+    first = read.to_dict()
+    after = now.to_dict() if now is not None else dict.fromkeys(first)
+    differ = [f"{k} {first[k]!r} then {after[k]!r}" for k in first if first[k] != after[k]]
+    raise MismatchError(f"the vision contract {_where(loader)} announces with the first "
+                        f"microbatch is not the one DataLaneDataset was built with "
+                        f"({', '.join(differ)}): restarted with another recipe in between? "
+                        f"Build the dataset again")
 
 
 def _check_consumer(frame: Any) -> None:
@@ -196,8 +221,12 @@ class DataLaneDataset(IterableDataset[dict[str, torch.Tensor]]):
         self.global_tokens = global_tokens  # add item["global_tokens"] (an all-reduce a step)
         self.dp_group = dp_group  # the data-parallel process group (None: the default one)
         self._global: tuple[int, torch.Tensor] | None = None  # (step, global_tokens)
-        self.vlm = _vlm_settings(loader, vlm) if vlm is not False else None
+        self.vlm: VlmSettings | None = None
         """VLM mode's special tokens and patch rule (None: items are dicts of tensors)."""
+        self._contract: VisionContract | None = None  # what they were read from: checked
+        # again at each iterator's first microbatch (_check_contract)
+        if vlm is not False:
+            self.vlm, self._contract = _vlm_settings(loader, vlm)
         if self.vlm is not None and global_tokens:
             raise ConfigError("DataLaneDataset(vlm=..., global_tokens=True): a VLM item is "
                               "TorchTitan's (input_dict, labels), whose every input key "
@@ -208,7 +237,11 @@ class DataLaneDataset(IterableDataset[dict[str, torch.Tensor]]):
         if self.vlm is not None:
             from datalane.client.torchvlm import to_vlm
 
+            contract = self._contract
             for batch in self.loader:
+                if contract is not None:
+                    _check_contract(self.loader, contract)
+                    contract = None
                 yield to_vlm(batch.columns, self.vlm.special_tokens, self.vlm.rule)
             return
         for batch in self.loader:

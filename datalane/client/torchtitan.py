@@ -188,9 +188,10 @@ class DataLaneDataLoader(BaseDataLoader):  # type: ignore[misc]
         self.local_batch_size = local_batch_size
         self.loader = _open_loader(config, dp_rank, dp_world_size, local_batch_size)
         self._tap = _Tap(self.loader, self._on_step)
-        self.vlm = any(name in imagecolumns.NAMES for name in self.loader.schema.names)
-        """Items are TorchTitan's multimodal batch (a vision recipe; the module docstring)."""
-        try:  # (VLM mode refuses a sidecar that announces images but no vision contract)
+        try:  # the schema may be refused (a sidecar's malformed announcement), and VLM mode
+            # refuses a sidecar that announces images but no vision contract
+            self.vlm = any(name in imagecolumns.NAMES for name in self.loader.schema.names)
+            """Items are TorchTitan's multimodal batch (a vision recipe; the module docstring)."""
             self.dataset = DataLaneDataset(self._tap, vlm=self.vlm)
         except Exception:
             self.loader.close()

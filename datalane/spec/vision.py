@@ -40,6 +40,7 @@ from datalane.spec.limits import (
     MAX_RESIZE_PIXELS,
 )
 from datalane.spec.model import doc
+from datalane.spec.visioncontract import MAX_MEAN, MIN_STD
 
 __all__ = ["AugmentSpec", "ImageLimitsSpec", "ImageSettings", "InterleavedSpec", "ResizeSpec",
            "VisionSpec"]
@@ -139,11 +140,12 @@ class ImageSettings:
     image_mean: list[float] = doc(
         "The per-channel (R, G, B) mean the trainer's client subtracts from the pixel values "
         "(scaled to 0..1) before dividing by `image_std` (Qwen3.5: 0.5 each). The lanes carry "
-        "the uint8 pixels; this is the model's normalisation, announced to the client.",
+        "the uint8 pixels; this is the model's normalisation, announced to the client. Each "
+        "within -1e6..1e6.",
         factory=lambda: [0.5, 0.5, 0.5], omit_default=True)
     image_std: list[float] = doc(
-        "The per-channel (R, G, B) standard deviation the client divides by, each positive "
-        "(Qwen3.5: 0.5 each).", factory=lambda: [0.5, 0.5, 0.5], omit_default=True)
+        "The per-channel (R, G, B) standard deviation the client divides by, each at least "
+        "1e-6 (Qwen3.5: 0.5 each).", factory=lambda: [0.5, 0.5, 0.5], omit_default=True)
 
     def validate(self, where: str) -> None:
         at = where or "vision"
@@ -155,6 +157,12 @@ class ImageSettings:
         if not all(v > 0 for v in self.image_std):
             raise ConfigError(f"{at}.image_std {self.image_std!r} has a value that is not "
                               f"positive (the pixels are divided by it)")
+        if not all(v >= MIN_STD for v in self.image_std):
+            raise ConfigError(f"{at}.image_std {self.image_std!r} has a value below "
+                              f"{MIN_STD:g} (the pixels are divided by it)")
+        if not all(abs(v) <= MAX_MEAN for v in self.image_mean):
+            raise ConfigError(f"{at}.image_mean {self.image_mean!r} has a value outside "
+                              f"{-MAX_MEAN:g}..{MAX_MEAN:g}")
         names = (self.image_token, self.vision_start_token, self.vision_end_token)
         if len(set(names)) != 3:
             raise ConfigError(f"{at}: image_token, vision_start_token and vision_end_token "

@@ -14,8 +14,9 @@ so a client builds the same batch in-process and through a sidecar.
 
 A contract arrives over the wire from a sidecar, so every field is checked here
 (:meth:`VisionContract.__post_init__`): ids that are token ids, sizes within the recipe's
-bounds, three finite means and three positive stds; a ``ValueError`` names the field and its
-value (cut to a few dozen characters: a hostile announcement may be long).
+bounds, five different ids (the video's may be absent), three finite means within
+:data:`MAX_MEAN` and three stds of at least :data:`MIN_STD`; a ``ValueError`` names the field
+and its value (cut to a few dozen characters: a hostile announcement may be long).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-__all__ = ["SPECIAL_TOKENS", "VisionContract"]
+__all__ = ["MAX_MEAN", "MIN_STD", "SPECIAL_TOKENS", "VisionContract"]
 
 #: The keys of TorchTitan's ``special_tokens`` (``MultiModalTokenizer.TOKEN_FIELDS`` + ``_id``),
 #: the contract's first five fields.
@@ -32,6 +33,10 @@ SPECIAL_TOKENS = ("image_id", "video_id", "vision_start_id", "vision_end_id", "p
 _MAX_ID = 2 ** 31 - 1  # input_ids are int32
 #: the bounds of the recipe's settings (datalane.spec.vision.ImageSettings)
 _SIZES = {"patch_size": 1024, "temporal_patch_size": 16, "merge_size": 16}
+#: the normalisation's bounds: a pixel in 0..1, less a mean within these and divided by a std of
+#: at least this, stays a finite float32 (and far from the range a model was trained on)
+MIN_STD = 1e-6
+MAX_MEAN = 1e6
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,19 @@ class VisionContract:
         if len(set(vision)) != 3:
             raise ValueError(f"image_id, vision_start_id and vision_end_id {vision} must be "
                              f"three different tokens")
+        # a video placeholder or a pad that is also a vision token would be counted as one
+        # (TorchTitan finds images by their ids); the pad may be any other token (eos)
+        taken = {"image_id": self.image_id, "vision_start_id": self.vision_start_id,
+                 "vision_end_id": self.vision_end_id}
+        for name in ("video_id", "pad_id"):
+            value = getattr(self, name)
+            if value < 0:  # no <|video_pad|>
+                continue
+            other = next((k for k, tid in taken.items() if tid == value), None)
+            if other is not None:
+                raise ValueError(f"{name} {value} is also {other}: the vision tokens, the "
+                                 f"video placeholder and the pad must be different tokens")
+            taken[name] = value
         for name, top in _SIZES.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
@@ -76,6 +94,12 @@ class VisionContract:
                 raise ValueError(f"{name} {value!r:.80} is not three finite numbers (R, G, B)")
         if not all(v > 0 for v in self.image_std):
             raise ValueError(f"image_std {self.image_std!r} has a value that is not positive")
+        if not all(v >= MIN_STD for v in self.image_std):
+            raise ValueError(f"image_std {self.image_std!r} has a value below {MIN_STD:g} (the "
+                             f"pixels are divided by it)")
+        if not all(abs(v) <= MAX_MEAN for v in self.image_mean):
+            raise ValueError(f"image_mean {self.image_mean!r} has a value outside "
+                             f"{-MAX_MEAN:g}..{MAX_MEAN:g}")
 
     @property
     def special_tokens(self) -> dict[str, int]:

@@ -180,7 +180,14 @@ class LeaderElector:
 
     # -- the loop -------------------------------------------------------------------------
     async def step(self) -> None:
-        """One round: read, decide, write; then start or stop leading as it turned out."""
+        """One round: read, decide, write; then start or stop leading as it turned out.
+
+        The round runs as a task of its own, shielded: cancelling :meth:`run` (an operator
+        stopping) cannot stop a write already in a worker thread, so the round keeps the lock
+        until that write has landed, and a :meth:`release` after it frees what it wrote."""
+        await asyncio.shield(asyncio.ensure_future(self._locked_step()))
+
+    async def _locked_step(self) -> None:
         async with self._round:
             await self._step()
 

@@ -241,13 +241,16 @@ class Runtime:
                 self.config.metrics_endpoint, lambda: self.metrics.render(self.leading))
 
     async def stop(self) -> None:
+        """Release the Lease first (it waits for the elector's round in flight, whose write
+        would otherwise land after the release: this replica would hold the Lease and the
+        other wait a whole lease duration), then cancel the background tasks."""
+        if self.elector is not None:  # hand over at once rather than after a lease duration
+            await self.elector.release()
         for task in self.background:
             task.cancel()
         if self.metrics_server is not None:
             await self.metrics_server.cleanup()
             self.metrics_server = None
-        if self.elector is not None:  # hand over at once rather than after a lease duration
-            await self.elector.release()
 
     def leader_probe(self) -> dict[str, Any]:
         elector = self.elector

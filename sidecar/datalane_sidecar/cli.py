@@ -11,6 +11,8 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
 
 from datalane.spec.errors import DatalaneError
 from datalane.spec.knobs import Knobs
@@ -18,10 +20,53 @@ from datalane.spec.knobs import Knobs
 __all__ = ["main"]
 
 DEFAULT_SOCKET = "/var/run/datalane/datalane.sock"
+# the integer flags' bounds that are not Knobs': far above any pod, low enough that a typo of
+# a few digits is refused at start rather than sizing queues and tables by it
+_MAX_RANKS = 1 << 16
+_MAX_PREFETCH = 1024
+_MAX_STREAMS = 1 << 20
 
 
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
+
+
+class _FromEnv(str):
+    """An integer flag's default as its environment variable gave it: argparse converts a
+    string default with the flag's ``type`` (only for the subcommand that has the flag), so a
+    bad value is refused naming the variable rather than a traceback while the parser is
+    built."""
+
+    env: str
+
+    def __new__(cls, value: str, env: str) -> _FromEnv:
+        out = super().__new__(cls, value)
+        out.env = env
+        return out
+
+
+def _knob(name: str) -> tuple[int, int]:
+    """The bounds of :class:`~datalane.spec.knobs.Knobs` field ``name``: a flag that feeds it
+    is refused with them under its own name, not later as ``knobs.<name>``."""
+    meta = next(f.metadata for f in fields(Knobs) if f.name == name)
+    return int(meta["ge"]), int(meta["le"])
+
+
+def _int_flag(env: str, default: int, low: int, high: int) -> dict[str, Any]:
+    """add_argument's ``type`` and ``default`` for an integer flag in ``low..high`` whose
+    default is ``$env`` when set (and not empty), else ``default``."""
+    def parse(text: str) -> int:
+        where = f"{text.env}: " if isinstance(text, _FromEnv) else ""
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{where}{text!r:.40} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{where}{value} is not in {low}..{high}")
+        return value
+
+    raw = os.environ.get(env) or ""
+    return {"type": parse, "default": _FromEnv(raw, env) if raw else default}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,23 +85,22 @@ def _parser() -> argparse.ArgumentParser:
                        help="fsspec storage options as JSON (env DATALANE_STORE_OPTIONS)")
     serve.add_argument("--pod", default=_env("DATALANE_POD", _env("POD_NAME",
                                                                   socket.gethostname())))
-    serve.add_argument("--ranks-per-pod", type=int,
-                       default=int(_env("DATALANE_RANKS_PER_POD", "1") or 1),
+    serve.add_argument("--ranks-per-pod", **_int_flag("DATALANE_RANKS_PER_POD", 1, 1, _MAX_RANKS),
                        help="data-parallel ranks this pod serves; the pod object of a step is "
                             "written once each has asked for a checkpoint (tensor/context-"
                             "parallel peers reading one data-parallel rank count once) (env "
                             "DATALANE_RANKS_PER_POD)")
-    serve.add_argument("--workers", type=int, default=int(_env("DATALANE_WORKERS", "2") or 2))
-    serve.add_argument("--prefetch", type=int, default=int(_env("DATALANE_PREFETCH", "8") or 8),
+    serve.add_argument("--workers", **_int_flag("DATALANE_WORKERS", Knobs.workers,
+                                                *_knob("workers")))
+    serve.add_argument("--prefetch", **_int_flag("DATALANE_PREFETCH", 8, 1, _MAX_PREFETCH),
                        help="microbatches ready ahead of each session's slowest reader")
-    serve.add_argument("--image-bytes", type=int,
-                       default=int(_env("DATALANE_IMAGE_BYTES") or Knobs.image_bytes),
+    serve.add_argument("--image-bytes", **_int_flag("DATALANE_IMAGE_BYTES", Knobs.image_bytes,
+                                                    *_knob("image_bytes")),
                        help="decoded image bytes each lane's image source may hold in map "
                             "results and tasks in flight (backpressure: the data is the same "
                             "at any value; docs/architecture.md, Backpressure) (env "
                             "DATALANE_IMAGE_BYTES)")
-    serve.add_argument("--max-streams", type=int,
-                       default=int(_env("DATALANE_MAX_STREAMS", "0") or 0),
+    serve.add_argument("--max-streams", **_int_flag("DATALANE_MAX_STREAMS", 0, 0, _MAX_STREAMS),
                        help="streams served at once (trainer processes x (1 + eval streams "
                             "read at once)); a stream past it is refused with "
                             "RESOURCE_EXHAUSTED. 0: max(256, ranks-per-pod x 8 x (1 + eval "
@@ -71,8 +115,7 @@ def _parser() -> argparse.ArgumentParser:
                             "The sidecar's processes (env DATALANE_RANK_PROCESSES)")
     serve.add_argument("--socket-mode", default=_env("DATALANE_SOCKET_MODE", "0600"),
                        choices=["0600", "0660"])
-    serve.add_argument("--metrics-port", type=int,
-                       default=int(_env("DATALANE_METRICS_PORT", "0") or 0))
+    serve.add_argument("--metrics-port", **_int_flag("DATALANE_METRICS_PORT", 0, 0, 65535))
     serve.add_argument("--metrics-addr", default=_env("DATALANE_METRICS_ADDR", "127.0.0.1"),
                        help="address of the metrics port: loopback unless told (the operator "
                             "passes the pod IP) (env DATALANE_METRICS_ADDR)")
@@ -111,14 +154,9 @@ def _serve(args: argparse.Namespace) -> int:
         options = json.loads(args.store_options)
     except json.JSONDecodeError as e:
         raise DatalaneError(f"--store-options is not JSON: {e}") from e
-    if args.image_bytes < 1:
-        raise DatalaneError(f"--image-bytes must be 1 or more, not {args.image_bytes}")
     setup_logging(args.log_level, options)
     if not args.recipe:
         raise DatalaneError("no recipe: pass --recipe or set DATALANE_RECIPE")
-    if args.max_streams < 0:
-        raise DatalaneError(f"--max-streams must be 0 (automatic) or more, not "
-                            f"{args.max_streams}")
     cfg = SidecarConfig(args.socket, args.recipe, args.store, options, args.pod,
                         args.ranks_per_pod, args.workers, args.prefetch,
                         int(args.socket_mode, 8), args.metrics_port, args.metrics_addr,

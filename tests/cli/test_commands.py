@@ -105,6 +105,55 @@ def test_the_sidecar_sets_the_knob_from_its_flag_or_env(monkeypatch, capsys) -> 
     assert cli._parser().parse_args(["serve", "--image-bytes", "7"]).image_bytes == 7
     monkeypatch.setenv("DATALANE_IMAGE_BYTES", "9")
     assert cli._parser().parse_args(["serve"]).image_bytes == 9
-    assert cli.main(["serve", "--recipe", "r.yaml", "--image-bytes", "0"]) == 2
-    assert capsys.readouterr().err == ("datalane-sidecar serve: error: --image-bytes must be 1 "
-                                       "or more, not 0\n")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["serve", "--recipe", "r.yaml", "--image-bytes", "0"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.endswith("datalane-sidecar serve: error: argument "
+                                            "--image-bytes: 0 is not in 1..1099511627776\n")
+
+
+@pytest.mark.parametrize(("env", "value", "message"), [
+    ("DATALANE_IMAGE_BYTES", "abc", "argument --image-bytes: DATALANE_IMAGE_BYTES: 'abc' is not "
+                                    "an integer"),
+    # Knobs' bound (1 << 40), refused here by the variable's name, not later as knobs.image_bytes
+    ("DATALANE_IMAGE_BYTES", str((1 << 40) + 1), "argument --image-bytes: DATALANE_IMAGE_BYTES: "
+                                                 "1099511627777 is not in 1..1099511627776"),
+    ("DATALANE_WORKERS", "257", "argument --workers: DATALANE_WORKERS: 257 is not in 1..256"),
+    ("DATALANE_WORKERS", "2.5", "argument --workers: DATALANE_WORKERS: '2.5' is not an integer"),
+    ("DATALANE_PREFETCH", "0", "argument --prefetch: DATALANE_PREFETCH: 0 is not in 1..1024"),
+    ("DATALANE_RANKS_PER_POD", "-1", "argument --ranks-per-pod: DATALANE_RANKS_PER_POD: -1 is "
+                                     "not in 1..65536"),
+    ("DATALANE_MAX_STREAMS", "x", "argument --max-streams: DATALANE_MAX_STREAMS: 'x' is not an "
+                                  "integer"),
+    ("DATALANE_METRICS_PORT", "65536", "argument --metrics-port: DATALANE_METRICS_PORT: 65536 "
+                                       "is not in 0..65535"),
+])
+def test_a_bad_integer_variable_is_refused_naming_it(monkeypatch, capsys, env: str, value: str,
+                                                      message: str) -> None:
+    """A malformed variable fails serve with its name and value (argparse's usage error, exit
+    2), not a ValueError traceback while the parser is built; probe, which has no such flag,
+    still parses."""
+    from datalane_sidecar import cli
+
+    monkeypatch.setenv(env, value)
+    with pytest.raises(SystemExit) as exited:
+        cli._parser().parse_args(["serve"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.endswith(f"datalane-sidecar serve: error: {message}\n"), err
+    assert cli._parser().parse_args(["probe"]).command == "probe"
+    # a flag given wins over the variable, which is then not read
+    flag = "--" + env.removeprefix("DATALANE_").lower().replace("_", "-")
+    ok = "1" if env != "DATALANE_METRICS_PORT" else "9100"
+    assert getattr(cli._parser().parse_args(["serve", flag, ok]),
+                   flag[2:].replace("-", "_")) == int(ok)
+
+
+def test_an_empty_integer_variable_means_the_default(monkeypatch) -> None:
+    from datalane_sidecar import cli
+
+    monkeypatch.setenv("DATALANE_WORKERS", "")
+    monkeypatch.setenv("DATALANE_IMAGE_BYTES", "")
+    args = cli._parser().parse_args(["serve"])
+    assert (args.workers, args.image_bytes, args.prefetch) == (2, 512 << 20, 8)

@@ -87,6 +87,44 @@ def test_the_patch_rule_comes_from_the_vision_settings(corpus: ImageCorpus) -> N
     assert inputs["pixel_values"].shape[1:] == (16, 768)
 
 
+def test_a_contract_that_changed_before_the_first_open_is_refused_naming_both(
+        corpus: ImageCorpus) -> None:
+    """VLM mode reads the contract before the first microbatch (a SidecarLoader: from the
+    sidecar's Health); a sidecar restarted with another recipe before the first Open would
+    serve batches for another normalisation. The first microbatch's schema (the Open reply's)
+    is compared with it: a MismatchError naming both, not silently stale mean and std."""
+    from dataclasses import replace
+
+    from datalane.client.torch import DataLaneDataset
+
+    with InProcessLoader(_recipe(corpus), 0, 1, 1, Knobs(workers=2)) as inproc:
+        served = inproc.schema
+        assert served.vision is not None
+        health = replace(served, vision=replace(served.vision, image_std=(0.25, 0.5, 0.5)))
+
+        class Restarted:  # Health's schema before the first microbatch, Open's after
+            lanes, lanes_total, socket = inproc.lanes, inproc.lanes_total, "/run/dl.sock"
+            schema = health
+
+            def __iter__(self) -> Any:
+                for batch in inproc:
+                    self.schema = served
+                    yield batch
+
+        dataset = DataLaneDataset(Restarted(), vlm=True)  # type: ignore[arg-type]
+        assert dataset.vlm is not None and dataset.vlm.rule.std == (0.25, 0.5, 0.5)
+        with pytest.raises(MismatchError, match=(
+                r"the vision contract the sidecar at /run/dl\.sock announces with the first "
+                r"microbatch is not the one DataLaneDataset was built with \(image_std "
+                r"\(0\.25, 0\.5, 0\.5\) then \(0\.5, 0\.5, 0\.5\)\): restarted with another "
+                r"recipe")):
+            next(iter(dataset))
+        # the same contract: served
+        same = DataLaneDataset(inproc, vlm=True)
+        inputs, _ = next(iter(same))
+        assert inputs["special_tokens"] == SPECIAL
+
+
 def test_vlm_mode_is_refused_where_it_cannot_hold(corpus: ImageCorpus, tmp_path: Path) -> None:
     from datalane.client.torch import DataLaneDataset
 
@@ -169,6 +207,34 @@ def test_torchtitans_dataloader_refuses_a_sidecar_without_the_vision_contract(
             r"ids image_id, video_id, vision_start_id, vision_end_id, pad_id and the patch rule "
             r"\(patch_size, temporal_patch_size, merge_size, order, image_mean, image_std\).*"
             r"upgrade the sidecar")):
+        torchtitan.DataLaneDataLoader(torchtitan.DataLaneDataLoader.Config(socket="/x"),
+                                      dp_world_size=1, dp_rank=0, seq_len=255,
+                                      local_batch_size=1)
+    assert closed == [True]
+
+
+def test_torchtitans_dataloader_closes_a_sidecar_whose_schema_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the schema itself can fail (a malformed vision contract in the sidecar's Health
+    is a MismatchError): the loader's channel is closed all the same."""
+    pytest.importorskip("torchtitan")
+    from datalane.client import torchtitan
+
+    closed: list[bool] = []
+
+    class Malformed:
+        lanes, lanes_total, per_step, socket = range(2), 2, 2, "/run/bad.sock"
+
+        @property
+        def schema(self) -> Any:
+            raise MismatchError("the Health of the sidecar at /run/bad.sock: vision: pad_id 1024 "
+                                "is also image_id")
+
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(torchtitan, "_open_loader", lambda *args: Malformed())
+    with pytest.raises(MismatchError, match=r"pad_id 1024 is also image_id"):
         torchtitan.DataLaneDataLoader(torchtitan.DataLaneDataLoader.Config(socket="/x"),
                                       dp_world_size=1, dp_rank=0, seq_len=255,
                                       local_batch_size=1)

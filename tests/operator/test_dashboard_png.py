@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ from tests.support.paths import REPO
 from tools import dashboard_png
 from tools.promql import (
     ParseError,
+    Rate,
     Scrape,
+    Selector,
     TimeSeriesDB,
     bucket_quantile,
     evaluate,
@@ -148,6 +151,38 @@ def test_other_forms_are_refused_by_name(expr: str) -> None:
     with pytest.raises(ParseError, match=f"PromQL '{expr}'".replace("(", r"\(").replace(
             ")", r"\)").replace("[", r"\[").replace("+", r"\+").replace("{", r"\{")):
         parse(expr)
+
+
+@pytest.mark.parametrize(("expr", "message"), [
+    ('x{a="1" b="2"}', """expected ',' or '}' after the matcher a="1", found 'b'"""),
+    ('x{a="1"', """expected ',' or '}' after the matcher a="1", found 'end of input'"""),
+    # Prometheus decodes Go's escapes; this evaluator reads only these two, and says so
+    ('x{a="a\\nb"}', """the escape \\n in "a\\nb" is not supported (only \\" and \\\\)"""),
+    ("rate(x[0s])", "the range [0s] is not positive"),  # Prometheus refuses it too
+    ("rate(x[0ms])", "the range [0ms] is not positive"),
+])
+def test_malformed_selectors_and_ranges_are_refused_naming_the_expression(
+        expr: str, message: str) -> None:
+    with pytest.raises(ParseError, match="^" + re.escape(f"PromQL {expr!r}: {message}")):
+        parse(expr)
+
+
+def test_the_matchers_escapes_and_ranges_it_reads() -> None:
+    sel = parse('x{a="q\\"uote", b!="back\\\\slash",}')  # a trailing comma is allowed
+    assert isinstance(sel, Selector)
+    assert sel.matchers == (("a", "=", 'q"uote'), ("b", "!=", "back\\slash"))
+    assert parse("x{}") == Selector("x", ())
+    assert parse("rate(x[1m])") == Rate(Selector("x", ()), 60.0)
+    assert parse("rate(x[400ms])") == Rate(Selector("x", ()), 0.4)
+
+
+def test_the_rate_interval_is_grafanas_and_never_0() -> None:
+    assert dashboard_png.rate_interval(2.0) == "8s"  # the committed dashboard's
+    assert dashboard_png.rate_interval(0.1) == "400ms"  # not round(0.4) = 0s
+    assert dashboard_png.rate_interval(2.3) == "9200ms"  # not rounded to 9s
+    with pytest.raises(ValueError, match=r"--interval 0\.0001 gives a \$__rate_interval of "
+                                         r"0\.0004 s: under the 1 ms PromQL can write"):
+        dashboard_png.rate_interval(0.0001)
 
 
 def test_unknown_variables_and_panels_are_refused() -> None:

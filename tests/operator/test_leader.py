@@ -233,3 +233,64 @@ def test_two_electors_racing_for_a_released_lease_get_one_leader() -> None:
         assert store.holder == next(e.cfg.identity for e in electors if e.leading)
 
     asyncio.run(scenario())
+
+
+def slow_taker(store: FakeLeases) -> tuple[Any, Any]:
+    """A released Lease in ``store``, and a client for "a" whose writes the API server
+    answers after 0.5 s; with the Event set once a write started."""
+    import threading
+
+    store.obj = {"metadata": {"resourceVersion": "0"}, "spec": {"holderIdentity": None}}
+    api = store.client("a")
+    writing = threading.Event()
+
+    class SlowApi:
+        read_namespaced_lease = api.read_namespaced_lease
+
+        def replace_namespaced_lease(self, *args: Any, **kw: Any) -> None:
+            writing.set()
+            time.sleep(0.5)
+            api.replace_namespaced_lease(*args, **kw)
+    return SlowApi(), writing
+
+
+def test_an_operator_stopping_mid_round_leaves_the_lease_free() -> None:
+    """Runtime.stop() while the elector's round is taking the Lease (a released one): the
+    write runs in a worker thread, which cancelling the round cannot stop. The release must
+    wait for it and free the Lease it then holds; otherwise the stopped replica holds the
+    Lease and the other waits a whole lease duration."""
+    from datalane_operator.runtime import OperatorConfig, Runtime
+
+    async def scenario() -> None:
+        store = FakeLeases()
+        api, writing = slow_taker(store)
+        cfg = LeaseConfig("dl-leader", "ns", "a", DURATION, DEADLINE, RETRY)
+        rt = Runtime(config=OperatorConfig(lease=cfg, storage_interval=60.0))
+        rt.start({}, lambda: api)
+        await until(writing.is_set, "the round writes")
+        await rt.stop()
+        assert store.holder is None  # released once the take landed
+        await asyncio.sleep(0.6)  # nothing still in flight lands afterwards
+        assert store.holder is None and not rt.leading
+        assert rt.elector is not None and not rt.elector.leading
+
+    asyncio.run(scenario())
+
+
+def test_a_release_after_the_loop_was_cancelled_waits_for_the_write_in_flight() -> None:
+    """The elector on its own: its loop cancelled mid-write (as a task group's shutdown
+    would), then release(): the write still lands, and the release frees it afterwards."""
+    async def scenario() -> None:
+        store = FakeLeases()
+        api, writing = slow_taker(store)
+        a = LeaderElector(LeaseConfig("dl-leader", "ns", "a", DURATION, DEADLINE, RETRY), api,
+                          lambda: None, lambda: None)
+        task = asyncio.create_task(a.run())
+        await until(writing.is_set, "the round writes")
+        task.cancel()
+        await a.release()
+        assert store.holder is None and not a.leading
+        await asyncio.sleep(0.6)
+        assert store.holder is None and not a.leading
+
+    asyncio.run(scenario())

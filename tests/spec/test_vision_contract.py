@@ -29,6 +29,11 @@ def test_the_contract_names_torchtitans_special_tokens() -> None:
                                    "vision_end_id": 1027, "pad_id": 1}
     assert QWEN.patch_width == 768  # 3 x 16 x 16 bytes: one frame
     assert replace(QWEN, video_id=-1).special_tokens["video_id"] == -1  # no <|video_pad|>
+    # the pad may be another special token (the lanes pad with EOS without a pad token)
+    assert replace(QWEN, pad_id=0, video_id=-1).pad_id == 0
+    # the bounds themselves are fine
+    assert replace(QWEN, image_mean=(-1e6, 1e6, 0), image_std=(1e-6, 1e-6, 1e-6)).image_std[0] \
+        == 1e-6
 
 
 @pytest.mark.parametrize("change,message", [
@@ -38,6 +43,12 @@ def test_the_contract_names_torchtitans_special_tokens() -> None:
     ({"vision_end_id": True}, r"vision_end_id True is not a token id"),
     ({"vision_end_id": 1024}, r"image_id, vision_start_id and vision_end_id \(1024, 1026, "
                               r"1024\) must be three different tokens"),
+    ({"pad_id": 1024}, r"pad_id 1024 is also image_id: the vision tokens, the video "
+                       r"placeholder and the pad must be different tokens"),
+    ({"pad_id": 1025}, r"pad_id 1025 is also video_id"),
+    ({"pad_id": 1027}, r"pad_id 1027 is also vision_end_id"),
+    ({"video_id": 1024}, r"video_id 1024 is also image_id"),
+    ({"video_id": 1026}, r"video_id 1026 is also vision_start_id"),
     ({"patch_size": 0}, r"patch_size 0 is not an integer in 1\.\.1024"),
     ({"temporal_patch_size": 17}, r"temporal_patch_size 17 is not an integer in 1\.\.16"),
     ({"merge_size": 2.0}, r"merge_size 2\.0 is not an integer in 1\.\.16"),
@@ -47,6 +58,11 @@ def test_the_contract_names_torchtitans_special_tokens() -> None:
                                                r"finite numbers"),
     ({"image_std": (0.5, 0.0, 0.5)}, r"image_std \(0\.5, 0\.0, 0\.5\) has a value that is not "
                                      r"positive"),
+    # 1 / 5e-324 is inf: every pixel would be
+    ({"image_std": (0.5, 5e-324, 0.5)}, r"image_std \(0\.5, 5e-324, 0\.5\) has a value below "
+                                        r"1e-06 \(the pixels are divided by it\)"),
+    ({"image_mean": (0.5, 1e308, 0.5)}, r"image_mean \(0\.5, 1e\+308, 0\.5\) has a value "
+                                        r"outside -1e\+06\.\.1e\+06"),
 ])
 def test_a_malformed_contract_is_refused_naming_the_field_and_value(
         change: dict[str, Any], message: str) -> None:
@@ -97,6 +113,11 @@ def test_image_mean_and_std_are_three_numbers_std_positive_and_qwens_by_default(
             ({"image_mean": [0.5, "x", 0.5]}, r"sources\[0\]\.vision\.image_mean\[1\] must be a "
                                               r"number, got 'x'"),
             ({"image_mean": [0.5, float("inf"), 0.5]}, r"image_mean\[1\] must be a finite "
-                                                       r"number, got inf")):
+                                                       r"number, got inf"),
+            ({"image_std": [0.5, 5e-324, 0.5]}, r"sources\[0\]\.vision\.image_std \[0\.5, "
+                                                r"5e-324, 0\.5\] has a value below 1e-06"),
+            ({"image_mean": [0.5, -1e308, 0.5]}, r"sources\[0\]\.vision\.image_mean \[0\.5, "
+                                                 r"-1e\+308, 0\.5\] has a value outside "
+                                                 r"-1e\+06\.\.1e\+06")):
         with pytest.raises(ConfigError, match=message):
             load(VisionSpec, bad, "sources[0].vision")

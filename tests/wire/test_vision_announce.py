@@ -91,6 +91,12 @@ def test_a_client_that_predates_the_contract_reads_a_vision_reply_as_before() ->
     ({"image_id": 1026}, r"the reply: vision: image_id, vision_start_id and vision_end_id "
                          r"\(1026, 1026, 1027\) must be three different tokens"),
     ({"image_id": 1 << 40}, r"the reply: vision: image_id 1099511627776 is not a token id"),
+    ({"image_id": 1, "pad_id": 1}, r"the reply: vision: pad_id 1 is also image_id"),
+    ({"video_id": 1027}, r"the reply: vision: video_id 1027 is also vision_end_id"),
+    ({"image_std": [0.5, 5e-324, 0.5]}, r"the reply: vision: image_std \(0\.5, 5e-324, 0\.5\) "
+                                        r"has a value below 1e-06"),
+    ({"image_mean": [1e308, 0.5, 0.5]}, r"the reply: vision: image_mean \(1e\+308, 0\.5, 0\.5\) "
+                                        r"has a value outside -1e\+06\.\.1e\+06"),
     ({"merge_size": 0}, r"the reply: vision: merge_size 0 is not an integer in 1\.\.16"),
     ({"order": ""}, r"the reply: vision: order '' is not 'block' or 'raster'"),
     ({"order": "x" * 10_000}, r"the reply: vision: order 'x{39} is not 'block' or 'raster'$"),

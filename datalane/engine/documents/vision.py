@@ -120,13 +120,21 @@ class VisionKind(KindBase):
         self.end_id = token("vision_end_token")
         self._texts = (spec.image_token, spec.vision_start_token, spec.vision_end_token)
         video = tok.token_to_id("<|video_pad|>")
+        if video is not None and int(video) in (self.image_id, self.start_id, self.end_id):
+            video = None  # the recipe renders images with it: no video placeholder of its own
         patches = self.rule.patches
-        self.vision: VisionContract | None = VisionContract(
-            self.image_id, -1 if video is None else int(video), self.start_id, self.end_id,
-            tokenizer.pad_id, patches.patch_size, patches.temporal_patch_size,
-            patches.merge_size, patches.order, patches.mean, patches.std)
+        try:  # the tokenizer's pad or <|video_pad|> may be one of the vision tokens
+            self.vision: VisionContract | None = VisionContract(
+                self.image_id, -1 if video is None else int(video), self.start_id,
+                self.end_id, tokenizer.pad_id, patches.patch_size,
+                patches.temporal_patch_size, patches.merge_size, patches.order, patches.mean,
+                patches.std)
+        except ValueError as e:
+            raise ConfigError(f"{where}: the vision contract with {tokenizer.spec.uri}: "
+                              f"{e}") from None
         """The source's vision contract: its tokens' ids (``<|video_pad|>``'s where the
-        vocabulary has it, else -1, an id no token has: videos are not carried; the
+        vocabulary has it and the recipe does not use it for images, else -1, an id no token
+        has: videos are not carried; the
         tokenizer's pad, what the lanes pad ``input_ids`` with) and its patch rule."""
         # the first placeholder follows BOS (if the tokenizer adds one) and vision_start
         self._first_pad = (1 if tokenizer.bos_id is not None else 0) + 1

@@ -11,6 +11,7 @@ import pytest
 
 from datalane.engine.plan import Plan
 from datalane.spec.errors import ConfigError
+from datalane.spec.model import dump
 from datalane.spec.recipe import load_recipe
 from tests.support.kinds import VISION_TOKENIZER
 from tests.support.vision import encoded, vision_recipe, write_shard
@@ -43,7 +44,9 @@ def test_the_contract_follows_the_vision_settings(shard: str) -> None:
                    "image_std": [0.4, 0.5, 0.6]}}])
     v = Plan.build(recipe).schema.vision
     assert v is not None
-    assert (v.image_id, v.video_id) == (1025, 1025)  # the names the recipe gives
+    # the names the recipe gives; <|video_pad|> renders its images, so no video placeholder
+    # (one id for both would make TorchTitan count each image placeholder as a video's too)
+    assert (v.image_id, v.video_id) == (1025, -1)
     assert (v.temporal_patch_size, v.merge_size, v.order) == (1, 1, "raster")
     assert (v.image_mean, v.image_std) == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
 
@@ -55,6 +58,15 @@ def test_sources_that_disagree_on_the_contract_are_refused_naming_both(shard: st
     with pytest.raises(ConfigError, match=r"sources 'a' and 'b' give different vision tokens "
                                           r"or patching \(image_std \(0\.5, 0\.5, 0\.5\) and "
                                           r"\(0\.5, 0\.5, 0\.25\)\): one batch"):
+        Plan.build(recipe)
+
+
+def test_a_pad_that_is_a_vision_token_is_refused_naming_it(shard: str) -> None:
+    recipe = load_recipe({**dump(vision_recipe([shard], 150)), "tokenizer": {
+        "uri": str(VISION_TOKENIZER), "pad_token": "<|vision_start|>"}})
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.vision: the vision contract with "
+                                          r".*tokenizer\.json: pad_id 1026 is also "
+                                          r"vision_start_id"):
         Plan.build(recipe)
 
 
