@@ -122,6 +122,18 @@ def test_each_lane_draws_its_own_records_pixels_in_a_loader(tmp_path: Path) -> N
                                   np.concatenate([w.values for w in want]))
 
 
+def _two_draws_of_wide(recipe: Recipe, seed: int, source: str) -> None:
+    """The first step holds record 0 of ``source`` with WIDE as its images 0 and 1, each
+    augmented from its own words (lane 0, file 0, position 0, the image's index)."""
+    want = [_by_hand(WIDE, AUG, seed, 0, source, 0, 0, k) for k in (0, 1)]
+    assert want[0][0] != want[1][0]
+    with Loader(recipe, 0, 1) as loader:
+        step = loader.next_step()
+    assert step.columns["image_grid_thw"].tolist() == [list(w[2].grid_thw) for w in want]
+    np.testing.assert_array_equal(step.columns["image_patches"],
+                                  np.concatenate([w[2].values for w in want]))
+
+
 def test_each_image_of_an_interleaved_document_has_its_own_draw(tmp_path: Path) -> None:
     """The same PNG twice in one row: image 0 and image 1 are drawn from their own words
     (the image's index is the key's last part), so their crops differ."""
@@ -134,13 +146,7 @@ def test_each_image_of_an_interleaved_document_has_its_own_draw(tmp_path: Path) 
         "tokenizer": {"uri": str(VISION_TOKENIZER)}, "packing": {"algorithm": "bestfit"},
         "sources": [{"name": "docs", "uris": [str(path)],
                      "interleaved": {"augment": {"crop": 0.5, "flip": 0.5}}}]})
-    want = [_by_hand(WIDE, AUG, 3, 0, "docs", 0, 0, k) for k in (0, 1)]
-    assert want[0][0] != want[1][0]
-    with Loader(recipe, 0, 1) as loader:
-        step = loader.next_step()
-    assert step.columns["image_grid_thw"].tolist() == [list(w[2].grid_thw) for w in want]
-    np.testing.assert_array_equal(step.columns["image_patches"],
-                                  np.concatenate([w[2].values for w in want]))
+    _two_draws_of_wide(recipe, 3, "docs")
 
 
 def test_each_image_of_a_llava_record_has_its_own_draw(tmp_path: Path) -> None:
@@ -156,13 +162,7 @@ def test_each_image_of_a_llava_record_has_its_own_draw(tmp_path: Path) -> None:
         "tokenizer": {"uri": str(VISION_TOKENIZER)}, "packing": {"algorithm": "bestfit"},
         "sources": [{"name": "talk", "uris": [str(path)], "llava": {
             "template_text": CHATML_TEMPLATE, "augment": {"crop": 0.5, "flip": 0.5}}}]})
-    want = [_by_hand(WIDE, AUG, 5, 0, "talk", 0, 0, k) for k in (0, 1)]
-    assert want[0][0] != want[1][0]
-    with Loader(recipe, 0, 1) as loader:
-        step = loader.next_step()
-    assert step.columns["image_grid_thw"].tolist() == [list(w[2].grid_thw) for w in want]
-    np.testing.assert_array_equal(step.columns["image_patches"],
-                                  np.concatenate([w[2].values for w in want]))
+    _two_draws_of_wide(recipe, 5, "talk")
 
 
 def test_a_recipe_without_augmentation_keeps_its_fingerprint_and_columns(tmp_path: Path) -> None:
