@@ -17,7 +17,7 @@ Arrow's own threads are never used (``pre_buffer=False``, ``use_threads=False``)
 Python file object (:func:`~datalane.engine.files.open_file`: ranged reads, the plan's size
 check), so Arrow's I/O and CPU pool threads would call into Python to read it, and such a native
 thread alive at interpreter exit aborts the process ("terminate called without an active
-exception", SIGABRT: 1 rank process of about 50 ``datalane demo`` runs at load 13-19). The
+exception", SIGABRT: 3 of 37 ``datalane demo`` runs at load 15-22, none in 130 since). The
 engine's reader threads already read blocks in parallel; a row group decodes on the one that
 reads it.
 """
