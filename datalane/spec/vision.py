@@ -40,7 +40,7 @@ from datalane.spec.limits import (
     MAX_RESIZE_PIXELS,
 )
 from datalane.spec.model import doc
-from datalane.spec.visioncontract import MAX_MEAN, MIN_STD
+from datalane.spec.visioncontract import normalisation_problem
 
 __all__ = ["AugmentSpec", "ImageLimitsSpec", "ImageSettings", "InterleavedSpec", "ResizeSpec",
            "VisionSpec"]
@@ -154,15 +154,9 @@ class ImageSettings:
             value = getattr(self, name)
             if len(value) != 3:
                 raise ConfigError(f"{at}.{name} {value!r} is not three numbers (R, G, B)")
-        if not all(v > 0 for v in self.image_std):
-            raise ConfigError(f"{at}.image_std {self.image_std!r} has a value that is not "
-                              f"positive (the pixels are divided by it)")
-        if not all(v >= MIN_STD for v in self.image_std):
-            raise ConfigError(f"{at}.image_std {self.image_std!r} has a value below "
-                              f"{MIN_STD:g} (the pixels are divided by it)")
-        if not all(abs(v) <= MAX_MEAN for v in self.image_mean):
-            raise ConfigError(f"{at}.image_mean {self.image_mean!r} has a value outside "
-                              f"{-MAX_MEAN:g}..{MAX_MEAN:g}")
+        wrong = normalisation_problem(self.image_mean, self.image_std)
+        if wrong is not None:
+            raise ConfigError(f"{at}.{wrong}")
         names = (self.image_token, self.vision_start_token, self.vision_end_token)
         if len(set(names)) != 3:
             raise ConfigError(f"{at}: image_token, vision_start_token and vision_end_token "

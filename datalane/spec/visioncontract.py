@@ -22,10 +22,11 @@ and its value (cut to a few dozen characters: a hostile announcement may be long
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-__all__ = ["MAX_MEAN", "MIN_STD", "SPECIAL_TOKENS", "VisionContract"]
+__all__ = ["MAX_MEAN", "MIN_STD", "SPECIAL_TOKENS", "VisionContract", "normalisation_problem"]
 
 #: The keys of TorchTitan's ``special_tokens`` (``MultiModalTokenizer.TOKEN_FIELDS`` + ``_id``),
 #: the contract's first five fields.
@@ -37,6 +38,19 @@ _SIZES = {"patch_size": 1024, "temporal_patch_size": 16, "merge_size": 16}
 #: at least this, stays a finite float32 (and far from the range a model was trained on)
 MIN_STD = 1e-6
 MAX_MEAN = 1e6
+
+
+def normalisation_problem(mean: Sequence[float], std: Sequence[float]) -> str | None:
+    """What is wrong with three means and stds the pixels are normalised with (a mean within
+    :data:`MAX_MEAN`, a std of at least :data:`MIN_STD`), named ``image_mean``/``image_std``;
+    None when nothing is. The recipe's settings and the announced contract both apply it."""
+    if not all(v > 0 for v in std):
+        return f"image_std {std!r} has a value that is not positive (the pixels are divided by it)"
+    if not all(v >= MIN_STD for v in std):
+        return f"image_std {std!r} has a value below {MIN_STD:g} (the pixels are divided by it)"
+    if not all(abs(v) <= MAX_MEAN for v in mean):
+        return f"image_mean {mean!r} has a value outside {-MAX_MEAN:g}..{MAX_MEAN:g}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -92,14 +106,9 @@ class VisionContract:
                     isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
                     for v in value):
                 raise ValueError(f"{name} {value!r:.80} is not three finite numbers (R, G, B)")
-        if not all(v > 0 for v in self.image_std):
-            raise ValueError(f"image_std {self.image_std!r} has a value that is not positive")
-        if not all(v >= MIN_STD for v in self.image_std):
-            raise ValueError(f"image_std {self.image_std!r} has a value below {MIN_STD:g} (the "
-                             f"pixels are divided by it)")
-        if not all(abs(v) <= MAX_MEAN for v in self.image_mean):
-            raise ValueError(f"image_mean {self.image_mean!r} has a value outside "
-                             f"{-MAX_MEAN:g}..{MAX_MEAN:g}")
+        wrong = normalisation_problem(self.image_mean, self.image_std)
+        if wrong is not None:
+            raise ValueError(wrong)
 
     @property
     def special_tokens(self) -> dict[str, int]:
