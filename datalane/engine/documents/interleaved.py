@@ -135,8 +135,7 @@ class InterleavedKind(VisionKind):
                 lengths[k] += len(text)
                 if image is None:
                     break
-                run = np.full(image.tokens + 2, self.image_id, np.int32)
-                run[0], run[-1] = self.start_id, self.end_id
+                run = self.run_of(image)
                 parts.append(run)
                 mask.append(np.zeros(len(run), np.uint8))
                 lengths[k] += len(run)

@@ -171,8 +171,7 @@ class LlavaKind(VisionKind):
                 p += 1
                 if image is None:
                     break
-                run = np.full(image.tokens + 2, self.image_id, np.int32)
-                run[0], run[-1] = self.start_id, self.end_id
+                run = self.run_of(image)
                 ids.append(run)
                 masks.append(np.zeros(len(run), np.uint8))
                 size += len(run)

@@ -165,6 +165,12 @@ class VisionKind(KindBase):
                        document=(key.source, key.file, key.position, index),
                        repeat_frames=False)
 
+    def run_of(self, image: Patches) -> np.ndarray:
+        """An image's tokens: vision_start, one placeholder per merged patch, vision_end."""
+        run = np.full(image.tokens + 2, self.image_id, np.int32)
+        run[0], run[-1] = self.start_id, self.end_id
+        return run
+
     def render(self, value: Any, key: DocKey | None = None,
                ) -> tuple[Rendered | None, str | None, str | None]:
         if not isinstance(value, dict) or "image" not in value or "text" not in value:
