@@ -58,18 +58,20 @@ FAST := not slow and not cluster and not containers and not fuzz
 check: lint
 	$(BIN)/python -m pytest -q -m "$(FAST)"
 
-# The test control plane (kube-apiserver, etcd, kwok, helm, ...) built from Go modules into
-# ~/.cache/datalane/cluster: ~25 min on a fresh 2-core machine, seconds once cached.
+# The test control plane (kube-apiserver, etcd, kwok, helm, the training-operator, Kubeflow
+# Trainer v2 and JobSet) built from Go modules into ~/.cache/datalane/cluster: about 30 min on a
+# fresh 2-core machine, seconds once cached.
 cluster:
-	bash tests/cluster/build.sh
+	DATALANE_CLUSTER_TRAINER_V2=1 bash tests/cluster/build.sh
 
 # The images (operator, sidecar, the tests' trainer) built with podman from a locally made
 # Debian base (images/build.py), cached in podman's storage by a hash of their inputs:
 # ~10 min on a fresh machine, seconds once cached. images/setup.sh first installs podman,
 # buildah, runc and mmdebstrap where they are missing (as root, from Debian's packages).
-images: $(STAMP)
+# images/build.py needs only the standard library, so it runs before .venv exists.
+images:
 	bash images/setup.sh
-	$(BIN)/python images/build.py --tag e2e
+	$(PY) images/build.py --tag e2e
 
 # A local cluster for the README's "On a cluster" section (docs/playground.md): the control
 # plane and the images from their caches (built when missing, as `make cluster` and
@@ -82,17 +84,18 @@ playground: $(STAMP)
 playground-down: $(STAMP)
 	$(BIN)/python -m playground down
 
-test: $(STAMP) lint cluster images
-	$(BIN)/python -m pytest -q -m "not trainer_v2"
+# Everything. On a cold machine the Go build (CPU) runs beside the pip install and the images'
+# builds (mostly downloads), so the three take about as long as the Go build alone; each
+# prefixes its lines ([cluster-build], [images]). The slowest tests are listed at the end.
+test:
+	$(MAKE) --no-print-directory -j3 setup cluster images
+	$(MAKE) --no-print-directory lint
+	$(BIN)/python -m pytest -q --durations=40
 
-# The TrainJob tests against Kubeflow Trainer v2's and JobSet's own controllers, built from their
-# Go modules into the cluster cache first (881 s measured on the loaded 2-core machine, once):
-# pods injected on the test control plane (tests/operator/test_trainjob_cluster.py), and a
-# resize of a TrainJob whose pods really run, on `python -m playground up --trainer-v2`
-# (tests/playground/test_trainjob_resize.py, the images too). Not in `make test`, whose cold
-# run (~55 min) leaves no room for them within CI's 90 min.
+# Only the TrainJob tests (also part of `make test`): pods injected on the test control plane
+# (tests/operator/test_trainjob_cluster.py), and a resize of a TrainJob whose pods really run,
+# on `python -m playground up --trainer-v2` (tests/playground/test_trainjob_resize.py).
 test-trainer-v2: $(STAMP) cluster images
-	DATALANE_CLUSTER_TRAINER_V2=1 bash tests/cluster/build.sh
 	$(BIN)/python -m pytest -q -m trainer_v2
 
 PEERS := .venv-peers
