@@ -88,8 +88,12 @@ def cpu_cores(text: str) -> float:
 
 
 def podman_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR",
-                                                         "XDG_RUNTIME_DIR")}
+    """podman's environment: a few of ours, containers/common's own settings
+    (``CONTAINERS_STORAGE_CONF`` and the like: the storage `make images` built into), and this
+    repository's ``containers.conf``."""
+    base = {k: v for k, v in os.environ.items()
+            if k in ("PATH", "HOME", "LANG", "TMPDIR", "XDG_RUNTIME_DIR")
+            or k.startswith("CONTAINERS_")}
     return {**base, "CONTAINERS_CONF": str(CONF), **(extra or {})}
 
 

@@ -174,3 +174,20 @@ def test_secret_key_refs_resolve_as_the_kubelet_does() -> None:
         secret_key(secrets.get, "ns", {"name": "gone", "key": "K"})
     with pytest.raises(ContainerConfigError, match="couldn't find key NOPE in Secret ns/creds"):
         secret_key(secrets.get, "ns", {"name": "creds", "key": "NOPE"})
+
+
+def test_podman_sees_the_storage_the_images_were_built_in(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """containers/common's own variables (a storage of its own, as `make images` used) reach
+    podman; this repository's containers.conf replaces any other; the rest of the caller's
+    environment does not."""
+    monkeypatch.setenv("CONTAINERS_STORAGE_CONF", "/elsewhere/storage.conf")
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", "/elsewhere/registries.conf")
+    monkeypatch.setenv("CONTAINERS_CONF", "/elsewhere/containers.conf")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not for podman")
+    env = containers.podman_env({"EXTRA": "1"})
+    assert env["CONTAINERS_STORAGE_CONF"] == "/elsewhere/storage.conf"
+    assert env["CONTAINERS_REGISTRIES_CONF"] == "/elsewhere/registries.conf"
+    assert env["CONTAINERS_CONF"] == str(containers.CONF)
+    assert env["EXTRA"] == "1"
+    assert "AWS_SECRET_ACCESS_KEY" not in env
