@@ -59,14 +59,14 @@ check: lint
 	$(BIN)/python -m pytest -q -m "$(FAST)"
 
 # The test control plane (kube-apiserver, etcd, kwok, helm, the training-operator, Kubeflow
-# Trainer v2 and JobSet) built from Go modules into ~/.cache/datalane/cluster: about 30 min on a
-# fresh 2-core machine, seconds once cached.
+# Trainer v2 and JobSet) built from Go modules into ~/.cache/datalane/cluster: 17 min on a fresh,
+# quiet 2-core machine (tools/cold_test.sh), longer under load; seconds once cached.
 cluster:
 	DATALANE_CLUSTER_TRAINER_V2=1 bash tests/cluster/build.sh
 
 # The images (operator, sidecar, the tests' trainer) built with podman from a locally made
 # Debian base (images/build.py), cached in podman's storage by a hash of their inputs:
-# ~10 min on a fresh machine, seconds once cached. images/setup.sh first installs podman,
+# about 5 min on a fresh, quiet machine, seconds once cached. images/setup.sh first installs podman,
 # buildah, runc and mmdebstrap where they are missing (as root, from Debian's packages).
 # images/build.py needs only the standard library, so it runs before .venv exists.
 images:

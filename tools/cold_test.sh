@@ -11,7 +11,8 @@
 #
 # Writes DIR/ci.log (each line stamped with the wall clock), DIR/load.log (the load average
 # each minute: a cold time means something only on a quiet machine) and, last, DIR/summary.txt:
-# the phases' ends and the total.
+# the phases' ends and the total. The clone, HOME and storage (about 20 GB) are removed at
+# the end unless COLD_KEEP=1.
 set -euo pipefail
 REPO=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
 DIR=${1:-/tmp/datalane-cold-$(date +%Y%m%d-%H%M%S)}
@@ -54,4 +55,8 @@ END=$(date +%s)
   echo "pytest: $(grep -E '^[0-9:]{8} [0-9]+ (passed|failed).* in [0-9.]+s' "$DIR/ci.log" | tail -n1 | cut -c10-)"
   echo "load: $(head -n1 "$DIR/load.log") ... $(tail -n1 "$DIR/load.log")"
 } | tee "$DIR/summary.txt"
+if [[ "${COLD_KEEP:-0}" != 1 ]]; then
+  chmod -R u+w "$DIR/home" 2>/dev/null || true  # Go's module cache is read-only
+  rm -rf "$DIR/repo" "$DIR/home" "$DIR/containers" "$DIR/run"
+fi
 exit "$RC"
