@@ -7,7 +7,7 @@
 # build or datalane cache: every wheel, module and image is fetched and built again) and a
 # podman storage of its own (CONTAINERS_STORAGE_CONF: no image, no base). What it cannot make
 # fresh: the Debian packages already installed (podman, buildah, runc, mmdebstrap: images/setup.sh
-# installs them in about a minute where they are missing) and the machine's Go and Python.
+# installs them in well under a minute where they are missing) and the machine's Go and Python.
 #
 # Writes DIR/ci.log (each line stamped with the wall clock), DIR/load.log (the load average
 # each minute: a cold time means something only on a quiet machine) and, last, DIR/summary.txt:
