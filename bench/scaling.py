@@ -110,6 +110,19 @@ def thread_sched(pid: int) -> dict[int, tuple[float, float]]:
     return out
 
 
+def busiest_thread(pid: int, before: dict[int, tuple[float, float]],
+                   after: dict[int, tuple[float, float]]) -> dict[str, Any]:
+    """The serving process's thread that ran longest between two :func:`thread_sched`
+    readings: one thread cannot use a second core, so its CPU bounds the rate whatever the
+    GIL does. Named when it is a Python thread of this process (in process), else its tid."""
+    ran = {tid: run - before.get(tid, (0.0, 0.0))[0] for tid, (run, _) in after.items()}
+    if not ran:
+        return {}
+    tid = max(ran, key=lambda t: ran[t])
+    names = {t.native_id: t.name for t in threading.enumerate()} if pid == os.getpid() else {}
+    return {"busiest_thread": names.get(tid, f"tid {tid}"), "busiest_cpu": ran[tid]}
+
+
 _PIN = "import os, sys; os.sched_setaffinity(0, map(int, sys.argv[1].split(','))); " \
        "os.execvp(sys.argv[2], sys.argv[2:])"
 
@@ -238,13 +251,15 @@ def child(args: argparse.Namespace) -> None:
             next(it)
         probe = GilProbe(server, args.seconds, args.rate, work) if args.gil_probe else None
         w = Window()
+        th0 = thread_sched(server)
         c0, s0, t0 = proc_cpu(me), proc_cpu(server), time.perf_counter()
         while (probe.running() if probe else time.perf_counter() - t0 < args.seconds):
             w.tokens += next(it).input_ids.size
         w.wall = time.perf_counter() - t0
         w.server_cpu = proc_cpu(server) - s0
         w.cpu = proc_cpu(me) - c0 + (w.server_cpu if server != me else 0.0)
-        rec: dict[str, Any] = {**asdict(w), "load1": os.getloadavg()[0]}
+        rec: dict[str, Any] = {**asdict(w), "load1": os.getloadavg()[0],
+                               **busiest_thread(server, th0, thread_sched(server))}
         if probe:
             rec.update(probe.result())
         it.close()
@@ -372,6 +387,9 @@ def measure(args: argparse.Namespace, recipes: dict[str, Path], cpus: list[int])
 def _say(r: int, key: str, rec: dict[str, Any]) -> None:
     rate = rec.get("rate_sum", rec["tokens"] / rec["wall"])
     extra = f" GIL {rec['gil_share']:.0%} of wall" if "gil_share" in rec else ""
+    if "busiest_cpu" in rec:
+        extra += (f"  busiest thread {rec['busiest_thread']} "
+                  f"{per_mtok(rec, 'busiest_cpu'):.3f} s/Mtok")
     print(f"  round {r + 1} {key:<32} {rate:>12,.0f} tokens/s  CPU "
           f"{per_mtok(rec, 'cpu'):6.3f} s/Mtok{extra}  load {rec['load1']:.1f}",
           file=sys.stderr)
