@@ -123,7 +123,7 @@ class ChatKind(KindBase):
             if not isinstance(content, str):
                 what = "null" if content is None else type(content).__name__
                 return None, "not_text", f"{field}[{i}].content is {what}, not a string"
-            if not content.isascii() and (problem := unencodable(content)) is not None:
+            if (problem := unencodable(content)) is not None:
                 return None, "invalid_unicode", f"{field}[{i}].content {problem}"
             out.append(plain_message(m))
         return out, "", ""
@@ -167,7 +167,7 @@ class ChatKind(KindBase):
         except Exception as e:  # the template's code, on this record's data
             return None, "chat_template", (f"the chat template failed on {step}: "
                                            f"{type(e).__name__}: {e}"[:500])
-        if not full.isascii() and (problem := unencodable(full)) is not None:
+        if (problem := unencodable(full)) is not None:
             # from a message's other keys (the contents are checked): a tokenizer refuses
             # the whole batch for it, so the record is set aside here
             return None, "invalid_unicode", f"the rendered conversation {problem}"

@@ -93,7 +93,7 @@ class LlavaKind(VisionKind):
             if not isinstance(text, str):
                 what = "null" if text is None else type(text).__name__
                 return None, "not_text", f"{field}[{i}].value is {what}, not a string"
-            if not text.isascii() and (problem := unencodable(text)) is not None:
+            if (problem := unencodable(text)) is not None:
                 return None, "invalid_unicode", f"{field}[{i}].value {problem}"
             held = next((t for t in self._texts if t in text), None)
             if held is not None:

@@ -17,7 +17,10 @@ __all__ = ["TextKind", "text_value", "unencodable"]
 
 def unencodable(text: str) -> str | None:
     """Why ``text`` is no Unicode text a tokenizer takes (a lone surrogate, as JSON's
-    ``\\udc80`` escapes make), or None. Tokenizers refuse such text for the whole batch."""
+    ``\\udc80`` escapes make), or None. Tokenizers refuse such text for the whole batch.
+    ASCII text (a flag of the string: no scan) is answered without encoding it."""
+    if text.isascii():
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -36,10 +39,8 @@ def text_value(value: Any, label: str) -> tuple[str | None, str, str]:
             return None, "non_utf8", f"invalid UTF-8 at byte {e.start} of the value"
     if not isinstance(value, str):
         return None, "not_text", f"{label} holds {type(value).__name__}"
-    if not value.isascii():
-        problem = unencodable(value)
-        if problem is not None:
-            return None, "invalid_unicode", f"{label} {problem}"
+    if (problem := unencodable(value)) is not None:
+        return None, "invalid_unicode", f"{label} {problem}"
     return value, "", ""
 
 
