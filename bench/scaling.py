@@ -530,8 +530,9 @@ def main() -> None:
     # shuffle blocks together and refill them together, so the tokens delivered per 2 s swing
     # 0.2-1.8 M on one core (text JSONL) while the work done stays level, and as the pipeline is
     # deterministic the swing's phase is the same in every run: 4 s windows measured a
-    # consistent 0.37-0.42 M where 28 s measured 0.8-0.95 M.
-    ap.add_argument("--seconds", type=float, default=30.0)
+    # consistent 0.37-0.42 M where 28 s measured 0.8-0.95 M. (--calibrate has no pipeline:
+    # its windows stay 4 s unless told.)
+    ap.add_argument("--seconds", type=float, help="window (default 30; --calibrate 4)")
     ap.add_argument("--warmup", type=float, default=8.0)
     ap.add_argument("--start-delay", type=float, default=8.0,
                     help="side-by-side processes start their windows this long after launch")
@@ -561,7 +562,9 @@ def main() -> None:
         return calibrate_child(args)
     cpus = sorted(os.sched_getaffinity(0))
     if args.calibrate:
+        args.seconds = args.seconds or 4.0
         return calibrate(args, cpus)
+    args.seconds = args.seconds or 30.0
     if args.quick:
         args.seconds, args.warmup, args.start_delay = 1.0, 0.3, 4.0
     args.paths = args.paths or (QUICK_PATHS if args.quick else ",".join(node_paths.PATHS))
