@@ -30,6 +30,7 @@ from datalane.engine.formats import format_for
 from datalane.engine.mapstage import ALWAYS_FAIL, MapResult, MapStage, Record
 from datalane.engine.plan import SourcePlan
 from datalane.engine.pool import TaskPool
+from datalane.engine.priority import lower_this_thread
 from datalane.engine.rng import permutation
 from datalane.spec.errors import DataError
 from datalane.spec.knobs import Knobs
@@ -46,8 +47,10 @@ _PROBE = 100  # a fresh lane whose first records of a source are all malformed s
 @functools.cache
 def _reads() -> ThreadPoolExecutor:
     """The process's reader threads (block reads are I/O and decompression: few threads serve
-    every lane; created on first use)."""
-    return ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="datalane-read")
+    every lane; created on first use), below the threads handing data over
+    (:mod:`datalane.engine.priority`)."""
+    return ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="datalane-read",
+                              initializer=lower_this_thread)
 
 
 # a forked child (a DataLoader worker) has none of the parent's threads: it makes its own pool

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
+from datalane.engine.priority import lower_this_thread
+
 __all__ = ["TaskPool"]
 
 T = TypeVar("T")
@@ -80,6 +82,7 @@ class TaskPool(Executor):
         return future
 
     def _work(self) -> None:
+        lower_this_thread()  # bulk work: the threads handing data over come first
         while True:
             with self._cv:
                 self._idle += 1
