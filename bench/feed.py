@@ -6,14 +6,14 @@
     .venv/bin/python bench/feed.py --quick                # the CI size (seconds)
 
 One real ``datalane-sidecar serve`` process on a Unix socket (a fresh one per trial; pinned to
-``--sidecar-cpus`` if given) and ``--ranks`` rank processes, each a ``SidecarLoader`` of rank
-``r`` of ``N`` reading microbatches of ``--microbatch`` sequences of 2,048 tokens, for each of
-three recipes of ``bench/node_paths.py`` (8 lanes: ``text`` = Parquet text, ``chat``,
-``pretokenized`` = a Megatron dataset). A rank consumes like a training step on a GPU at
-``--rate`` tokens/s: it asks for the next microbatch, then sleeps the step's compute time (the
-microbatch's tokens / rate) minus the time it spent waiting for it - the asynchronous GPU
-computes while the trainer fetches, so a step lasts ``max(compute, wait)``. The ranks connect,
-take a first microbatch, start together, consume ``--warmup`` seconds uncounted, then
+``--sidecar-cpus`` if given) and ``--ranks`` rank processes (pinned to ``--rank-cpus``), each a
+``SidecarLoader`` of rank ``r`` of ``N`` reading microbatches of ``--microbatch`` sequences of
+2,048 tokens, for each of three recipes of ``bench/node_paths.py`` (8 lanes: ``text`` = Parquet
+text, ``chat``, ``pretokenized`` = a Megatron dataset). A rank consumes like a training step on
+a GPU at ``--rate`` tokens/s: it asks for the next microbatch, then sleeps the step's compute
+time (the microbatch's tokens / rate) minus the time it spent waiting for it - the asynchronous
+GPU computes while the trainer fetches, so a step lasts ``max(compute, wait)``. The ranks
+connect, take a first microbatch, start together, consume ``--warmup`` seconds uncounted, then
 ``--seconds`` counted. Per step the rank records its wait (asking to holding the microbatch).
 
 Reported per recipe, over every rank's counted steps:
@@ -177,6 +177,8 @@ def trial(args: argparse.Namespace, recipe: Path, rate: float) -> dict[str, Any]
     me = [sys.executable, str(Path(__file__).resolve()), "--rank-child", "--socket", socket,
           "--world", str(args.ranks), "--microbatch", str(args.microbatch), "--rate", str(rate),
           "--warmup", str(args.warmup), "--seconds", str(args.seconds)]
+    if args.rank_cpus:
+        me = scaling.pinned(me, [int(c) for c in args.rank_cpus.split(",")])
     with serve.sidecar_process(cmd, socket, work / "sidecar.log") as sidecar:
         procs = [subprocess.Popen([*me, "--rank", str(r)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -274,6 +276,8 @@ def main() -> None:
     ap.add_argument("--rank-processes", default="0",
                     help="the sidecar's --rank-processes (0: threads; N; auto)")
     ap.add_argument("--sidecar-cpus", default="", help="pin the sidecar, e.g. 0-3 as 0,1,2,3")
+    ap.add_argument("--rank-cpus", default="",
+                    help="pin the rank processes (as a node gives the trainers cores of their own)")
     ap.add_argument("--search", action="store_true", help="the highest sustained rate")
     ap.add_argument("--precision", type=float, default=0.25, help="the search's bracket")
     ap.add_argument("--max-trials", type=int, default=7)
@@ -307,7 +311,8 @@ def main() -> None:
           f"{load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end; {args.ranks} ranks, "
           f"microbatch {args.microbatch} x {TOKENS} tokens, {args.seconds:g} s counted per "
           f"trial, sidecar --workers {args.workers} --rank-processes {args.rank_processes}"
-          + (f" on CPUs {args.sidecar_cpus}" if args.sidecar_cpus else "") + "\n")
+          + (f" on CPUs {args.sidecar_cpus}" if args.sidecar_cpus else "")
+          + (f", ranks on CPUs {args.rank_cpus}" if args.rank_cpus else "") + "\n")
     print(table(results, args.ranks))
     print()
     for name, r in results.items():
