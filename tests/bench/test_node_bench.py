@@ -144,7 +144,8 @@ def test_feed_search_brackets_then_bisects_the_highest_rate_that_holds() -> None
 
     def run(rate: float) -> dict[str, Any]:  # the sidecar keeps up to 100k tokens/s a rank
         tried.append(rate)
-        return {"rate": rate, "waited": 0.0 if rate <= 100_000 else 0.2}
+        return {"rate": rate, "waited": 0.0 if rate <= 100_000 else 0.2,
+                "achieved_per_rank": rate}
 
     best, trials = feed.search(run, 60_000, 0.25, 7)
     # 60k holds, 120k waits, then sqrt(60k x 120k) = 84,853 holds, sqrt(84,853 x 120k) =
@@ -157,8 +158,23 @@ def test_feed_search_brackets_then_bisects_the_highest_rate_that_holds() -> None
     best, _ = feed.search(run, 400_000, 0.25, 3)  # too fast: halving, out of trials
     assert tried == [400_000, 200_000, 100_000] and best == 100_000
     tried.clear()
-    best, _ = feed.search(lambda r: {"rate": r, "waited": 1.0}, 1000, 0.25, 2)
+    best, _ = feed.search(lambda r: {"rate": r, "waited": 1.0, "achieved_per_rank": r},
+                          1000, 0.25, 2)
     assert best is None
+
+
+def test_feed_a_rate_the_ranks_fall_behind_does_not_hold() -> None:
+    """Ranks short of CPU (pinned to few cores) fall behind their rate without any step
+    waiting: such a trial must not count as sustained."""
+    def run(rate: float) -> dict[str, Any]:  # no step ever waits; the ranks reach 90k at most
+        return {"rate": rate, "waited": 0.0, "achieved_per_rank": min(rate, 90_000.0)}
+
+    assert feed.held(run(88_200))  # 98% of the rate
+    assert not feed.held(run(92_000))  # 97.8%
+    assert not feed.held({"rate": 1000.0, "waited": 0.01, "achieved_per_rank": 1000.0})
+    best, trials = feed.search(run, 60_000, 0.05, 12)
+    assert best is not None and 90_000 / 1.05 <= best <= 90_000 / 0.98
+    assert all(t["rate"] <= 90_000 / 0.98 for t in trials if feed.held(t))
 
 
 @pytest.mark.slow
