@@ -10,9 +10,9 @@ One real ``datalane-sidecar serve`` process on a Unix socket (a fresh one per tr
 ``SidecarLoader`` of rank ``r`` of ``N`` reading microbatches of ``--microbatch`` sequences of
 2,048 tokens, for each of three recipes of ``bench/node_paths.py`` (8 lanes: ``text`` = Parquet
 text, ``chat``, ``pretokenized`` = a Megatron dataset). A rank consumes like a training step on
-a GPU at ``--rate`` tokens/s: it asks for the next microbatch, then sleeps the step's compute
-time (the microbatch's tokens / rate) minus the time it spent waiting for it - the asynchronous
-GPU computes while the trainer fetches, so a step lasts ``max(compute, wait)``. The ranks
+a GPU at ``--rate`` tokens/s: it asks for the next microbatch, then sleeps to the end of the
+step's compute time (the microbatch's tokens / rate) - the asynchronous GPU computes while the
+trainer fetches, so a step lasts ``max(compute, wait)``, on a schedule (``rank_child``). The ranks
 connect, take a first microbatch, start together, consume ``--warmup`` seconds uncounted, then
 ``--seconds`` counted. Per step the rank records its wait (asking to holding the microbatch).
 

@@ -5,9 +5,9 @@ decompression) are throughput work: a millisecond later is never noticed, becaus
 whole map tasks and blocks ahead of the consumer. The threads that hand a finished microbatch
 over are latency work: a sidecar's gRPC and session threads, a trainer's own loop beside an
 in-process loader. On a busy machine a waking latency thread waits for a CPU behind the bulk
-ones (measured in the feed test on 2 cores: microbatches sent seconds before the trainer asked
-for them, delivered 2-8 ms late on 4.7% of its steps, 2.1% with the bulk threads niced;
-docs/benchmarks.md).
+ones (measured in the feed test on 2 cores: microbatches placed seconds before the trainer
+asked for them, delivered 2-8 ms late on 2.8-3.9% of its steps, 2.4-2.6% with the bulk threads
+niced; docs/benchmarks.md).
 
 So each bulk thread lowers its own scheduling priority once, at start: its nice value goes up
 by :data:`BULK_NICE` (Linux keeps a nice value per thread; threads a bulk thread starts - the
