@@ -3,7 +3,8 @@
 
     .venv/bin/python bench/scaling.py                  # 5 paths x 2 modes, 1 and 2 cores
     .venv/bin/python bench/scaling.py --quick          # the CI size: a tiny corpus, seconds
-    .venv/bin/python bench/scaling.py --cores 1,2,4,8,16 --modes sidecar   # a larger machine
+    .venv/bin/python bench/scaling.py --cores 1,2,4,8,14 --client-cpus 14,15   # a 16-core node
+    .venv/bin/python bench/scaling.py --cores 1 --client-cpus 1 --modes sidecar   # 2 CPUs: the base
     .venv/bin/python bench/scaling.py --calibrate      # the GIL measurement against a known load
     .venv/bin/python bench/scaling.py --publish        # the plot to docs/node-scaling.png
 
@@ -33,7 +34,15 @@ The model (Amdahl, the GIL-held part serial, the rest parallel on N cores; worke
 ``P x 1e6 / (G + (C - G) x P / N)``. It is validated on this machine: G and C of the 1-core
 runs predict the rate of 1 process on 2 cores and of 2 processes (ranks 0 and 1 of 2) on 2
 cores, which are then measured (target: within 15%). The projection for a node uses the
-sidecar's own C and G (the trainers' clients are the ranks' processes, on their own cores).
+sidecar's own C and G (the trainers' clients are the ranks' processes, on their own cores),
+for one process and for the sidecar's rank workers (``--rank-processes``: one process per
+rank, :data:`RANK_WORKERS` on an 8-GPU node, so ``P = min(8, N)`` with their own GIL each).
+
+``--client-cpus`` gives the sidecar's reading client CPUs of its own: the sidecar is then
+pinned to the first ``k`` of the other CPUs (and the in-process loader too), and its rows are
+modelled on the sidecar's own CPU. Without it the client shares the sidecar's ``k`` CPUs, and
+at 1 core the two wait on each other's turn: not a base for the sidecar's model (a trainer's
+client never runs on the sidecar's cores).
 
 Errors of G (``--calibrate`` measures them on this machine): py-spy's sampling (binomial: about
 ``sqrt(n)`` of ``n`` samples, 3% at 1,000); a GIL holder that is runnable but not running (its
@@ -75,6 +84,7 @@ QUICK_PATHS = "text_parquet,chat,megatron"
 MICROBATCH = 8  # sequences per microbatch: one lane's rows of a step
 MODES = ("inprocess", "sidecar")
 PROJECT_CORES = (1, 2, 4, 8, 16, 32, 64, 128, 192)
+RANK_WORKERS = 8  # the sidecar's rank worker processes on an 8-GPU node: one per rank
 NODE_TARGET = 8 * 60_000  # 8 H100s training a 1B model, about 60k tokens/s each (issue 19)
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -87,6 +97,14 @@ def amdahl(cpu: float, gil: float, cores: float, procs: int = 1) -> float:
     GIL-held part is serial and the rest shares the process's ``cores / procs`` cores."""
     serial = min(gil, cpu)
     return procs * 1e6 / (serial + (cpu - serial) * procs / cores)
+
+
+def rank_workers(cpu: float, gil: float, cores: float, ranks: int = RANK_WORKERS) -> float:
+    """Tokens/s of the sidecar with one rank worker process per rank (``--rank-processes``)
+    on ``cores`` cores: ``min(ranks, cores)`` processes, each with its own GIL (a process
+    needs a core of its own for its serial part, so fewer cores than ranks means fewer
+    processes busy at once)."""
+    return amdahl(cpu, gil, cores, max(1, min(ranks, int(cores))))
 
 
 # -- measuring in a child process ----------------------------------------------------------------
@@ -232,6 +250,8 @@ def _batches(args: argparse.Namespace, recipe_path: str, work: Path) -> Iterator
     cmd = [sys.executable, "-m", "datalane_sidecar", "serve", "--socket", socket, "--recipe",
            recipe_path, "--workers", str(args.workers), "--prefetch", "8", "--log-level",
            "warning"]
+    if args.sidecar_cpus:  # apart from this client's CPUs
+        cmd = pinned(cmd, [int(c) for c in args.sidecar_cpus.split(",")])
     with serve.sidecar_process(cmd, socket, work / "sidecar.log") as proc, \
             SidecarLoader(socket, rank=args.rank, world_size=args.world,
                           microbatch_size=MICROBATCH) as loader:
@@ -313,6 +333,24 @@ def calibrate_child(args: argparse.Namespace) -> None:
 
 # -- the parent: rounds, the model, the table, the plot ------------------------------------------
 
+def client_cpus(spec: str, cpus: list[int]) -> list[int]:
+    """The CPUs of ``--client-cpus`` (a comma list), each one this process may run on, and
+    at least one left to measure on."""
+    if not spec:
+        return []
+    try:
+        chosen = sorted({int(c) for c in spec.split(",")})
+    except ValueError:
+        raise SystemExit(f"--client-cpus {spec!r}: not a comma list of CPU numbers") from None
+    missing = [c for c in chosen if c not in cpus]
+    if missing:
+        raise SystemExit(f"--client-cpus {spec!r}: CPU(s) {missing} not among this process's "
+                         f"CPUs {cpus}")
+    if len(chosen) >= len(cpus):
+        raise SystemExit(f"--client-cpus {spec!r} leaves none of the CPUs {cpus} to measure on")
+    return chosen
+
+
 def run_child(argv: list[str], cpus: list[int]) -> list[dict[str, Any]]:
     cmd = pinned([sys.executable, str(Path(__file__).resolve()), *argv], cpus)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -340,8 +378,10 @@ def per_mtok(rec: dict[str, Any], key: str) -> float:
     return 1e6 * rec[key] / rec["tokens"]
 
 
-def measure(args: argparse.Namespace, recipes: dict[str, Path], cpus: list[int]) -> dict:
-    """Every (path, mode, configuration) for ``--rounds`` interleaved rounds: the raw records."""
+def measure(args: argparse.Namespace, recipes: dict[str, Path], cpus: list[int],
+            clients: list[int] | None = None) -> dict:
+    """Every (path, mode, configuration) for ``--rounds`` interleaved rounds: the raw records.
+    ``cpus`` are the measured ones; ``clients``, if any, the sidecar's reading client's own."""
     runs: dict[str, list[dict[str, Any]]] = {}
     core_counts = [int(c) for c in args.cores.split(",")]
     for r in range(args.rounds):
@@ -356,14 +396,17 @@ def measure(args: argparse.Namespace, recipes: dict[str, Path], cpus: list[int])
                         continue
                     workers = args.workers or max(2, cores)
                     argv = [*base, "--workers", str(workers)]
+                    on = cpus[:cores]  # the child's CPUs; the sidecar's apart from a client's
+                    if clients and mode == "sidecar":
+                        argv += ["--sidecar-cpus", ",".join(map(str, on))]
+                        on = clients
                     key = f"{path}|{mode}|{cores}|1"
-                    runs.setdefault(key, []).extend(run_child(argv, cpus[:cores]))
+                    runs.setdefault(key, []).extend(run_child(argv, on))
                     _say(r, key, runs[key][-1])
                     if cores == core_counts[0] and args.profile:
                         pkey = f"{path}|{mode}|{cores}|profile"
                         runs.setdefault(pkey, []).extend(
-                            run_child([*argv, "--gil-probe", "--rate", str(args.rate)],
-                                      cpus[:cores]))
+                            run_child([*argv, "--gil-probe", "--rate", str(args.rate)], on))
                         _say(r, pkey, runs[pkey][-1])
                 if mode == "inprocess" and args.procs > 1 and args.procs <= len(cpus):
                     cores = min(len(cpus), max(core_counts))
@@ -395,9 +438,12 @@ def _say(r: int, key: str, rec: dict[str, Any]) -> None:
           file=sys.stderr)
 
 
-def model(runs: dict[str, list[dict[str, Any]]], first_cores: int) -> dict[str, Any]:
+def model(runs: dict[str, list[dict[str, Any]]], first_cores: int,
+          client_apart: bool = False) -> dict[str, Any]:
     """Per (path, mode): medians of C and G from the first core count's runs, the predicted
-    and measured rate of every other configuration, and the projection."""
+    and measured rate of every other configuration, and the projections (one process, and
+    the rank workers). ``client_apart``: the sidecar's client ran on CPUs of its own, so the
+    sidecar's rows are predicted from its own CPU."""
     med = statistics.median
     out: dict[str, Any] = {}
     keys = sorted({tuple(k.split("|")[:2]) for k in runs})
@@ -411,6 +457,8 @@ def model(runs: dict[str, list[dict[str, Any]]], first_cores: int) -> dict[str, 
         prof = runs.get(f"{path}|{mode}|{first_cores}|profile", [])
         gil = med(x["gil_share"] * x["wall"] / x["tokens"] * 1e6 for x in prof) if prof else 0.0
         py_cpu = (med(per_mtok(x, "python_thread_cpu") for x in prof) if prof else None)
+        # the CPU that shares the measured cores: the sidecar's alone when its client is apart
+        own_cpu = server_cpu if mode == "sidecar" and client_apart else cpu
         rows = []
         for key, recs in sorted(runs.items()):
             p, m, cores_s, procs_s = key.split("|")
@@ -419,8 +467,8 @@ def model(runs: dict[str, list[dict[str, Any]]], first_cores: int) -> dict[str, 
             cores, procs = int(cores_s), int(procs_s)
             measured = med(x.get("rate_sum", x["tokens"] / x["wall"]) for x in recs)
             # scaled from the first configuration: the model's ratio times the measured base
-            predicted = rate1 * (amdahl(cpu, gil, cores, procs)
-                                 / amdahl(cpu, gil, first_cores, 1))
+            predicted = rate1 * (amdahl(own_cpu, gil, cores, procs)
+                                 / amdahl(own_cpu, gil, first_cores, 1))
             rows.append({"cores": cores, "procs": procs, "predicted": predicted,
                          "measured": measured, "error": measured / predicted - 1,
                          "load1": max(x["load1"] for x in recs)})
@@ -431,8 +479,9 @@ def model(runs: dict[str, list[dict[str, Any]]], first_cores: int) -> dict[str, 
             "server_cpu_s_per_Mtok": server_cpu, "gil_s_per_Mtok": gil,
             "python_thread_cpu_s_per_Mtok": py_cpu,
             "serial_fraction": min(gil, proj_cpu) / proj_cpu if proj_cpu else None,
-            "rows": rows,
+            "rows": rows, "client_apart": client_apart and mode == "sidecar",
             "projection": {n: amdahl(proj_cpu, gil, n) for n in PROJECT_CORES},
+            "projection_workers": {n: rank_workers(proj_cpu, gil, n) for n in PROJECT_CORES},
         }
     return out
 
@@ -445,7 +494,8 @@ def table(result: dict[str, Any]) -> str:
     for m in result.values():
         server = (f" ({m['server_cpu_s_per_Mtok']:.3f})" if m["mode"] == "sidecar" else "")
         py_cpu = m["python_thread_cpu_s_per_Mtok"]
-        head = (f"| {m['path']} | {m['mode']} | {m['cpu_s_per_Mtok']:.3f}{server} | "
+        mode = m["mode"] + (" (client apart)" if m.get("client_apart") else "")
+        head = (f"| {m['path']} | {mode} | {m['cpu_s_per_Mtok']:.3f}{server} | "
                 f"{m['gil_s_per_Mtok']:.3f} | {m['serial_fraction']:.1%} | "
                 f"{'-' if py_cpu is None else f'{py_cpu:.3f}'} |")
         for i, row in enumerate(m["rows"]):
@@ -458,45 +508,58 @@ def table(result: dict[str, Any]) -> str:
 
 def projection_table(result: dict[str, Any]) -> str:
     cols = PROJECT_CORES
-    lines = ["| path | mode | " + " | ".join(f"{n} cores" for n in cols) + " |",
-             "|---|---|" + "---:|" * len(cols)]
+    lines = ["| path | mode | processes | " + " | ".join(f"{n} cores" for n in cols)
+             + " | 16 cores / (16 x 1 core) |",
+             "|---|---|---|" + "---:|" * (len(cols) + 1)]
     for m in result.values():
-        lines.append(f"| {m['path']} | {m['mode']} | "
-                     + " | ".join(f"{m['projection'][n] / 1e6:.2f}" for n in cols) + " |")
-    return "\n".join(lines) + "\n\n(M tokens/s, the Amdahl projection)"
+        for key, procs in (("projection", "1"),
+                           ("projection_workers", f"{RANK_WORKERS} rank workers")):
+            p = m[key]
+            lines.append(f"| {m['path']} | {m['mode']} | {procs} | "
+                         + " | ".join(f"{p[n] / 1e6:.2f}" for n in cols)
+                         + f" | {p[16] / (16 * p[1]):.2f} |")
+    return "\n".join(lines) + (
+        "\n\n(M tokens/s, the Amdahl projection; rank workers: min(8, N) processes with a "
+        "GIL each; the last column is the issue's target, 0.8 or more)")
 
 
 def plot(result: dict[str, Any], path: Path, title: str) -> None:
+    """Projected tokens/s against cores: one sidecar process (left) and its rank workers
+    (right); the measured configurations as dots (one process left, several right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10.5, 5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     colors = dict(zip(node_paths.PATHS, ("C0", "C1", "C2", "C3", "C4"), strict=True))
-    for m in result.values():
-        xs = list(PROJECT_CORES)
-        ys = [m["projection"][n] for n in xs]
-        style = "-" if m["mode"] == "sidecar" else ":"
-        ax.plot(xs, ys, style, color=colors.get(m["path"], "k"),
-                label=f"{m['path']} ({m['mode']}, serial {m['serial_fraction']:.1%})")
-        for row in m["rows"]:
-            if row["procs"] == 1:
-                ax.plot([row["cores"]], [row["measured"]], "o", color=colors.get(m["path"]),
-                        markersize=4)
-    ax.axhline(NODE_TARGET, color="gray", lw=0.8, ls="--")
-    ax.text(180, NODE_TARGET * 1.08, "8 H100s, 1B model (8 x 60k tokens/s)", fontsize=8,
-            color="gray", ha="right")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlim(1, 192)
-    ax.set_xticks(list(PROJECT_CORES))
-    ax.set_xticklabels([str(n) for n in PROJECT_CORES])
-    ax.set_xlabel("cores")
-    ax.set_ylabel("tokens/s (projected; dots: measured)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    panels = (("projection", "one process (threads)", lambda procs: procs == 1),
+              ("projection_workers", f"{RANK_WORKERS} rank worker processes "
+               f"(min({RANK_WORKERS}, N) busy)", lambda procs: procs > 1))
+    xs = list(PROJECT_CORES)
+    for ax, (key, name, measured_here) in zip(axes, panels, strict=True):
+        for m in result.values():
+            style = "-" if m["mode"] == "sidecar" else ":"
+            ax.plot(xs, [m[key][n] for n in xs], style, color=colors.get(m["path"], "k"),
+                    label=f"{m['path']} ({m['mode']}, serial {m['serial_fraction']:.1%})")
+            for row in m["rows"]:
+                if measured_here(row["procs"]):
+                    ax.plot([row["cores"]], [row["measured"]], "o",
+                            color=colors.get(m["path"]), markersize=4)
+        ax.axhline(NODE_TARGET, color="gray", lw=0.8, ls="--")
+        ax.text(180, NODE_TARGET * 1.08, "8 H100s, 1B model (8 x 60k tokens/s)", fontsize=8,
+                color="gray", ha="right")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlim(1, 192)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(n) for n in xs])
+        ax.set_xlabel("cores")
+        ax.set_title(name, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("tokens/s (projected; dots: measured)")
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -517,6 +580,39 @@ def calibrate(args: argparse.Namespace, cpus: list[int]) -> None:
                   f"{rec['uncorrected_share'] / truth - 1:+.0%} |", flush=True)
 
 
+def load_model(path: Path) -> tuple[dict[str, Any], str]:
+    """The model of a ``scaling.json`` (its projections keyed by cores again) and its start."""
+    saved = json.loads(path.read_text())
+    result = saved["model"]
+    for m in result.values():
+        for key in ("projection", "projection_workers"):
+            if key in m:
+                m[key] = {int(n): v for n, v in m[key].items()}
+        if "projection_workers" not in m:  # a run from before the rank workers' projection
+            cpu = (m["server_cpu_s_per_Mtok"] if m["mode"] == "sidecar"
+                   else m["cpu_s_per_Mtok"])
+            m["projection_workers"] = {n: rank_workers(cpu, m["gil_s_per_Mtok"], n)
+                                       for n in PROJECT_CORES}
+    return result, saved["started"]
+
+
+def replot(args: argparse.Namespace) -> None:
+    """The tables and the plot of saved runs, merged."""
+    result: dict[str, Any] = {}
+    starts = []
+    for path in args.replot:
+        model_of, started = load_model(path)
+        result.update(model_of)
+        starts.append(f"{started} ({path.name})")
+    print(f"{table(result)}\n\n{projection_table(result)}")
+    title = (f"datalane: projected tokens/s per path (Amdahl, GIL-held = serial), from "
+             f"1-core measurements; {', '.join(starts)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(result, args.out / "scaling.png", title)
+    if args.publish:
+        plot(result, ROOT / "docs" / "node-scaling.png", title)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--paths", help=f"of {', '.join(node_paths.PATHS)} (default: all; "
@@ -526,6 +622,9 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=2,
                     help="in process: also P processes side by side on the most cores")
     ap.add_argument("--workers", type=int, default=0, help="map workers (0: max(2, cores))")
+    ap.add_argument("--client-cpus", default="",
+                    help="the sidecar's reading client on these CPUs (e.g. 14,15); the "
+                         "sidecar and the in-process loader on the first cores of the others")
     # A window must span many of the pipeline's read-ahead cycles: the 8 lanes drain their
     # shuffle blocks together and refill them together, so the tokens delivered per 2 s swing
     # 0.2-1.8 M on one core (text JSONL) while the work done stays level, and as the pipeline is
@@ -545,11 +644,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--publish", action="store_true", help="also docs/node-scaling.png")
     ap.add_argument("--calibrate", action="store_true", help="py-spy against a known GIL load")
+    ap.add_argument("--replot", type=Path, nargs="+", metavar="JSON",
+                    help="no measurement: the tables and the plot of earlier runs' "
+                         "scaling.json files, merged (a later file's path and mode win)")
     # the children
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--calibrate-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--recipe", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--sidecar-cpus", default="", help=argparse.SUPPRESS)
     ap.add_argument("--gil-probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
@@ -560,6 +663,8 @@ def main() -> None:
         return child(args)
     if args.calibrate_child:
         return calibrate_child(args)
+    if args.replot:
+        return replot(args)
     cpus = sorted(os.sched_getaffinity(0))
     if args.calibrate:
         args.seconds = args.seconds or 4.0
@@ -574,14 +679,19 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     load_start = os.getloadavg()
     recipes = node_paths.make(args.corpus or node_paths.default_root(args.quick), args.quick)
-    runs = measure(args, recipes, cpus)
+    clients = client_cpus(args.client_cpus, cpus)
+    measured = [c for c in cpus if c not in clients]
+    runs = measure(args, recipes, measured, clients)
     first = int(args.cores.split(",")[0])
-    result = model(runs, first)
+    result = model(runs, first, client_apart=bool(clients))
     header = (f"{started}, {platform.node()}, {len(cpus)} CPUs, python "
               f"{platform.python_version()}, load average {load_start[0]:.2f} at start, "
               f"{os.getloadavg()[0]:.2f} at end; {args.seconds:g} s windows, median of "
               f"{args.rounds} round(s); "
-              + (f"G by py-spy at {args.rate} Hz" if args.profile else "no GIL measurement"))
+              + (f"G by py-spy at {args.rate} Hz" if args.profile else "no GIL measurement")
+              + (f"; the sidecar's client on CPUs {args.client_cpus}, the measured cores "
+                 f"from CPUs {','.join(map(str, measured))}" if clients else
+                 "; the sidecar's client on the sidecar's cores"))
     md = f"{header}\n\n{table(result)}\n\n{projection_table(result)}\n"
     print("\n" + md)
     args.out.mkdir(parents=True, exist_ok=True)

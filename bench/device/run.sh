@@ -10,17 +10,22 @@
 #               step's global batch hash against datalane's own stream of the recipe on CPU,
 #               and the same recipe trained by the CPU demo trainer (losses GPU vs CPU).
 #               --cpu: the CPU trainer only, 4 steps resumed at 2.
-#   2. scaling  bench/scaling.py on 1, 2, 4, 8 and 16 cores (the sidecar, every path; G by
-#               py-spy at 1 core): the cost model's prediction against what 16 cores measure.
+#   2. workers  bench/workers.py: chat, 2 ranks flat out, the sidecar with 1 and then 2 rank
+#               worker processes on CPUs 0-7 (the ranks on 8-15): the 1.8x target.
+#               --cpu: --quick, unpinned.
+#   3. scaling  bench/scaling.py on 1, 2, 4, 8 and 14 cores with the sidecar's client on CPUs
+#               14-15 of its own (text JSONL and chat through the sidecar; G by py-spy at 1
+#               core): the cost model's prediction against what 14 cores measure.
 #               --cpu: --quick on 1 and 2 cores, the Megatron path, both modes.
-#   3. feed     bench/feed.py: 8 ranks through one sidecar, the highest rate per rank each
+#   4. feed     bench/feed.py: 8 ranks through one sidecar, the highest rate per rank each
 #               recipe sustains with under 1% of steps waiting. --cpu: --quick, one rate.
 #
 # Offline: the machine reaches nothing. It runs the image's python3 (3.12, torch) with the
 # packages the image lacks installed from wheels in .whl/, which bench/device/wheels.sh
 # downloads here; the device call names .whl in `carry` (see docs/benchmarks.md, "Does one
 # sidecar feed a GPU node?"). Results (8 files at most, as the device tool returns them):
-# summary.md, log.txt, titan.md, scaling.md, scaling.json, scaling.png, feed.md, feed.json.
+# summary.md, log.txt, titan.md, workers.md, scaling.md, scaling.json, scaling.png, feed.md
+# (feed.json and workers.json stay behind on the device; --cpu writes them to $OUT too).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -92,17 +97,23 @@ if [[ $MODE == gpu ]]; then
     part titan 150 "$OUT/titan.md" "$PY" bench/device/titan.py --devices cuda,cpu --steps 8 \
         --interval 4 --work "$WORK/titan" --timeout 120
     part corpus 60 "$WORK/corpus.txt" "$PY" bench/node_paths.py "$WORK/corpus"
+    part workers 45 "$OUT/workers.md" "$PY" bench/workers.py --seconds 4 --warmup 3 \
+        --workers 4 --sidecar-cpus 0,1,2,3,4,5,6,7 --rank-cpus 8,9,10,11,12,13,14,15 \
+        --corpus "$WORK/corpus" --out "$WORK/workers.json"
     # two paths with windows of 6 s (bench/scaling.py: a window must span the read-ahead's
-    # cycles; 16 cores cycle faster than the 2-core machine's 30 s windows need)
-    part scaling 200 "$OUT/scaling.md" "$PY" bench/scaling.py --cores 1,2,4,8,16 \
-        --paths text_jsonl,chat --modes sidecar --seconds 6 --warmup 3 --corpus "$WORK/corpus" \
-        --out "$OUT"
-    part feed 120 "$OUT/feed.md" "$PY" bench/feed.py --ranks 8 --search --seconds 2.5 \
-        --warmup 1 --max-trials 4 --workers 4 --corpus "$WORK/corpus" --out "$OUT/feed.json"
+    # cycles; 16 cores cycle faster than the 2-core machine's 30 s windows need); the client
+    # on cores of its own, as a trainer's is
+    part scaling 160 "$OUT/scaling.md" "$PY" bench/scaling.py --cores 1,2,4,8,14 \
+        --client-cpus 14,15 --paths text_jsonl,chat --modes sidecar --seconds 6 --warmup 3 \
+        --corpus "$WORK/corpus" --out "$OUT"
+    part feed 100 "$OUT/feed.md" "$PY" bench/feed.py --ranks 8 --search --seconds 2.5 \
+        --warmup 1 --max-trials 4 --workers 4 --corpus "$WORK/corpus" --out "$WORK/feed.json"
 else
     part titan 400 "$OUT/titan.md" "$PY" bench/device/titan.py --devices cpu --steps 4 \
         --interval 2 --work "$WORK/titan" --timeout 300
     part corpus 120 "$WORK/corpus.txt" "$PY" bench/node_paths.py "$WORK/corpus" --quick
+    part workers 120 "$OUT/workers.md" "$PY" bench/workers.py --quick --corpus "$WORK/corpus" \
+        --out "$OUT/workers.json"
     part scaling 300 "$OUT/scaling.md" "$PY" bench/scaling.py --quick --cores 1,2 \
         --paths megatron --corpus "$WORK/corpus" --out "$OUT"
     part feed 200 "$OUT/feed.md" "$PY" bench/feed.py --quick --ranks 8 \
@@ -112,4 +123,4 @@ fi
 echo "- total $(($(date +%s) - START))s" >>"$SUMMARY"
 cat "$SUMMARY"
 # exit 1 if a part failed
-! grep -qE '^- (titan|corpus|scaling|feed): (exit [1-9]|TIMED OUT|skipped)' "$SUMMARY"
+! grep -qE '^- (titan|corpus|workers|scaling|feed): (exit [1-9]|TIMED OUT|skipped)' "$SUMMARY"

@@ -4,8 +4,8 @@ test's figures and search, and the device script at its CPU size (slow tier).
 The model and the figures are checked against values computed by hand; the GIL measurement
 against real processes whose GIL use is known (a pure-Python spin holds it whenever it runs,
 a sleeping process never); ``bash bench/device/run.sh --cpu`` end to end (the TorchTitan CPU
-trainer twice, 7 scaling children, 3 feed trials of 8 ranks: 4.3 minutes at a load average of
-8-10 on 2 cores).
+trainer twice, 2 trials of rank worker processes, 7 scaling children, 3 feed trials of 8
+ranks: 4.3 minutes at a load average of 8-10 on 2 cores before the worker trials).
 """
 
 from __future__ import annotations
@@ -84,6 +84,85 @@ def test_the_model_predicts_each_configuration_from_the_first() -> None:
     assert m["serial_fraction"] == pytest.approx(0.5 / 1.8)
     assert "| text | sidecar | 2.000 (1.800) | 0.500 | 27.8% | 0.600 |" in scaling.table(
         {"text|sidecar": m})
+
+
+def test_rank_workers_are_one_process_per_rank_up_to_the_cores() -> None:
+    # C = 2 s/Mtok, G = 0.5: on 16 cores, 8 processes of 2 cores each: 8e6 / (0.5 + 1.5 / 2)
+    assert scaling.rank_workers(2.0, 0.5, 16) == pytest.approx(8e6 / 1.25)
+    # fewer cores than ranks: one process per core, each on its own core (1e6 / C each)
+    assert scaling.rank_workers(2.0, 0.5, 4) == pytest.approx(4 * 500_000)
+    assert scaling.rank_workers(2.0, 0.5, 1) == pytest.approx(500_000)
+    # 2 ranks on 16 cores: 2 processes of 8 cores, 2e6 / (0.5 + 1.5 / 8)
+    assert scaling.rank_workers(2.0, 0.5, 16, ranks=2) == pytest.approx(2e6 / 0.6875)
+
+
+def test_a_client_apart_predicts_the_sidecar_from_its_own_cpu() -> None:
+    def rec(tokens: float, wall: float, cpu: float, server: float, **kw: Any) -> dict[str, Any]:
+        return {"tokens": tokens, "wall": wall, "cpu": cpu, "server_cpu": server, "load1": 0.5,
+                **kw}
+
+    runs = {
+        # the sidecar alone 1.5 CPU s/Mtok (its client 0.5 more, on a CPU of its own)
+        "text|sidecar|1|1": [rec(1e6, 1.5, 2.0, 1.5)],
+        "text|sidecar|1|profile": [rec(1e6, 1.5, 2.0, 1.5, gil_share=0.2,
+                                       python_thread_cpu=0.4)],  # G = 0.3 s/Mtok
+        "text|sidecar|2|1": [rec(1.2e6, 1.0, 2.4, 1.8)],
+    }
+    apart = scaling.model(runs, 1, client_apart=True)["text|sidecar"]
+    shared = scaling.model(runs, 1)["text|sidecar"]
+    assert apart["gil_s_per_Mtok"] == pytest.approx(0.3)
+    # 2 cores: 1e6 / (0.3 + 1.2 / 2) = 1.111M against 1e6 / 1.5 = 667k at 1 core -> x 1.667
+    rate1 = 1e6 / 1.5
+    (two,) = [r for r in apart["rows"] if r["cores"] == 2]
+    assert two["predicted"] == pytest.approx(rate1 * (1e6 / 0.9) / (1e6 / 1.5))
+    # with the client sharing the cores, its CPU is counted: C = 2.0 -> 1e6 / (0.3 + 0.85)
+    (two_shared,) = [r for r in shared["rows"] if r["cores"] == 2]
+    assert two_shared["predicted"] == pytest.approx(rate1 * (1e6 / 1.15) / (1e6 / 2.0))
+    assert apart["client_apart"] and not shared["client_apart"]
+    # both project the sidecar's own CPU; the rank workers: 8 processes of 2 cores on 16
+    assert apart["projection"][16] == pytest.approx(1e6 / (0.3 + 1.2 / 16))
+    assert apart["projection_workers"][16] == pytest.approx(8e6 / (0.3 + 1.2 / 2))
+    assert apart["projection_workers"][4] == pytest.approx(4e6 / 1.5)
+    text = scaling.projection_table({"text|sidecar": apart})
+    # the target's column: 16 cores against 16 x 1 core, (8e6 / 0.9) / (16e6 / 1.5)
+    assert f"| {8e6 / 0.9 / (16e6 / 1.5):.2f} |" in text
+    assert "| text | sidecar | 8 rank workers | 0.67 | 1.33 | 2.67 | 5.33 | 8.89 |" in text
+    assert "| text | sidecar (client apart) | 2.000 (1.500) | 0.300 | 20.0% |" in scaling.table(
+        {"text|sidecar": apart})
+
+
+def test_saved_runs_are_replotted_merged(tmp_path: Path, capsys: Any,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    def saved(started: str, m: dict[str, Any]) -> Path:
+        path = tmp_path / f"{started}.json"
+        path.write_text(json.dumps({"started": started, "model": {"text|sidecar": m}}))
+        return path
+
+    base = {"path": "text", "mode": "sidecar", "rate_1": 5e5, "cpu_s_per_Mtok": 2.0,
+            "server_cpu_s_per_Mtok": 1.5, "gil_s_per_Mtok": 0.3,
+            "python_thread_cpu_s_per_Mtok": None, "serial_fraction": 0.2, "rows": [],
+            "projection": {n: 1e6 for n in scaling.PROJECT_CORES}}
+    old = saved("a", base)  # no rank workers' projection: made from C and G
+    m, started = scaling.load_model(old)
+    assert started == "a" and m["text|sidecar"]["projection"][16] == 1e6
+    assert m["text|sidecar"]["projection_workers"][16] == pytest.approx(8e6 / (0.3 + 1.2 / 2))
+    new = saved("b", {**base, "projection": {n: 2e6 for n in scaling.PROJECT_CORES}})
+    monkeypatch.setattr(sys, "argv", ["scaling.py", "--replot", str(old), str(new), "--out",
+                                      str(tmp_path / "out")])
+    scaling.main()
+    assert "| text | sidecar | 1 | 2.00 | 2.00 |" in capsys.readouterr().out  # the later run
+    assert (tmp_path / "out" / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_client_cpus_are_checked_against_the_machine() -> None:
+    assert scaling.client_cpus("", [0, 1]) == []
+    assert scaling.client_cpus("3,2", [0, 1, 2, 3]) == [2, 3]
+    with pytest.raises(SystemExit, match="not among this process's CPUs"):
+        scaling.client_cpus("5", [0, 1])
+    with pytest.raises(SystemExit, match="leaves none"):
+        scaling.client_cpus("0,1", [0, 1])
+    with pytest.raises(SystemExit, match="not a comma list"):
+        scaling.client_cpus("0-3", [0, 1, 2, 3, 4])
 
 
 def test_py_spy_raw_output_is_counted_per_thread() -> None:
@@ -188,8 +267,13 @@ def test_the_device_script_runs_on_cpu(tmp_path: Path) -> None:
     log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + log[-6000:]
     summary = (out / "summary.md").read_text()
-    for name in ("titan", "scaling", "feed"):
+    for name in ("titan", "workers", "scaling", "feed"):
         assert f"- {name}: exit 0," in summary, summary
+    workers = json.loads((out / "workers.json").read_text())
+    assert workers["processes"] == [1, 2]
+    one, two = (workers["trials"][str(n)][0]["achieved_per_rank"] for n in (1, 2))
+    assert one > 0 and workers["ratio"] == pytest.approx(two / one)
+    assert "2 processes against 1:" in (out / "workers.md").read_text()
     titan = (out / "titan.md").read_text()
     assert "MATCH: every step of every run (cpu; resumed at step 3)" in titan, titan
     result = json.loads((out / "scaling.json").read_text())
