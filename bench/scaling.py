@@ -351,6 +351,53 @@ def client_cpus(spec: str, cpus: list[int]) -> list[int]:
     return chosen
 
 
+def warm_up(args: argparse.Namespace, cores: int, procs: int = 1) -> float:
+    """The warm-up of a configuration: past the read-ahead's fill, which takes about
+    ``--fill-seconds`` on one core and shrinks with the cores each process has (a window that
+    opens during the fill counts the work banked ahead against the tokens delivered: chat on
+    one core measured 0.86 CPU s/Mtok 8 s after the start and 0.46 after 30 s)."""
+    return max(args.warmup, args.fill_seconds * procs / cores)
+
+
+MACHINE = "machine"  # the key prefix of the machine's parallel efficiency in the runs
+
+_MACHINE_WORK = """
+import hashlib, json, sys, time
+buf = bytes(range(256)) * 256
+until = time.perf_counter() + float(sys.argv[1])
+n = 0
+while time.perf_counter() < until:  # interpreted work and native work, as a pipeline does
+    sum(i * i for i in range(2000))
+    hashlib.sha256(buf).digest()
+    n += 1
+print(json.dumps({"work": n / float(sys.argv[1])}))
+"""
+
+
+def machine_efficiency(cpus: list[int], seconds: float, repeats: int = 3) -> dict[str, Any]:
+    """What ``len(cpus)`` CPUs give together: a single-threaded loop (interpreted and native
+    work) alone on the first CPU, then one on each CPU side by side; the efficiency is their
+    total rate over ``len(cpus)`` times the lone one (the median of ``repeats`` interleaved
+    pairs, at most 1). A VM's vCPUs that are hyperthreads of one
+    core (this machine's second vCPU gives 1.6-2.0x) make every CPU-second of the pipeline do
+    less, which the model would otherwise read as a serial part."""
+    def run(on: list[int]) -> float:
+        procs = [subprocess.Popen(pinned([sys.executable, "-c", _MACHINE_WORK, str(seconds)],
+                                         [c]), stdout=subprocess.PIPE, text=True) for c in on]
+        return sum(json.loads(p.communicate()[0])["work"] for p in procs)
+
+    ratios = []
+    for _ in range(repeats):  # interleaved: the machine's own noise is seconds long
+        one = run(cpus[:1])
+        together = run(cpus)
+        ratios.append(together / (len(cpus) * one))
+    measured = statistics.median(ratios)
+    efficiency = min(1.0, measured)  # a CPU gives no more than one alone: above is noise
+    return {"cpus": len(cpus), "one": one, "together": together, "ratios": ratios,
+            "measured": measured, "efficiency": efficiency,
+            "effective": efficiency * len(cpus)}
+
+
 def run_child(argv: list[str], cpus: list[int]) -> list[dict[str, Any]]:
     cmd = pinned([sys.executable, str(Path(__file__).resolve()), *argv], cpus)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -385,17 +432,25 @@ def measure(args: argparse.Namespace, recipes: dict[str, Path], cpus: list[int],
     runs: dict[str, list[dict[str, Any]]] = {}
     core_counts = [int(c) for c in args.cores.split(",")]
     for r in range(args.rounds):
+        for cores in core_counts:
+            if 1 < cores <= len(cpus) and args.machine_seconds > 0:
+                rec = machine_efficiency(cpus[:cores], args.machine_seconds)
+                runs.setdefault(f"{MACHINE}|{cores}", []).append(rec)
+                print(f"  round {r + 1} the machine on {cores} CPUs: {rec['efficiency']:.2f} "
+                      f"of {cores} x one ({rec['effective']:.2f} effective cores)",
+                      file=sys.stderr)
         for path in args.paths.split(","):
             for mode in args.modes.split(","):
                 base = ["--child", "--recipe", str(recipes[path]), "--mode", mode,
-                        "--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+                        "--seconds", str(args.seconds)]
                 for cores in core_counts:
                     if cores > len(cpus):
                         print(f"  skipping {cores} cores: {len(cpus)} available",
                               file=sys.stderr)
                         continue
                     workers = args.workers or max(2, cores)
-                    argv = [*base, "--workers", str(workers)]
+                    argv = [*base, "--workers", str(workers), "--warmup",
+                            str(warm_up(args, cores))]
                     on = cpus[:cores]  # the child's CPUs; the sidecar's apart from a client's
                     if clients and mode == "sidecar":
                         argv += ["--sidecar-cpus", ",".join(map(str, on))]
@@ -410,8 +465,10 @@ def measure(args: argparse.Namespace, recipes: dict[str, Path], cpus: list[int],
                         _say(r, pkey, runs[pkey][-1])
                 if mode == "inprocess" and args.procs > 1 and args.procs <= len(cpus):
                     cores = min(len(cpus), max(core_counts))
-                    start = time.time() + args.start_delay
-                    argvs = [[*base, "--workers", str(args.workers or 2), "--rank", str(k),
+                    # (their windows open together, past the fill)
+                    start = time.time() + args.start_delay + warm_up(args, cores, args.procs)
+                    argvs = [[*base, "--workers", str(args.workers or 2), "--warmup",
+                              str(args.warmup), "--rank", str(k),
                               "--world", str(args.procs), "--start-at", str(start)]
                              for k in range(args.procs)]
                     recs = run_procs(argvs, cpus[:cores])
@@ -446,7 +503,13 @@ def model(runs: dict[str, list[dict[str, Any]]], first_cores: int,
     sidecar's rows are predicted from its own CPU."""
     med = statistics.median
     out: dict[str, Any] = {}
-    keys = sorted({tuple(k.split("|")[:2]) for k in runs})
+
+    def effective(cores: int) -> float:
+        """Cores as the machine gives them (its measured parallel efficiency, if any)."""
+        recs = runs.get(f"{MACHINE}|{cores}")
+        return cores * min(1.0, med(x["efficiency"] for x in recs)) if recs else float(cores)
+
+    keys = sorted({tuple(k.split("|")[:2]) for k in runs if not k.startswith(MACHINE + "|")})
     for path, mode in keys:
         base = runs.get(f"{path}|{mode}|{first_cores}|1")
         if not base:
@@ -461,15 +524,18 @@ def model(runs: dict[str, list[dict[str, Any]]], first_cores: int,
         own_cpu = server_cpu if mode == "sidecar" and client_apart else cpu
         rows = []
         for key, recs in sorted(runs.items()):
+            if key.startswith(MACHINE + "|"):
+                continue
             p, m, cores_s, procs_s = key.split("|")
             if (p, m) != (path, mode) or procs_s == "profile":
                 continue
             cores, procs = int(cores_s), int(procs_s)
             measured = med(x.get("rate_sum", x["tokens"] / x["wall"]) for x in recs)
             # scaled from the first configuration: the model's ratio times the measured base
-            predicted = rate1 * (amdahl(own_cpu, gil, cores, procs)
-                                 / amdahl(own_cpu, gil, first_cores, 1))
+            predicted = rate1 * (amdahl(own_cpu, gil, effective(cores), procs)
+                                 / amdahl(own_cpu, gil, effective(first_cores), 1))
             rows.append({"cores": cores, "procs": procs, "predicted": predicted,
+                         "effective_cores": effective(cores),
                          "measured": measured, "error": measured / predicted - 1,
                          "load1": max(x["load1"] for x in recs)})
         # the node projection: the sidecar's own CPU (the clients are the ranks' processes)
@@ -500,6 +566,9 @@ def table(result: dict[str, Any]) -> str:
                 f"{'-' if py_cpu is None else f'{py_cpu:.3f}'} |")
         for i, row in enumerate(m["rows"]):
             config = f"{row['procs']} proc, {row['cores']} core{'s' if row['cores'] > 1 else ''}"
+            eff = row.get("effective_cores", row["cores"])
+            if eff != row["cores"]:
+                config += f" ({eff:.2f} effective)"
             cells = (f" {config} | {row['predicted']:,.0f} | {row['measured']:,.0f} | "
                      f"{row['measured'] / row['predicted']:.2f} |")
             lines.append((head if i == 0 else "| | | | | | |") + cells)
@@ -583,6 +652,11 @@ def calibrate(args: argparse.Namespace, cpus: list[int]) -> None:
 def load_model(path: Path) -> tuple[dict[str, Any], str]:
     """The model of a ``scaling.json`` (its projections keyed by cores again) and its start."""
     saved = json.loads(path.read_text())
+    if "runs" in saved:  # the model of today's code, from the raw records
+        args = saved.get("args", {})
+        first = int(str(args.get("cores", "1")).split(",")[0])
+        return model(saved["runs"], first, client_apart=bool(args.get("client_cpus"))), \
+            saved["started"]
     result = saved["model"]
     for m in result.values():
         for key in ("projection", "projection_workers"):
@@ -603,7 +677,7 @@ def replot(args: argparse.Namespace) -> None:
     for path in args.replot:
         model_of, started = load_model(path)
         result.update(model_of)
-        starts.append(f"{started} ({path.name})")
+        starts.append(started)
     print(f"{table(result)}\n\n{projection_table(result)}")
     title = (f"datalane: projected tokens/s per path (Amdahl, GIL-held = serial), from "
              f"1-core measurements; {', '.join(starts)}")
@@ -632,9 +706,15 @@ def main() -> None:
     # consistent 0.37-0.42 M where 28 s measured 0.8-0.95 M. (--calibrate has no pipeline:
     # its windows stay 4 s unless told.)
     ap.add_argument("--seconds", type=float, help="window (default 30; --calibrate 4)")
-    ap.add_argument("--warmup", type=float, default=8.0)
+    ap.add_argument("--warmup", type=float, default=8.0, help="the least warm-up (seconds)")
+    ap.add_argument("--fill-seconds", type=float, default=30.0,
+                    help="the read-ahead's fill on one core: a configuration warms up at least "
+                         "this over its cores per process")
+    ap.add_argument("--machine-seconds", type=float, default=2.0,
+                    help="the machine's parallel efficiency: each of its 6 runs' length (0: "
+                         "take the cores at face value)")
     ap.add_argument("--start-delay", type=float, default=8.0,
-                    help="side-by-side processes start their windows this long after launch")
+                    help="side-by-side processes start their warm-up this long after launch")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--no-profile", dest="profile", action="store_false",
@@ -672,6 +752,7 @@ def main() -> None:
     args.seconds = args.seconds or 30.0
     if args.quick:
         args.seconds, args.warmup, args.start_delay = 1.0, 0.3, 4.0
+        args.fill_seconds, args.machine_seconds = 0.0, min(args.machine_seconds, 0.5)
     args.paths = args.paths or (QUICK_PATHS if args.quick else ",".join(node_paths.PATHS))
     if pyspy_binary() is None and args.profile:
         print("py-spy not found: no GIL measurement (G = 0)", file=sys.stderr)
@@ -682,6 +763,10 @@ def main() -> None:
     clients = client_cpus(args.client_cpus, cpus)
     measured = [c for c in cpus if c not in clients]
     runs = measure(args, recipes, measured, clients)
+    args.out.mkdir(parents=True, exist_ok=True)
+    saved = {"started": started, "cpus": len(cpus), "load_start": load_start,
+             "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}
+    (args.out / "scaling.json").write_text(json.dumps(saved, indent=1))  # (before the model)
     first = int(args.cores.split(",")[0])
     result = model(runs, first, client_apart=bool(clients))
     header = (f"{started}, {platform.node()}, {len(cpus)} CPUs, python "
@@ -694,12 +779,8 @@ def main() -> None:
                  "; the sidecar's client on the sidecar's cores"))
     md = f"{header}\n\n{table(result)}\n\n{projection_table(result)}\n"
     print("\n" + md)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scaling.md").write_text(md)
-    (args.out / "scaling.json").write_text(json.dumps(
-        {"started": started, "cpus": len(cpus), "load_start": load_start,
-         "args": {k: str(v) for k, v in vars(args).items()}, "model": result, "runs": runs},
-        indent=1))
+    (args.out / "scaling.json").write_text(json.dumps({**saved, "model": result}, indent=1))
     title = (f"datalane: projected tokens/s per path (Amdahl, GIL-held = serial), from "
              f"{first}-core measurements; {started}")
     plot(result, args.out / "scaling.png", title)

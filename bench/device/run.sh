@@ -13,9 +13,9 @@
 #   2. workers  bench/workers.py: chat, 2 ranks flat out, the sidecar with 1 and then 2 rank
 #               worker processes on CPUs 0-7 (the ranks on 8-15): the 1.8x target.
 #               --cpu: --quick, unpinned.
-#   3. scaling  bench/scaling.py on 1, 2, 4, 8 and 14 cores with the sidecar's client on CPUs
-#               14-15 of its own (text JSONL and chat through the sidecar; G by py-spy at 1
-#               core): the cost model's prediction against what 14 cores measure.
+#   3. scaling  bench/scaling.py on 1 and 14 cores with the sidecar's client on CPUs 14-15 of
+#               its own (text JSONL and chat through the sidecar; G by py-spy at 1 core): the
+#               cost model's prediction against what 14 cores measure.
 #               --cpu: --quick on 1 and 2 cores, the Megatron path, both modes.
 #   4. feed     bench/feed.py: 8 ranks through one sidecar, the highest rate per rank each
 #               recipe sustains with under 1% of steps waiting. --cpu: --quick, one rate.
@@ -100,12 +100,13 @@ if [[ $MODE == gpu ]]; then
     part workers 45 "$OUT/workers.md" "$PY" bench/workers.py --seconds 4 --warmup 3 \
         --workers 4 --sidecar-cpus 0,1,2,3,4,5,6,7 --rank-cpus 8,9,10,11,12,13,14,15 \
         --corpus "$WORK/corpus" --out "$WORK/workers.json"
-    # two paths with windows of 6 s (bench/scaling.py: a window must span the read-ahead's
-    # cycles; 16 cores cycle faster than the 2-core machine's 30 s windows need); the client
-    # on cores of its own, as a trainer's is
-    part scaling 160 "$OUT/scaling.md" "$PY" bench/scaling.py --cores 1,2,4,8,14 \
-        --client-cpus 14,15 --paths text_jsonl,chat --modes sidecar --seconds 6 --warmup 3 \
-        --corpus "$WORK/corpus" --out "$OUT"
+    # two paths on 1 and 14 cores, the client on cores of its own as a trainer's is; windows
+    # of 4 s (a window must span the read-ahead's cycles: 16 cores cycle faster than the
+    # 2-core machine's 30 s windows need) after the fill (about 25 s on one core here: 20 on
+    # the device's faster cores is a guess, and the 1-core rows say if it was short)
+    part scaling 160 "$OUT/scaling.md" "$PY" bench/scaling.py --cores 1,14 \
+        --client-cpus 14,15 --paths text_jsonl,chat --modes sidecar --seconds 4 --warmup 3 \
+        --fill-seconds 20 --machine-seconds 1 --corpus "$WORK/corpus" --out "$OUT"
     part feed 100 "$OUT/feed.md" "$PY" bench/feed.py --ranks 8 --search --seconds 2.5 \
         --warmup 1 --max-trials 4 --workers 4 --corpus "$WORK/corpus" --out "$WORK/feed.json"
 else

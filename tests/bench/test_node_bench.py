@@ -154,6 +154,48 @@ def test_saved_runs_are_replotted_merged(tmp_path: Path, capsys: Any,
     assert (tmp_path / "out" / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_configuration_warms_up_past_the_read_ahead_fill() -> None:
+    import argparse
+
+    args = argparse.Namespace(warmup=8.0, fill_seconds=30.0)
+    assert scaling.warm_up(args, 1) == 30.0  # the fill on one core
+    assert scaling.warm_up(args, 2) == 15.0
+    assert scaling.warm_up(args, 14) == 8.0  # never below --warmup
+    assert scaling.warm_up(args, 2, procs=2) == 30.0  # each process on one core
+
+
+def test_the_model_counts_the_cores_the_machine_gives() -> None:
+    def rec(tokens: float, wall: float, cpu: float, **kw: Any) -> dict[str, Any]:
+        return {"tokens": tokens, "wall": wall, "cpu": cpu, "server_cpu": cpu, "load1": 0.5,
+                **kw}
+
+    runs = {
+        "machine|2": [{"efficiency": 0.8}, {"efficiency": 0.7}, {"efficiency": 0.9}],
+        "text|inprocess|1|1": [rec(1e6, 2.0, 2.0)],  # C = 2, 500k tokens/s
+        "text|inprocess|1|profile": [rec(1e6, 2.0, 2.0, gil_share=0.25,
+                                         python_thread_cpu=0.6)],  # G = 0.5
+        "text|inprocess|2|1": [rec(1.4e6, 2.0, 2.8)],
+        "text|inprocess|2|2": [rec(1.6e6, 2.0, 3.2, rate_sum=800_000.0)],
+    }
+    m = scaling.model(runs, 1)
+    assert list(m) == ["text|inprocess"]  # the machine's records are no path
+    rows = {(r["cores"], r["procs"]): r for r in m["text|inprocess"]["rows"]}
+    # 2 CPUs give 0.8 x 2 = 1.6 cores (the median): 1e6 / (0.5 + 1.5 / 1.6)
+    assert rows[2, 1]["effective_cores"] == pytest.approx(1.6)
+    assert rows[2, 1]["predicted"] == pytest.approx(1e6 / (0.5 + 1.5 / 1.6))
+    assert rows[2, 2]["predicted"] == pytest.approx(2e6 / (0.5 + 1.5 * 2 / 1.6))
+    assert rows[1, 1]["effective_cores"] == 1.0
+    assert "| 1 proc, 2 cores (1.60 effective) |" in scaling.table(m)
+
+
+def test_the_machine_efficiency_of_one_cpu_is_about_one() -> None:
+    cpu = sorted(os.sched_getaffinity(0))[:1]
+    rec = scaling.machine_efficiency(cpu, 0.3)
+    assert rec["cpus"] == 1 and rec["one"] > 0 and rec["together"] > 0
+    assert rec["effective"] == pytest.approx(rec["efficiency"])
+    assert 0.3 < rec["efficiency"] < 3  # the same loop twice on one CPU (the machine's noise)
+
+
 def test_client_cpus_are_checked_against_the_machine() -> None:
     assert scaling.client_cpus("", [0, 1]) == []
     assert scaling.client_cpus("3,2", [0, 1, 2, 3]) == [2, 3]
