@@ -29,6 +29,11 @@ inherits it) and measures, after a warm-up, over ``--seconds``:
   ``threading.enumerate`` in process) is an upper bound: those threads also run native code
   with the GIL released (hashing, Arrow, the tokenizer's caller waits for rayon's threads).
 
+Each configuration warms up past the read-ahead's fill (at least ``--fill-seconds`` over the
+cores of each of its processes: a window opened during the fill counts work banked ahead), and
+each round first measures what ``k`` CPUs give together (:func:`machine_efficiency`): the
+predictions count effective cores.
+
 The model (Amdahl, the GIL-held part serial, the rest parallel on N cores; workers = cores):
 ``tokens/s(N) = 1e6 / (G + (C - G) / N)``; ``P`` processes with their own GIL on N cores:
 ``P x 1e6 / (G + (C - G) x P / N)``. It is validated on this machine: G and C of the 1-core
