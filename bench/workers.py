@@ -84,7 +84,9 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=8.0, help="counted window per trial")
-    ap.add_argument("--warmup", type=float, default=3.0)
+    # past the read-ahead's fill (about 12 s on 2 cores: docs/benchmarks.md), which delivers
+    # less than the sidecar makes while it banks work ahead
+    ap.add_argument("--warmup", type=float, default=15.0)
     ap.add_argument("--workers", type=int, default=2, help="map workers per process")
     ap.add_argument("--sidecar-cpus", default="", help="pin the sidecar, e.g. 0,1,2,3")
     ap.add_argument("--rank-cpus", default="", help="pin the ranks' processes")
@@ -115,8 +117,8 @@ def main() -> None:
           + (f", sidecar on CPUs {args.sidecar_cpus}" if args.sidecar_cpus else "")
           + (f", ranks on CPUs {args.rank_cpus}" if args.rank_cpus else "") + "\n")
     print(text)
-    print(f"\n{processes[-1]} processes against {processes[0]}: {ratio:.2f}x (target for 2 "
-          f"against 1: {TARGET}x, where the sidecar has the cores)")
+    print(f"\n--rank-processes {processes[-1]} against {processes[0]}: {ratio:.2f}x (the "
+          f"target for 2 against 1: {TARGET}x, where the sidecar has the cores)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"started": started, "processes": processes,
                                     "ratio": ratio, "trials": trials,

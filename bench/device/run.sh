@@ -97,7 +97,7 @@ if [[ $MODE == gpu ]]; then
     part titan 150 "$OUT/titan.md" "$PY" bench/device/titan.py --devices cuda,cpu --steps 8 \
         --interval 4 --work "$WORK/titan" --timeout 120
     part corpus 60 "$WORK/corpus.txt" "$PY" bench/node_paths.py "$WORK/corpus"
-    part workers 45 "$OUT/workers.md" "$PY" bench/workers.py --seconds 4 --warmup 3 \
+    part workers 45 "$OUT/workers.md" "$PY" bench/workers.py --seconds 4 --warmup 5 \
         --workers 4 --sidecar-cpus 0,1,2,3,4,5,6,7 --rank-cpus 8,9,10,11,12,13,14,15 \
         --corpus "$WORK/corpus" --out "$WORK/workers.json"
     # two paths on 1 and 14 cores, the client on cores of its own as a trainer's is; windows

@@ -315,7 +315,7 @@ def test_the_device_script_runs_on_cpu(tmp_path: Path) -> None:
     assert workers["processes"] == [1, 2]
     one, two = (workers["trials"][str(n)][0]["achieved_per_rank"] for n in (1, 2))
     assert one > 0 and workers["ratio"] == pytest.approx(two / one)
-    assert "2 processes against 1:" in (out / "workers.md").read_text()
+    assert "--rank-processes 2 against 1:" in (out / "workers.md").read_text()
     titan = (out / "titan.md").read_text()
     assert "MATCH: every step of every run (cpu; resumed at step 3)" in titan, titan
     result = json.loads((out / "scaling.json").read_text())
