@@ -383,9 +383,9 @@ def machine_efficiency(cpus: list[int], seconds: float, repeats: int = 3) -> dic
     """What ``len(cpus)`` CPUs give together: a single-threaded loop (interpreted and native
     work) alone on the first CPU, then one on each CPU side by side; the efficiency is their
     total rate over ``len(cpus)`` times the lone one (the median of ``repeats`` interleaved
-    pairs, at most 1). A VM's vCPUs that are hyperthreads of one
-    core (this machine's second vCPU gives 1.6-2.0x) make every CPU-second of the pipeline do
-    less, which the model would otherwise read as a serial part."""
+    pairs, at most 1). A VM's vCPUs that are hyperthreads of fewer cores make every
+    CPU-second of the pipeline do less, which the model would otherwise read as a serial
+    part."""
     def run(on: list[int]) -> float:
         procs = [subprocess.Popen(pinned([sys.executable, "-c", _MACHINE_WORK, str(seconds)],
                                          [c]), stdout=subprocess.PIPE, text=True) for c in on]
