@@ -152,6 +152,15 @@ def test_saved_runs_are_replotted_merged(tmp_path: Path, capsys: Any,
     scaling.main()
     assert "| text | sidecar | 1 | 2.00 | 2.00 |" in capsys.readouterr().out  # the later run
     assert (tmp_path / "out" / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a run that saved its raw records is modelled again by today's code, client apart or not
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps({"started": "c", "args": {"cores": "1", "client_cpus": "1"},
+                               "runs": {"text|sidecar|1|1": [
+                                   {"tokens": 1e6, "wall": 1.5, "cpu": 2.0, "server_cpu": 1.5,
+                                    "load1": 0.5}]}}))
+    m, started = scaling.load_model(raw)
+    assert started == "c" and m["text|sidecar"]["client_apart"]
+    assert m["text|sidecar"]["projection"][1] == pytest.approx(1e6 / 1.5)  # no G: all CPU
 
 
 def test_a_configuration_warms_up_past_the_read_ahead_fill() -> None:
@@ -186,6 +195,9 @@ def test_the_model_counts_the_cores_the_machine_gives() -> None:
     assert rows[2, 2]["predicted"] == pytest.approx(2e6 / (0.5 + 1.5 * 2 / 1.6))
     assert rows[1, 1]["effective_cores"] == 1.0
     assert "| 1 proc, 2 cores (1.60 effective) |" in scaling.table(m)
+    # a CPU gives no more than one alone: an efficiency measured above 1 is noise
+    noisy = scaling.model({**runs, "machine|2": [{"efficiency": 1.3}]}, 1)
+    assert noisy["text|inprocess"]["rows"][1]["effective_cores"] == 2.0
 
 
 def test_the_machine_efficiency_of_one_cpu_is_about_one() -> None:
