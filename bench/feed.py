@@ -285,6 +285,19 @@ def table(results: dict[str, dict[str, Any]], ranks: int) -> str:
     return "\n".join(lines)
 
 
+def header(started: str, load_start: float) -> str:
+    """The machine and its load, for a results header."""
+    return (f"{started}, {platform.node()}, {os.cpu_count()} CPUs, load average "
+            f"{load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+
+
+def pinning(args: argparse.Namespace) -> str:
+    """Where the sidecar and the ranks were pinned, if they were (``--sidecar-cpus``,
+    ``--rank-cpus``)."""
+    return ((f" on CPUs {args.sidecar_cpus}" if args.sidecar_cpus else "")
+            + (f", ranks on CPUs {args.rank_cpus}" if args.rank_cpus else ""))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=8)
@@ -335,12 +348,9 @@ def main() -> None:
             trials = [trial(args, recipe, args.rate)]
             best = args.rate if held(trials[0]) else None
         results[name] = {"sustained": best, "trials": trials}
-    print(f"\n{started}, {platform.node()}, {os.cpu_count()} CPUs, load average "
-          f"{load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end; {args.ranks} ranks, "
-          f"microbatch {args.microbatch} x {TOKENS} tokens, {args.seconds:g} s counted per "
-          f"trial, sidecar --workers {args.workers} --rank-processes {args.rank_processes}"
-          + (f" on CPUs {args.sidecar_cpus}" if args.sidecar_cpus else "")
-          + (f", ranks on CPUs {args.rank_cpus}" if args.rank_cpus else "") + "\n")
+    print(f"\n{header(started, load_start)}; {args.ranks} ranks, microbatch {args.microbatch} "
+          f"x {TOKENS} tokens, {args.seconds:g} s counted per trial, sidecar --workers "
+          f"{args.workers} --rank-processes {args.rank_processes}{pinning(args)}\n")
     print(table(results, args.ranks))
     print()
     for name, r in results.items():

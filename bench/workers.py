@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import feed  # noqa: E402
+
 TARGET = 1.8  # 2 processes against 1 (issue 19)
 
 
@@ -110,12 +113,9 @@ def main() -> None:
             for n in processes if r % 2 == 0 else processes[::-1]:  # alternated
                 trials[n].append(feed_trial(args, n, Path(work)))
     text, ratio = table(processes, trials)
-    print(f"{started}, {platform.node()}, {os.cpu_count()} CPUs, load average "
-          f"{load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end; chat, {args.ranks} "
-          f"ranks flat out, {args.seconds:g} s counted after {args.warmup:g} s, "
-          f"{args.rounds} round(s), --workers {args.workers}"
-          + (f", sidecar on CPUs {args.sidecar_cpus}" if args.sidecar_cpus else "")
-          + (f", ranks on CPUs {args.rank_cpus}" if args.rank_cpus else "") + "\n")
+    print(f"{feed.header(started, load_start)}; chat, {args.ranks} ranks flat out, "
+          f"{args.seconds:g} s counted after {args.warmup:g} s, {args.rounds} round(s), "
+          f"sidecar --workers {args.workers}{feed.pinning(args)}\n")
     print(text)
     print(f"\n--rank-processes {processes[-1]} against {processes[0]}: {ratio:.2f}x (the "
           f"target for 2 against 1: {TARGET}x, where the sidecar has the cores)")
