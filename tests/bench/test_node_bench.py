@@ -205,7 +205,10 @@ def test_the_machine_efficiency_of_one_cpu_is_about_one() -> None:
     rec = scaling.machine_efficiency(cpu, 0.3)
     assert rec["cpus"] == 1 and rec["one"] > 0 and rec["together"] > 0
     assert rec["effective"] == pytest.approx(rec["efficiency"])
-    assert 0.3 < rec["efficiency"] < 3  # the same loop twice on one CPU (the machine's noise)
+    # the same loop twice on one CPU: about 1 on a quiet machine, never above 1 once clamped
+    # (a loaded CI machine may starve either run, so no lower bound but a positive one)
+    assert len(rec["ratios"]) == 3 and 0 < rec["efficiency"] <= 1.0
+    assert rec["efficiency"] == min(1.0, rec["measured"])
 
 
 def test_client_cpus_are_checked_against_the_machine() -> None:
