@@ -655,24 +655,13 @@ def calibrate(args: argparse.Namespace, cpus: list[int]) -> None:
 
 
 def load_model(path: Path) -> tuple[dict[str, Any], str]:
-    """The model of a ``scaling.json`` (its projections keyed by cores again) and its start."""
+    """The model of a saved run (``scaling.json``: its raw records, modelled by today's code)
+    and when it started."""
     saved = json.loads(path.read_text())
-    if "runs" in saved:  # the model of today's code, from the raw records
-        args = saved.get("args", {})
-        first = int(str(args.get("cores", "1")).split(",")[0])
-        return model(saved["runs"], first, client_apart=bool(args.get("client_cpus"))), \
-            saved["started"]
-    result = saved["model"]
-    for m in result.values():
-        for key in ("projection", "projection_workers"):
-            if key in m:
-                m[key] = {int(n): v for n, v in m[key].items()}
-        if "projection_workers" not in m:  # a run from before the rank workers' projection
-            cpu = (m["server_cpu_s_per_Mtok"] if m["mode"] == "sidecar"
-                   else m["cpu_s_per_Mtok"])
-            m["projection_workers"] = {n: rank_workers(cpu, m["gil_s_per_Mtok"], n)
-                                       for n in PROJECT_CORES}
-    return result, saved["started"]
+    args = saved.get("args", {})
+    first = int(str(args.get("cores", "1")).split(",")[0])
+    return (model(saved["runs"], first, client_apart=bool(args.get("client_cpus"))),
+            saved["started"])
 
 
 def replot(args: argparse.Namespace) -> None:

@@ -133,34 +133,32 @@ def test_a_client_apart_predicts_the_sidecar_from_its_own_cpu() -> None:
 
 def test_saved_runs_are_replotted_merged(tmp_path: Path, capsys: Any,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    def saved(started: str, m: dict[str, Any]) -> Path:
+    def saved(started: str, wall: float, client_cpus: str = "") -> Path:
+        # the sidecar alone 1.5 CPU s/Mtok, G = 0.3 s/Mtok; 1e6 tokens in ``wall`` seconds
         path = tmp_path / f"{started}.json"
-        path.write_text(json.dumps({"started": started, "model": {"text|sidecar": m}}))
+        rec = {"tokens": 1e6, "wall": wall, "cpu": 2.0, "server_cpu": 1.5, "load1": 0.5}
+        path.write_text(json.dumps({"started": started, "args": {
+            "cores": "1", "client_cpus": client_cpus}, "runs": {
+            "text|sidecar|1|1": [rec],
+            "text|sidecar|1|profile": [{**rec, "gil_share": 0.3 / wall,
+                                        "python_thread_cpu": 0.4}]}}))
         return path
 
-    base = {"path": "text", "mode": "sidecar", "rate_1": 5e5, "cpu_s_per_Mtok": 2.0,
-            "server_cpu_s_per_Mtok": 1.5, "gil_s_per_Mtok": 0.3,
-            "python_thread_cpu_s_per_Mtok": None, "serial_fraction": 0.2, "rows": [],
-            "projection": {n: 1e6 for n in scaling.PROJECT_CORES}}
-    old = saved("a", base)  # no rank workers' projection: made from C and G
+    old = saved("a", 2.0)
     m, started = scaling.load_model(old)
-    assert started == "a" and m["text|sidecar"]["projection"][16] == 1e6
+    assert started == "a" and not m["text|sidecar"]["client_apart"]
+    assert m["text|sidecar"]["gil_s_per_Mtok"] == pytest.approx(0.3)
+    # the projections from C and G, keyed by cores: the sidecar's own CPU (1.5)
+    assert m["text|sidecar"]["projection"][16] == pytest.approx(1e6 / (0.3 + 1.2 / 16))
     assert m["text|sidecar"]["projection_workers"][16] == pytest.approx(8e6 / (0.3 + 1.2 / 2))
-    new = saved("b", {**base, "projection": {n: 2e6 for n in scaling.PROJECT_CORES}})
+    new = saved("b", 1.0, client_cpus="1")  # the later run: 1M tokens/s at 1 core
     monkeypatch.setattr(sys, "argv", ["scaling.py", "--replot", str(old), str(new), "--out",
                                       str(tmp_path / "out")])
     scaling.main()
-    assert "| text | sidecar | 1 | 2.00 | 2.00 |" in capsys.readouterr().out  # the later run
+    out = capsys.readouterr().out
+    assert "| text | sidecar (client apart) | 2.000 (1.500) |" in out  # the later run wins
+    assert "| 1 proc, 1 core | 1,000,000 | 1,000,000 |" in out
     assert (tmp_path / "out" / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # a run that saved its raw records is modelled again by today's code, client apart or not
-    raw = tmp_path / "raw.json"
-    raw.write_text(json.dumps({"started": "c", "args": {"cores": "1", "client_cpus": "1"},
-                               "runs": {"text|sidecar|1|1": [
-                                   {"tokens": 1e6, "wall": 1.5, "cpu": 2.0, "server_cpu": 1.5,
-                                    "load1": 0.5}]}}))
-    m, started = scaling.load_model(raw)
-    assert started == "c" and m["text|sidecar"]["client_apart"]
-    assert m["text|sidecar"]["projection"][1] == pytest.approx(1e6 / 1.5)  # no G: all CPU
 
 
 def test_a_configuration_warms_up_past_the_read_ahead_fill() -> None:
