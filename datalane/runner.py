@@ -52,7 +52,7 @@ def run_world(recipe: Recipe, world_size: int, knobs: Knobs, steps: int | None,
                           f"got {steps!r}")
     plan = plan or Plan.build(recipe)
     out = WorldRun()
-    with TaskPool(knobs.workers) as pool:
+    with TaskPool.of(knobs) as pool:
         loaders = [Loader(recipe, r, world_size, knobs, plan=plan, pool=pool)
                    for r in range(world_size)]
         try:

@@ -238,8 +238,8 @@ class DocStream:
                 size = min(size, max(fits, 1))
             piece = block.records[start:start + size]
             block.submitted += len(piece)
-            future = self._pool.submit_ahead(self._queued_docs, self._stage.run, piece,
-                                             self._formats, self.lane)
+            future = self._pool.submit_map(self._queued_docs, self._stage, piece,
+                                           self._formats, self.lane)
             self._queued_docs += len(piece)
             self._tasks.append(_Task(block, start, len(piece), future))
             if block.submitted >= len(block.records):

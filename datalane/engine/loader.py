@@ -111,7 +111,7 @@ class Loader:
         self.knobs = knobs or Knobs()
         self.plan = plan if plan is not None else Plan.build(recipe)
         self._own_pool = pool is None
-        self._pool = pool or TaskPool(self.knobs.workers)
+        self._pool = pool or TaskPool.of(self.knobs)
         self._stages = self.plan.map_stages(CodePolicy.of(predicate_modules))
         self._streams: list[LaneStream] | None = None
         self._restore: Checkpoint | None = None

@@ -10,6 +10,10 @@ which is first in, first out again.
 
 Results do not depend on the order tasks run in: streams consume their tasks in submission
 order (docs/architecture.md, One lane).
+
+A pool of processes (``TaskPool.of(knobs)`` with the ``map_processes`` knob) runs its map
+tasks (:meth:`TaskPool.submit_map`) in one child process per thread
+(:mod:`datalane.engine.mapprocs`); its queue and its order are the same.
 """
 
 from __future__ import annotations
@@ -21,9 +25,17 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from datalane.engine.mapprocs import MapProcess
 from datalane.engine.priority import lower_this_thread
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from datalane.engine.formats import Format
+    from datalane.engine.mapstage import MapResult, MapStage, Record
+    from datalane.spec.knobs import Knobs
 
 __all__ = ["TaskPool"]
 
@@ -45,13 +57,18 @@ def _finish_at_exit() -> None:
 
 
 class TaskPool(Executor):
-    """``workers`` threads running submitted callables, least ``ahead`` first."""
+    """``workers`` threads running submitted callables, least ``ahead`` first; with
+    ``processes``, each thread runs the map tasks in a child process of its own."""
 
-    def __init__(self, workers: int, name: str = "datalane-map") -> None:
+    def __init__(self, workers: int, name: str = "datalane-map",
+                 processes: bool = False) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, not {workers}")
         self.workers = workers
+        self.processes = processes
         self._name = name
+        self._local = threading.local()  # a thread's MapProcess
+        self._children: list[MapProcess] = []
         self._heap: list[tuple[int, int, Future[Any], Callable[..., Any], tuple[Any, ...],
                                dict[str, Any]]] = []
         self._order = itertools.count()
@@ -60,6 +77,36 @@ class TaskPool(Executor):
         self._idle = 0
         self._closed = False
         _live.add(self)
+
+    @classmethod
+    def of(cls, knobs: Knobs, name: str = "datalane-map") -> TaskPool:
+        """The pool the knobs ask for: ``map_processes`` child processes, else ``workers``
+        threads."""
+        if knobs.map_processes > 0:
+            return cls(knobs.map_processes, name, processes=True)
+        return cls(knobs.workers, name)
+
+    def submit_map(self, ahead: int, stage: MapStage, records: list[Record],
+                   formats: Sequence[Format], lane: int) -> Future[MapResult]:
+        """``stage.run(records, formats, lane)`` after every queued task with a smaller
+        ``ahead``: on a worker thread, or in its process."""
+        if self.processes:
+            return self.submit_ahead(ahead, self._run_in_child, stage, records, formats, lane)
+        return self.submit_ahead(ahead, stage.run, records, formats, lane)
+
+    def _run_in_child(self, stage: MapStage, records: list[Record], formats: Sequence[Format],
+                      lane: int) -> MapResult:
+        child: MapProcess | None = getattr(self._local, "child", None)
+        if child is None:
+            child = self._local.child = MapProcess(threading.current_thread().name)
+            with self._cv:
+                self._children.append(child)
+        return child.run(stage, records, formats, lane)
+
+    def children(self) -> list[MapProcess]:
+        """The map processes started so far (one per thread that ran a map task)."""
+        with self._cv:
+            return list(self._children)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         return self.submit_ahead(0, fn, *args, **kwargs)
@@ -83,6 +130,14 @@ class TaskPool(Executor):
 
     def _work(self) -> None:
         lower_this_thread()  # bulk work: the threads handing data over come first
+        try:
+            self._serve()
+        finally:
+            child = getattr(self._local, "child", None)
+            if child is not None:
+                child.close()
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 self._idle += 1

@@ -20,6 +20,13 @@ class Knobs:
 
     workers: int = doc("Threads running the map stages (decode, filter, tokenize), shared by "
                        "every lane in the process.", default=2, ge=1, le=256)
+    map_processes: int = doc("Child processes running the map stages instead of `workers` "
+                             "threads (0: threads of this process). Each has its own "
+                             "interpreter lock, so decoding, chat template renders and "
+                             "tokenizing use more cores than one lock allows; each holds a "
+                             "copy of the recipe's tokenizers and templates "
+                             "(docs/architecture.md, Map processes).",
+                             default=0, ge=0, le=256)
     prefetch: int = doc("Map tasks in flight per lane and source (backpressure bound).",
                         default=8, ge=1, le=1024)
     task_docs: int = doc("Documents per map task (one batched tokenizer call); a stream's "

@@ -92,6 +92,15 @@ def _parser() -> argparse.ArgumentParser:
                             "DATALANE_RANKS_PER_POD)")
     serve.add_argument("--workers", **_int_flag("DATALANE_WORKERS", Knobs.workers,
                                                 *_knob("workers")))
+    serve.add_argument("--map-processes", **_int_flag("DATALANE_MAP_PROCESSES",
+                                                      Knobs.map_processes,
+                                                      *_knob("map_processes")),
+                       help="run the map stages (decode, render, tokenize) in N child "
+                            "processes instead of --workers threads (in each rank worker with "
+                            "--rank-processes), so they do not share one interpreter lock; 0: "
+                            "threads (the default). Each holds a copy of the recipe's "
+                            "tokenizers and templates (docs/architecture.md, Map processes) "
+                            "(env DATALANE_MAP_PROCESSES)")
     serve.add_argument("--prefetch", **_int_flag("DATALANE_PREFETCH", 8, 1, _MAX_PREFETCH),
                        help="microbatches ready ahead of each session's slowest reader")
     serve.add_argument("--image-bytes", **_int_flag("DATALANE_IMAGE_BYTES", Knobs.image_bytes,
@@ -161,7 +170,8 @@ def _serve(args: argparse.Namespace) -> int:
                         args.ranks_per_pod, args.workers, args.prefetch,
                         int(args.socket_mode, 8), args.metrics_port, args.metrics_addr,
                         args.max_streams, rank_processes(args.rank_processes,
-                                                         args.ranks_per_pod), args.image_bytes)
+                                                         args.ranks_per_pod), args.image_bytes,
+                        args.map_processes)
     return serve(cfg)
 
 

@@ -59,6 +59,7 @@ class SidecarConfig:
     max_streams: int = 0  # 0: from the pod's ranks and the recipe's eval streams (admission.py)
     rank_processes: int = 0  # 0: sessions are threads of this process; N: N rank workers
     image_bytes: int = Knobs.image_bytes  # the knob: decoded images a lane's stream may hold
+    map_processes: int = 0  # the knob: 0, map stages on threads; N: on N child processes
 
 
 def _check_socket_path(path: str) -> None:
@@ -169,7 +170,8 @@ def _serve(cfg: SidecarConfig, ready: threading.Event | None,
         store = CheckpointStore(cfg.store, cfg.store_options or None)
     laps.lap("store")
     metrics = Metrics()
-    knobs = Knobs(workers=cfg.workers, image_bytes=cfg.image_bytes)
+    knobs = Knobs(workers=cfg.workers, image_bytes=cfg.image_bytes,
+                  map_processes=cfg.map_processes)
     service = DataLaneService(plan, knobs, cfg.prefetch, store, cfg.pod,
                               cfg.ranks_per_pod, os.path.dirname(os.path.abspath(cfg.socket)),
                               metrics, shm_mode=cfg.socket_mode, started=laps,

@@ -140,7 +140,7 @@ class DataLaneService(pbg.DataLaneServicer):
         self.shm_dir = shm_dir
         self.shm_mode = shm_mode  # the socket's: whoever may connect may map the rings
         self.metrics = metrics
-        self.pool = TaskPool(knobs.workers)
+        self.pool = TaskPool.of(knobs)
         # the store's reads on threads of their own, each bounded: a store that hangs holds
         # those threads, never one that serves batches (datalane.store.calls)
         self.store_calls = StoreCalls(getattr(store, "uri", ""), STORE_SECONDS)

@@ -89,7 +89,7 @@ class _Worker:
         self.texts = {name: CheckpointText(plan) for name, plan in plans.items()}
         self.knobs = knobs
         self.prefetch = prefetch
-        self.pool = TaskPool(knobs.workers)
+        self.pool = TaskPool.of(knobs)
         self.sessions: dict[str, Session] = {}
         self.rings: dict[str, ShmWriter] = {}
         self._lock = threading.Lock()

@@ -524,8 +524,11 @@ def test_knobs_defaults_and_valid_values() -> None:
     ({"image_bytes": 0}, "knobs.image_bytes 0 must be >= 1"),
     ({"task_docs": None}, "knobs.task_docs must be integer, got null"),
     ({"worker": 4}, "knobs.worker is not a known key; did you mean 'workers'?"),
-    ({"seed": 4}, "knobs.seed is not a known key; known keys: workers, prefetch, task_docs, "
-     "image_bytes"),
+    ({"map_processes": -1}, "knobs.map_processes -1 must be >= 0"),
+    ({"map_processes": 257}, "knobs.map_processes 257 must be <= 256"),
+    ({"map_processes": True}, "knobs.map_processes must be an integer, got True"),
+    ({"seed": 4}, "knobs.seed is not a known key; known keys: workers, map_processes, "
+     "prefetch, task_docs, image_bytes"),
 ])
 def test_knobs_reject_bad_values(data: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as info:
