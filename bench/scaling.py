@@ -5,6 +5,7 @@
     .venv/bin/python bench/scaling.py --quick          # the CI size: a tiny corpus, seconds
     .venv/bin/python bench/scaling.py --cores 1,2,4,8,14 --client-cpus 14,15   # a 16-core node
     .venv/bin/python bench/scaling.py --cores 1 --client-cpus 1 --modes sidecar   # 2 CPUs: the base
+    .venv/bin/python bench/scaling.py --modes inprocess-mp --paths chat   # map processes
     .venv/bin/python bench/scaling.py --calibrate      # the GIL measurement against a known load
     .venv/bin/python bench/scaling.py --publish        # the plot to docs/node-scaling.png
 
@@ -28,6 +29,12 @@ inherits it) and measures, after a warm-up, over ``--seconds``:
   it, the CPU of the threads that ran Python in the window (the thread ids py-spy saw, and
   ``threading.enumerate`` in process) is an upper bound: those threads also run native code
   with the GIL released (hashing, Arrow, the tokenizer's caller waits for rayon's threads).
+
+``--modes`` also takes ``inprocess-mp`` and ``sidecar-mp``: the same with the map stages in
+one child process per core (``knobs.map_processes``, ``--map-processes``;
+datalane/engine/mapprocs.py). C then counts the map processes' CPU too (the serving process's
+tree), and G is still the serving process's: each map process has its own GIL, so only the
+parent's is serial.
 
 Each configuration warms up past the read-ahead's fill (at least ``--fill-seconds`` over the
 cores of each of its processes: a window opened during the fill counts work banked ahead), and
@@ -88,6 +95,10 @@ import node_paths  # noqa: E402
 QUICK_PATHS = "text_parquet,chat,megatron"
 MICROBATCH = 8  # sequences per microbatch: one lane's rows of a step
 MODES = ("inprocess", "sidecar")
+#: the same with the map stages in one child process per core (``knobs.map_processes``):
+#: ``inprocess-mp``, ``sidecar-mp``
+MP = "-mp"
+ALL_MODES = (*MODES, *(m + MP for m in MODES))
 PROJECT_CORES = (1, 2, 4, 8, 16, 32, 64, 128, 192)
 RANK_WORKERS = 8  # the sidecar's rank worker processes on an 8-GPU node: one per rank
 NODE_TARGET = 8 * 60_000  # 8 H100s training a 1B model, about 60k tokens/s each (issue 19)
@@ -118,6 +129,34 @@ def proc_cpu(pid: int) -> float:
     """CPU seconds (user + system, every thread) of a live process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def tree_cpu(root: int) -> dict[int, float]:
+    """CPU seconds of ``root`` and of each live process below it (its map processes, its
+    rank workers and theirs), by pid."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK)
+    out = {}
+    for pid, (_, cpu) in stats.items():
+        p = pid
+        while p != root and p in stats and p > 1:
+            p = stats[p][0]
+        if p == root:
+            out[pid] = cpu
+    return out
+
+
+def cpu_since(before: dict[int, float], after: dict[int, float]) -> float:
+    """The CPU a process tree used between two :func:`tree_cpu` readings (a process started
+    meanwhile counts from 0)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 def thread_sched(pid: int) -> dict[int, tuple[float, float]]:
@@ -241,9 +280,9 @@ def _batches(args: argparse.Namespace, recipe_path: str, work: Path) -> Iterator
     from datalane.spec.knobs import Knobs
     from datalane.spec.recipe import load_recipe
 
-    if args.mode == "inprocess":
+    if args.mode.removesuffix(MP) == "inprocess":
         with Loader(load_recipe(recipe_path), args.rank, args.world,
-                    Knobs(workers=args.workers)) as loader:
+                    Knobs(workers=args.workers, map_processes=args.map_processes)) as loader:
             yield os.getpid()
             yield from loader.microbatches(MICROBATCH)
         return
@@ -254,7 +293,7 @@ def _batches(args: argparse.Namespace, recipe_path: str, work: Path) -> Iterator
     socket = str(work / "dl.sock")
     cmd = [sys.executable, "-m", "datalane_sidecar", "serve", "--socket", socket, "--recipe",
            recipe_path, "--workers", str(args.workers), "--prefetch", "8", "--log-level",
-           "warning"]
+           "warning", "--map-processes", str(args.map_processes)]
     if args.sidecar_cpus:  # apart from this client's CPUs
         cmd = pinned(cmd, [int(c) for c in args.sidecar_cpus.split(",")])
     with serve.sidecar_process(cmd, socket, work / "sidecar.log") as proc, \
@@ -277,12 +316,12 @@ def child(args: argparse.Namespace) -> None:
         probe = GilProbe(server, args.seconds, args.rate, work) if args.gil_probe else None
         w = Window()
         th0 = thread_sched(server)
-        c0, s0, t0 = proc_cpu(me), proc_cpu(server), time.perf_counter()
+        c0, s0, t0 = proc_cpu(me), tree_cpu(server), time.perf_counter()
         while (probe.running() if probe else time.perf_counter() - t0 < args.seconds):
             w.tokens += next(it).input_ids.size
         w.wall = time.perf_counter() - t0
-        w.server_cpu = proc_cpu(server) - s0
-        w.cpu = proc_cpu(me) - c0 + (w.server_cpu if server != me else 0.0)
+        w.server_cpu = cpu_since(s0, tree_cpu(server))  # with its map processes, if any
+        w.cpu = w.server_cpu + (proc_cpu(me) - c0 if server != me else 0.0)
         rec: dict[str, Any] = {**asdict(w), "load1": os.getloadavg()[0],
                                **busiest_thread(server, th0, thread_sched(server))}
         if probe:
@@ -455,9 +494,10 @@ def measure(args: argparse.Namespace, recipes: dict[str, Path], cpus: list[int],
                         continue
                     workers = args.workers or max(2, cores)
                     argv = [*base, "--workers", str(workers), "--warmup",
-                            str(warm_up(args, cores))]
+                            str(warm_up(args, cores)),
+                            "--map-processes", str(cores if mode.endswith(MP) else 0)]
                     on = cpus[:cores]  # the child's CPUs; the sidecar's apart from a client's
-                    if clients and mode == "sidecar":
+                    if clients and mode.removesuffix(MP) == "sidecar":
                         argv += ["--sidecar-cpus", ",".join(map(str, on))]
                         on = clients
                     key = f"{path}|{mode}|{cores}|1"
@@ -468,6 +508,8 @@ def measure(args: argparse.Namespace, recipes: dict[str, Path], cpus: list[int],
                         runs.setdefault(pkey, []).extend(
                             run_child([*argv, "--gil-probe", "--rate", str(args.rate)], on))
                         _say(r, pkey, runs[pkey][-1])
+                # (P loader processes side by side: the threads' mode only; map processes
+                # are checked against the model on more cores)
                 if mode == "inprocess" and args.procs > 1 and args.procs <= len(cpus):
                     cores = min(len(cpus), max(core_counts))
                     # (their windows open together, past the fill)
@@ -526,7 +568,8 @@ def model(runs: dict[str, list[dict[str, Any]]], first_cores: int,
         gil = med(x["gil_share"] * x["wall"] / x["tokens"] * 1e6 for x in prof) if prof else 0.0
         py_cpu = (med(per_mtok(x, "python_thread_cpu") for x in prof) if prof else None)
         # the CPU that shares the measured cores: the sidecar's alone when its client is apart
-        own_cpu = server_cpu if mode == "sidecar" and client_apart else cpu
+        sidecar = mode.removesuffix(MP) == "sidecar"
+        own_cpu = server_cpu if sidecar and client_apart else cpu
         rows = []
         for key, recs in sorted(runs.items()):
             if key.startswith(MACHINE + "|"):
@@ -544,13 +587,13 @@ def model(runs: dict[str, list[dict[str, Any]]], first_cores: int,
                          "measured": measured, "error": measured / predicted - 1,
                          "load1": max(x["load1"] for x in recs)})
         # the node projection: the sidecar's own CPU (the clients are the ranks' processes)
-        proj_cpu = server_cpu if mode == "sidecar" else cpu
+        proj_cpu = server_cpu if sidecar else cpu
         out[f"{path}|{mode}"] = {
             "path": path, "mode": mode, "rate_1": rate1, "cpu_s_per_Mtok": cpu,
             "server_cpu_s_per_Mtok": server_cpu, "gil_s_per_Mtok": gil,
             "python_thread_cpu_s_per_Mtok": py_cpu,
             "serial_fraction": min(gil, proj_cpu) / proj_cpu if proj_cpu else None,
-            "rows": rows, "client_apart": client_apart and mode == "sidecar",
+            "rows": rows, "client_apart": client_apart and sidecar,
             "projection": {n: amdahl(proj_cpu, gil, n) for n in PROJECT_CORES},
             "projection_workers": {n: rank_workers(proj_cpu, gil, n) for n in PROJECT_CORES},
         }
@@ -563,7 +606,7 @@ def table(result: dict[str, Any]) -> str:
              "measured tokens/s | measured/predicted |",
              "|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for m in result.values():
-        server = (f" ({m['server_cpu_s_per_Mtok']:.3f})" if m["mode"] == "sidecar" else "")
+        server = (f" ({m['server_cpu_s_per_Mtok']:.3f})" if m["mode"].startswith("sidecar") else "")
         py_cpu = m["python_thread_cpu_s_per_Mtok"]
         mode = m["mode"] + (" (client apart)" if m.get("client_apart") else "")
         head = (f"| {m['path']} | {mode} | {m['cpu_s_per_Mtok']:.3f}{server} | "
@@ -607,13 +650,15 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     colors = dict(zip(node_paths.PATHS, ("C0", "C1", "C2", "C3", "C4"), strict=True))
-    panels = (("projection", "one process (threads)", lambda procs: procs == 1),
+    panels = (("projection", "one process (its map stages on threads, or -mp: in a map "
+               "process per core)", lambda procs: procs == 1),
               ("projection_workers", f"{RANK_WORKERS} rank worker processes "
                f"(min({RANK_WORKERS}, N) busy)", lambda procs: procs > 1))
     xs = list(PROJECT_CORES)
     for ax, (key, name, measured_here) in zip(axes, panels, strict=True):
         for m in result.values():
-            style = "-" if m["mode"] == "sidecar" else ":"
+            style = {"sidecar": "-", "inprocess": ":", "sidecar" + MP: "--",
+                     "inprocess" + MP: "-."}.get(m["mode"], "-")
             ax.plot(xs, [m[key][n] for n in xs], style, color=colors.get(m["path"], "k"),
                     label=f"{m['path']} ({m['mode']}, serial {m['serial_fraction']:.1%})")
             for row in m["rows"]:
@@ -725,7 +770,8 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--calibrate-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--recipe", help=argparse.SUPPRESS)
-    ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=ALL_MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--map-processes", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--sidecar-cpus", default="", help=argparse.SUPPRESS)
     ap.add_argument("--gil-probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)

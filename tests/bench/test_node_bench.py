@@ -131,6 +131,44 @@ def test_a_client_apart_predicts_the_sidecar_from_its_own_cpu() -> None:
         {"text|sidecar": apart})
 
 
+def test_a_sidecar_with_map_processes_is_modelled_as_the_sidecar() -> None:
+    """``sidecar-mp``: C is the sidecar with its map processes, G its server process's; the
+    client apart, the rows and projections come from the sidecar's own CPU, as without."""
+    def rec(server: float, **kw: Any) -> dict[str, Any]:
+        return {"tokens": 1e6, "wall": 1.0, "cpu": server + 0.5, "server_cpu": server,
+                "load1": 0.5, **kw}
+
+    runs = {"chat|sidecar-mp|1|1": [rec(1.0)],
+            "chat|sidecar-mp|1|profile": [rec(1.0, gil_share=0.02, python_thread_cpu=0.1)],
+            "chat|inprocess-mp|1|1": [rec(1.0)],
+            "chat|inprocess-mp|1|profile": [rec(1.0, gil_share=0.02, python_thread_cpu=0.1)]}
+    got = scaling.model(runs, 1, client_apart=True)
+    side, inproc = got["chat|sidecar-mp"], got["chat|inprocess-mp"]
+    assert side["client_apart"] and not inproc["client_apart"]
+    # G = 0.02 s/Mtok of C = 1.0 (the sidecar) or 1.5 (in process: the one process is all)
+    assert side["projection"][16] == pytest.approx(1e6 / (0.02 + 0.98 / 16))
+    assert inproc["projection"][16] == pytest.approx(1e6 / (0.02 + 1.48 / 16))
+    assert "| chat | sidecar-mp (client apart) | 1.500 (1.000) | 0.020 | 2.0% |" in \
+        scaling.table({"chat|sidecar-mp": side})
+
+
+def test_the_cpu_of_a_process_tree_counts_its_children() -> None:
+    me = os.getpid()
+    before = scaling.tree_cpu(me)
+    spin = subprocess.Popen([sys.executable, "-c",
+                             "import time\nt = time.process_time()\n"
+                             "while time.process_time() - t < 0.6: pass"])
+    try:
+        time.sleep(0.3)
+        during = scaling.tree_cpu(me)
+        assert spin.pid in during and me in during
+    finally:
+        spin.wait(60)
+    # the child's CPU is in the tree's while it lives (0.3 s of wall, up to 0.6 s of spin)
+    assert scaling.cpu_since(before, during) >= during[spin.pid] > 0.05
+    assert scaling.tree_cpu(spin.pid + 10**7) == {}  # no such process: nothing
+
+
 def test_saved_runs_are_replotted_merged(tmp_path: Path, capsys: Any,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     def saved(started: str, wall: float, client_cpus: str = "") -> Path:
