@@ -164,6 +164,11 @@ class DataLaneDataLoader(BaseDataLoader):  # type: ignore[misc]
         workers: int = 2
         """In-process mode: threads for the map stages (decode, filter, tokenize)."""
 
+        map_processes: int = 0
+        """In-process mode: child processes for the map stages instead of ``workers`` threads,
+        each with its own interpreter lock, so the map work does not take the trainer's
+        (0: threads; docs/architecture.md, Map processes)."""
+
         digest_log: str = ""
         """A folder: each data-parallel rank appends one JSON line per step to
         ``dp<rank>.jsonl`` with the SHA-256 of each of its lane windows (their
@@ -250,7 +255,8 @@ def _open_loader(config: DataLaneDataLoader.Config, rank: int, world_size: int,
                           f"dataloader.socket ({config.socket!r}, the sidecar), not both")
     if config.recipe:
         return InProcessLoader(load_recipe(config.recipe), rank, world_size, microbatch_size,
-                               Knobs(workers=config.workers))
+                               Knobs(workers=config.workers,
+                                     map_processes=config.map_processes))
     if not (config.socket or os.environ.get("DATALANE_SOCKET")):
         raise ConfigError("DataLaneDataLoader has no data source: set --dataloader.recipe "
                           "(compute the lanes in-process) or --dataloader.socket / "

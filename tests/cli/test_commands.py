@@ -119,6 +119,10 @@ def test_the_sidecar_sets_the_knob_from_its_flag_or_env(monkeypatch, capsys) -> 
     ("DATALANE_IMAGE_BYTES", str((1 << 40) + 1), "argument --image-bytes: DATALANE_IMAGE_BYTES: "
                                                  "1099511627777 is not in 1..1099511627776"),
     ("DATALANE_WORKERS", "257", "argument --workers: DATALANE_WORKERS: 257 is not in 1..256"),
+    ("DATALANE_MAP_PROCESSES", "-1", "argument --map-processes: DATALANE_MAP_PROCESSES: -1 is "
+                                     "not in 0..256"),
+    ("DATALANE_MAP_PROCESSES", "two", "argument --map-processes: DATALANE_MAP_PROCESSES: 'two' "
+                                      "is not an integer"),
     ("DATALANE_WORKERS", "2.5", "argument --workers: DATALANE_WORKERS: '2.5' is not an integer"),
     ("DATALANE_PREFETCH", "0", "argument --prefetch: DATALANE_PREFETCH: 0 is not in 1..1024"),
     ("DATALANE_RANKS_PER_POD", "-1", "argument --ranks-per-pod: DATALANE_RANKS_PER_POD: -1 is "
@@ -155,5 +159,7 @@ def test_an_empty_integer_variable_means_the_default(monkeypatch) -> None:
 
     monkeypatch.setenv("DATALANE_WORKERS", "")
     monkeypatch.setenv("DATALANE_IMAGE_BYTES", "")
+    monkeypatch.setenv("DATALANE_MAP_PROCESSES", "")
     args = cli._parser().parse_args(["serve"])
     assert (args.workers, args.image_bytes, args.prefetch) == (2, 512 << 20, 8)
+    assert args.map_processes == 0

@@ -320,6 +320,35 @@ def test_a_bad_rank_processes_is_refused_naming_it(value: Any, message: str) -> 
     assert str(e.value) == message
 
 
+# ---- spec.sidecar.mapProcesses: the sidecar's --map-processes ----
+
+
+@pytest.mark.parametrize(("value", "env"), [(None, "0"), (0, "0"), (3, "3"), (256, "256")])
+def test_map_processes_reach_the_sidecar(monkeypatch: pytest.MonkeyPatch, value: Any,
+                                         env: str) -> None:
+    from datalane_sidecar import cli
+
+    sidecar = {} if value is None else {"mapProcesses": value}
+    side = sidecar_of(inject(pod(nproc="2", gpus=2), sidecar=sidecar))
+    assert env_of(side)["DATALANE_MAP_PROCESSES"] == env
+    for e in side["env"]:
+        monkeypatch.setenv(e["name"], e.get("value", "llama-worker-0"))
+    assert cli._parser().parse_args(side["command"][1:]).map_processes == int(env)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (-1, "spec.sidecar.mapProcesses -1 must be >= 0"),
+    (257, "spec.sidecar.mapProcesses 257 must be <= 256"),
+    ("auto", "spec.sidecar.mapProcesses must be an integer, got 'auto'"),
+    ("2", "spec.sidecar.mapProcesses must be an integer, got '2'"),
+    (True, "spec.sidecar.mapProcesses must be an integer, got True"),
+])
+def test_a_bad_map_processes_is_refused_naming_it(value: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_pipeline(dp(sidecar={"mapProcesses": value}))
+    assert str(e.value) == message
+
+
 # ---- spec.sidecar.imageBytes: the sidecar's --image-bytes ----
 
 

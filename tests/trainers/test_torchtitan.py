@@ -76,8 +76,9 @@ def test_torchtitans_config_parsing_selects_the_datalane_dataloader(repeat_recip
     config = ConfigManager().parse_args([
         "--module", "datalane.demos.torchtitan_rank", "--config", "llama3_debugmodel_datalane",
         "--dataloader.recipe", repeat_recipe, "--dataloader.digest_log", str(tmp_path),
-        "--training.seq_len", "128"])
+        "--dataloader.map_processes", "2", "--training.seq_len", "128"])
     assert type(config.dataloader) is DataLaneDataLoader.Config
+    assert (config.dataloader.map_processes, config.dataloader.workers) == (2, 2)
     assert (config.dataloader.recipe, config.dataloader.digest_log) == (repeat_recipe,
                                                                         str(tmp_path))
     assert config.training.seq_len == 128
@@ -105,6 +106,17 @@ def test_each_dp_rank_reads_its_lanes_and_logs_their_digests(repeat_recipe, tmp_
                      **x["lanes"]}
             assert global_hash(bytes.fromhex(lanes[str(i)]) for i in range(8)) == \
                 step.global_hash()
+    loader.close()
+
+
+@pytest.mark.slow  # a child process
+def test_map_processes_reach_the_in_process_loader_and_change_nothing(repeat_recipe) -> None:
+    loader = build(repeat_recipe, 0, 2, map_processes=1)  # type: ignore[arg-type]
+    got = [plain(b) for b in islice(loader, 4)]
+    pool = loader.loader._loader._pool
+    assert pool.processes and [c.pid for c in pool.children()] != []
+    direct = DataLaneDataset(InProcessLoader(load_recipe(repeat_recipe), 0, 2, LOCAL))
+    assert got == [plain(to_titan(item, 128)) for item in islice(direct, 4)]
     loader.close()
 
 
