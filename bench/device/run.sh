@@ -14,9 +14,11 @@
 #               worker processes on CPUs 0-7 (the ranks on 8-15): the 1.8x target.
 #               --cpu: --quick, unpinned.
 #   3. scaling  bench/scaling.py on 1 and 14 cores with the sidecar's client on CPUs 14-15 of
-#               its own (text JSONL and chat through the sidecar; G by py-spy at 1 core): the
-#               cost model's prediction against what 14 cores measure.
-#               --cpu: --quick on 1 and 2 cores, the Megatron path, both modes.
+#               its own (chat through the sidecar, its map stages on threads and in a map
+#               process per core; G by py-spy at 1 core): the cost model's prediction against
+#               what 14 cores measure.
+#               --cpu: --quick on 1 and 2 cores, the Megatron path, in process and through a
+#               sidecar with map processes.
 #   4. feed     bench/feed.py: 8 ranks through one sidecar, the highest rate per rank each
 #               recipe sustains with under 1% of steps waiting. --cpu: --quick, one rate.
 #
@@ -105,7 +107,7 @@ if [[ $MODE == gpu ]]; then
     # 2-core machine's 30 s windows need) after the fill (about 25 s on one core here: 20 on
     # the device's faster cores is a guess, and the 1-core rows say if it was short)
     part scaling 160 "$OUT/scaling.md" "$PY" bench/scaling.py --cores 1,14 \
-        --client-cpus 14,15 --paths text_jsonl,chat --modes sidecar --seconds 4 --warmup 3 \
+        --client-cpus 14,15 --paths chat --modes sidecar,sidecar-mp --seconds 4 --warmup 3 \
         --fill-seconds 20 --machine-seconds 1 --corpus "$WORK/corpus" --out "$OUT"
     part feed 100 "$OUT/feed.md" "$PY" bench/feed.py --ranks 8 --search --seconds 2.5 \
         --warmup 1 --max-trials 4 --workers 4 --corpus "$WORK/corpus" --out "$WORK/feed.json"
@@ -116,7 +118,7 @@ else
     part workers 120 "$OUT/workers.md" "$PY" bench/workers.py --quick --corpus "$WORK/corpus" \
         --out "$OUT/workers.json"
     part scaling 300 "$OUT/scaling.md" "$PY" bench/scaling.py --quick --cores 1,2 \
-        --paths megatron --corpus "$WORK/corpus" --out "$OUT"
+        --paths megatron --modes inprocess,sidecar-mp --corpus "$WORK/corpus" --out "$OUT"
     part feed 200 "$OUT/feed.md" "$PY" bench/feed.py --quick --ranks 8 \
         --corpus "$WORK/corpus" --out "$OUT/feed.json"
 fi

@@ -20,14 +20,17 @@ child too is the records' fault (a decoder crashing on them): the stream fails w
 
 The child is a fresh interpreter (``sys.executable``, the parent's ``sys.path``), started by the
 thread that owns it, so it inherits that thread's scheduling priority
-(:mod:`datalane.engine.priority`). It exits when its socket closes: when the pool shuts down,
-or when the parent dies (the kernel closes the parent's end).
+(:mod:`datalane.engine.priority`); a child that cannot start (it ends before it says it is
+ready) is a :class:`MapProcessError` of its own. It ignores SIGINT and SIGTERM and exits when
+its socket closes: when the pool shuts down, or when the parent dies (the kernel closes the
+parent's end).
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -48,6 +51,7 @@ __all__ = ["MapProcess", "MapProcessError", "serve"]
 _ATTEMPTS = 2  # a fresh child, then the stream fails: a task that kills two is its records'
 _EXIT_SECONDS = 5.0
 _PROTOCOL = pickle.HIGHEST_PROTOCOL  # 5: numpy arrays as one buffer each
+_READY = b"ready"
 
 _keys_lock = threading.Lock()
 _keys: weakref.WeakKeyDictionary[MapStage, int] = weakref.WeakKeyDictionary()
@@ -101,8 +105,6 @@ class MapProcess:
             if self._conn is None:
                 self._start()
             drop = [k for k, ref in self._sent.items() if ref() is None]
-            for k in drop:
-                del self._sent[k]
             ship = None if key in self._sent else stage
             try:
                 message = pickle.dumps(("run", key, ship, drop, records, formats, lane),
@@ -113,6 +115,8 @@ class MapProcess:
             try:
                 assert self._conn is not None
                 self._conn.send_bytes(message)
+                for k in drop:
+                    del self._sent[k]
                 self._sent[key] = weakref.ref(stage)
                 answer = self._conn.recv_bytes()
             except (EOFError, OSError):
@@ -134,6 +138,8 @@ class MapProcess:
         raise AssertionError("unreachable")
 
     def _start(self) -> None:
+        """A fresh child, once it has said it is ready (its imports done): one that cannot
+        start is an error of its own, not a task's."""
         ours, theirs = socket.socketpair()
         try:
             self._proc = subprocess.Popen(
@@ -145,8 +151,17 @@ class MapProcess:
         finally:
             theirs.close()
         self._conn = Connection(ours.detach())
-        self._sent.clear()
+        self._sent.clear()  # (the only place: a new child holds no stage)
         self.started += 1
+        try:
+            ready = self._conn.recv_bytes()
+        except (EOFError, OSError):
+            ready = b""
+        if ready != _READY:
+            how = self._lost()
+            raise MapProcessError(f"a map process could not start: it ended {how} before it "
+                                  f"was ready ({sys.executable} -c ...; its error is on the "
+                                  f"standard error above)")
 
     def _lost(self) -> str:
         """Close a child that stopped answering; how it ended."""
@@ -154,7 +169,6 @@ class MapProcess:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        self._sent.clear()
         if proc is None:
             return "before it started"
         try:
@@ -170,7 +184,6 @@ class MapProcess:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        self._sent.clear()
         if proc is not None:
             try:
                 proc.wait(_EXIT_SECONDS)
@@ -196,8 +209,14 @@ def _error_reply(e: Exception) -> bytes:
 
 
 def serve(fd: int) -> None:
-    """The child's loop: map tasks from the socket ``fd`` until it closes."""
+    """The child's loop: map tasks from the socket ``fd`` until it closes.
+
+    It ignores SIGINT and SIGTERM: a Ctrl-C or a signal to the process group reaches the
+    parent, which stops (or drains) its work and closes the socket, and then the child ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = Connection(fd)
+    conn.send_bytes(_READY)
     stages: dict[int, MapStage] = {}
     while True:
         try:

@@ -370,8 +370,8 @@ def test_the_device_script_runs_on_cpu(tmp_path: Path) -> None:
     titan = (out / "titan.md").read_text()
     assert "MATCH: every step of every run (cpu; resumed at step 3)" in titan, titan
     result = json.loads((out / "scaling.json").read_text())
-    assert sorted(result["model"]) == ["megatron|inprocess", "megatron|sidecar"]
-    for mode in ("inprocess", "sidecar"):
+    assert sorted(result["model"]) == ["megatron|inprocess", "megatron|sidecar-mp"]
+    for mode in ("inprocess", "sidecar-mp"):
         m = result["model"][f"megatron|{mode}"]
         assert m["cpu_s_per_Mtok"] > 0 and m["rate_1"] > 0
         configs = {(r["cores"], r["procs"]) for r in m["rows"]}

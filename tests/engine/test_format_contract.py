@@ -99,6 +99,28 @@ def test_records_decode_to_what_was_written(written: tuple[str, Written]) -> Non
     assert got == w.values
 
 
+def test_records_and_formats_cross_to_a_map_process(written: tuple[str, Written]) -> None:
+    """``map_processes`` pickles each task's raw records and the files' formats
+    (datalane/engine/mapprocs.py): what arrives decodes to what was written."""
+    import pickle
+
+    name, w = written
+    fmt = format_for(name, w.source)
+    reader = fmt.reader(w.files, w.source.field)
+    try:
+        records = _records(reader, _chunks(fmt, w, BIG, None))
+    finally:
+        reader.close()
+    there_records, there_fmt = pickle.loads(pickle.dumps((records, fmt), protocol=5))
+    got = []
+    for (f, pos, _), (f2, pos2, raw) in zip(records, there_records, strict=True):
+        assert (f, pos) == (f2, pos2)
+        value, reason, detail = there_fmt.decode(raw, w.source.field)
+        assert reason is None, f"{name}: a record that crossed is bad: {detail}"
+        got.append(_plain(value))
+    assert got == w.values
+
+
 def test_every_record_is_in_exactly_one_chunk(written: tuple[str, Written]) -> None:
     name, w = written
     fmt = format_for(name, w.source)

@@ -222,6 +222,34 @@ def test_errors_raised_in_the_child_are_raised_here_as_their_own_type(
     assert child.pid == pid and child.started == 1  # an error is not a death
 
 
+def test_a_child_that_cannot_start_is_an_error_of_its_own(
+        handle: TokenizerHandle, child: MapProcess,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from datalane.engine import mapprocs
+
+    monkeypatch.setattr(mapprocs, "_CHILD", "import sys; sys.exit(3)")
+    with pytest.raises(MapProcessError, match=r"^a map process could not start: it ended "
+                                              r"\(exit status 3\) before it was ready"):
+        child.run(text_stage("text", Filters(), handle), RECORDS, JSONL)
+    assert child.pid is None and child.started == 1
+
+
+def test_a_child_ignores_sigint_and_sigterm_its_parent_decides(
+        handle: TokenizerHandle, child: MapProcess) -> None:  # noqa: F811
+    """A Ctrl-C reaches the whole process group: the parent stops, and closes the socket."""
+    stage = text_stage("text", Filters(), handle)
+    child.run(stage, RECORDS, JSONL)
+    pid = child.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGINT)
+    os.kill(pid, signal.SIGTERM)
+    time.sleep(0.3)
+    _same(child.run(stage, RECORDS, JSONL), stage.run(RECORDS, JSONL))
+    assert (child.pid, child.started) == (pid, 1)
+    child.close()
+    assert _gone(pid)
+
+
 def test_a_stage_that_does_not_pickle_is_named(child: MapProcess) -> None:
     class Local(MapStage):  # a class defined in a function does not pickle
         pass
