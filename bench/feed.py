@@ -197,7 +197,7 @@ def trial(args: argparse.Namespace, recipe: Path, rate: float) -> dict[str, Any]
     cmd = [sys.executable, "-m", "datalane_sidecar", "serve", "--socket", socket, "--recipe",
            str(recipe), "--workers", str(args.workers), "--prefetch", str(args.prefetch),
            "--ranks-per-pod", str(args.ranks), "--log-level", "warning",
-           "--rank-processes", args.rank_processes]
+           "--rank-processes", args.rank_processes, "--map-processes", str(args.map_processes)]
     if args.sidecar_cpus:
         cmd = scaling.pinned(cmd, [int(c) for c in args.sidecar_cpus.split(",")])
     me = [sys.executable, str(Path(__file__).resolve()), "--rank-child", "--socket", socket,
@@ -316,6 +316,8 @@ def main() -> None:
     ap.add_argument("--prefetch", type=int, default=8, help="the sidecar's --prefetch")
     ap.add_argument("--rank-processes", default="0",
                     help="the sidecar's --rank-processes (0: threads; N; auto)")
+    ap.add_argument("--map-processes", type=int, default=0,
+                    help="the sidecar's --map-processes (0: map stages on threads)")
     ap.add_argument("--sidecar-cpus", default="", help="pin the sidecar, e.g. 0-3 as 0,1,2,3")
     ap.add_argument("--rank-cpus", default="",
                     help="pin the rank processes (as a node gives the trainers cores of their own)")
@@ -350,7 +352,8 @@ def main() -> None:
         results[name] = {"sustained": best, "trials": trials}
     print(f"\n{header(started, load_start)}; {args.ranks} ranks, microbatch {args.microbatch} "
           f"x {TOKENS} tokens, {args.seconds:g} s counted per trial, sidecar --workers "
-          f"{args.workers} --rank-processes {args.rank_processes}{pinning(args)}\n")
+          f"{args.workers} --rank-processes {args.rank_processes} --map-processes "
+          f"{args.map_processes}{pinning(args)}\n")
     print(table(results, args.ranks))
     print()
     for name, r in results.items():

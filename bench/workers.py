@@ -2,6 +2,7 @@
 """Rank worker processes against one (issue 19): what a second sidecar process adds on chat.
 
     .venv/bin/python bench/workers.py --rounds 3                      # this machine (2 CPUs)
+    .venv/bin/python bench/workers.py --kind map --rounds 3           # map processes, 1 vs 2
     .venv/bin/python bench/workers.py --sidecar-cpus 0,1,2,3,4,5,6,7 \\
         --rank-cpus 8,9,10,11,12,13,14,15                               # a 16-core node
     .venv/bin/python bench/workers.py --quick                         # the CI size
@@ -17,6 +18,10 @@ the ratio to the first value. The target is 2 processes >= 1.8x one - where the 
 the cores for it: pin it (``--sidecar-cpus``) to more cores than one process can use and the
 ranks elsewhere (``--rank-cpus``). On 2 CPUs the ranks' clients take the cores a second
 process would use (docs/benchmarks.md: 1.05-1.1x there).
+
+``--kind map`` compares map processes instead (``--map-processes N``, the sessions on threads
+of the one sidecar process): 2 children render, parse and tokenize side by side where one
+did alone.
 
 Results: a markdown table on stdout and ``--out`` (JSON, every trial).
 """
@@ -48,7 +53,7 @@ def feed_trial(args: argparse.Namespace, processes: int, work: Path) -> dict[str
     out = work / f"feed-{processes}-{time.monotonic_ns()}.json"
     cmd = [sys.executable, str(HERE / "feed.py"), "--ranks", str(args.ranks), "--recipes",
            "chat", "--rate", "1e9", "--seconds", str(args.seconds), "--warmup",
-           str(args.warmup), "--workers", str(args.workers), "--rank-processes",
+           str(args.warmup), "--workers", str(args.workers), f"--{args.kind}-processes",
            str(processes), "--out", str(out)]
     for flag in ("sidecar_cpus", "rank_cpus", "corpus"):
         if getattr(args, flag):
@@ -58,17 +63,18 @@ def feed_trial(args: argparse.Namespace, processes: int, work: Path) -> dict[str
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
-        raise SystemExit(f"feed.py with --rank-processes {processes} failed "
+        raise SystemExit(f"feed.py with --{args.kind}-processes {processes} failed "
                          f"({proc.returncode}):\n{proc.stderr[-3000:]}")
     (trial,) = json.loads(out.read_text())["results"]["chat"]["trials"]
     return dict(trial)
 
 
-def table(processes: list[int], trials: dict[int, list[dict[str, Any]]]) -> tuple[str, float]:
+def table(processes: list[int], trials: dict[int, list[dict[str, Any]]],
+          kind: str = "rank") -> tuple[str, float]:
     """The markdown table and the ratio of the last value's median to the first's."""
     med = statistics.median
     first = med(t["achieved_per_rank"] for t in trials[processes[0]])
-    lines = ["| --rank-processes | delivered per rank, tokens/s (median) | each trial | "
+    lines = [f"| --{kind}-processes | delivered per rank, tokens/s (median) | each trial | "
              "sidecar tree, cores | against the first |", "|---:|---:|---|---:|---:|"]
     ratio = 1.0
     for n in processes:
@@ -82,8 +88,11 @@ def table(processes: list[int], trials: dict[int, list[dict[str, Any]]]) -> tupl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--processes", default="1,2", help="the --rank-processes values, compared "
+    ap.add_argument("--processes", default="1,2", help="the --rank-processes (or "
+                                                       "--map-processes) values, compared "
                                                        "with the first")
+    ap.add_argument("--kind", choices=("rank", "map"), default="rank",
+                    help="rank worker processes, or map processes")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=8.0, help="counted window per trial")
@@ -112,15 +121,16 @@ def main() -> None:
         for r in range(args.rounds):
             for n in processes if r % 2 == 0 else processes[::-1]:  # alternated
                 trials[n].append(feed_trial(args, n, Path(work)))
-    text, ratio = table(processes, trials)
+    text, ratio = table(processes, trials, args.kind)
     print(f"{feed.header(started, load_start)}; chat, {args.ranks} ranks flat out, "
           f"{args.seconds:g} s counted after {args.warmup:g} s, {args.rounds} round(s), "
           f"sidecar --workers {args.workers}{feed.pinning(args)}\n")
     print(text)
-    print(f"\n--rank-processes {processes[-1]} against {processes[0]}: {ratio:.2f}x (the "
+    print(f"\n--{args.kind}-processes {processes[-1]} against {processes[0]}: {ratio:.2f}x (the "
           f"target for 2 against 1: {TARGET}x, where the sidecar has the cores)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"started": started, "processes": processes,
+    args.out.write_text(json.dumps({"started": started, "kind": args.kind,
+                                    "processes": processes,
                                     "ratio": ratio, "trials": trials,
                                     "args": {k: str(v) for k, v in vars(args).items()}},
                                    indent=1))

@@ -38,6 +38,7 @@ def _bench(name: str) -> ModuleType:
 
 scaling = _bench("scaling")
 feed = _bench("feed")
+workers = _bench("workers")
 
 
 def test_amdahl_from_cpu_and_gil_seconds_per_million_tokens() -> None:
@@ -296,6 +297,18 @@ def test_the_gil_share_of_a_spinning_and_of_a_sleeping_process(tmp_path: Path) -
     assert spin["python_tids"] == [spin["python_tids"][0]] and spin["gil_samples"] > 50
     sleep = _spy("import time\nwhile True: time.sleep(1)", tmp_path)
     assert sleep["gil_share"] < 0.02 and sleep["gil_samples"] <= 4
+
+
+def test_the_workers_table_compares_medians_with_the_first_value() -> None:
+    trials = {1: [{"achieved_per_rank": r, "sidecar_cores": 1.0} for r in (100.0, 300.0, 200.0)],
+              2: [{"achieved_per_rank": r, "sidecar_cores": c} for r, c in ((380.0, 1.9),
+                                                                           (340.0, 1.7))]}
+    text, ratio = workers.table([1, 2], trials, "map")
+    assert ratio == pytest.approx(360.0 / 200.0)  # medians: 200 and (340 + 380) / 2
+    lines = text.splitlines()
+    assert lines[0].startswith("| --map-processes | delivered per rank")
+    assert lines[2] == "| 1 | 200 | 100 / 300 / 200 | 1.00-1.00 | 1.00x |"
+    assert lines[3] == "| 2 | 360 | 380 / 340 | 1.70-1.90 | 1.80x |"
 
 
 def test_feed_figures_from_the_waits_of_each_rank() -> None:
