@@ -43,6 +43,18 @@ def test_golden_step_hashes(corpus, packing) -> None:
     assert [hashes[s] for s in range(STEPS)] == golden
 
 
+@pytest.mark.slow  # map processes: child interpreters
+@pytest.mark.parametrize("packing", ["wrap", "bestfit"])
+def test_golden_step_hashes_with_the_map_stages_in_processes(corpus, packing) -> None:
+    """The knob ``map_processes`` moves the map stages into child processes
+    (datalane/engine/mapprocs.py); the steps stay the golden ones."""
+    with open(os.path.join(HERE, "hashes.json")) as f:
+        golden = json.load(f)[packing]
+    knobs = Knobs(map_processes=2, task_docs=8)  # many small tasks across both children
+    assert [run_world(_recipe(corpus, packing), 2, knobs, STEPS).hashes[s]
+            for s in range(STEPS)] == golden
+
+
 def _checkpoints() -> list[tuple[str, str]]:
     """(file, packing) of every golden checkpoint; the packing is in the name."""
     names = sorted(n for n in os.listdir(HERE) if n.startswith("checkpoint-"))
