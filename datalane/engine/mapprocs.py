@@ -29,6 +29,8 @@ parent's end).
 from __future__ import annotations
 
 import json
+import logging
+import os
 import pickle
 import signal
 import socket
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
     from datalane.engine.mapstage import MapResult, MapStage, Record
 
 __all__ = ["MapProcess", "MapProcessError", "serve"]
+
+log = logging.getLogger("datalane.engine")
 
 _ATTEMPTS = 2  # a fresh child, then the stream fails: a task that kills two is its records'
 _EXIT_SECONDS = 5.0
@@ -72,6 +76,15 @@ def _key_of(stage: MapStage) -> int:
         return key
 
 
+def _rss_of(pid: int) -> int:
+    """Resident bytes of a live process (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _records_named(records: Sequence[Record]) -> str:
     """Where a task's records are: the files' indexes and the first and last positions."""
     files = sorted({file for file, _, _ in records})
@@ -92,10 +105,18 @@ class MapProcess:
         #: there with the next task
         self._sent: dict[int, weakref.ref[MapStage]] = {}
         self.started = 0  # children started so far (a replaced one counts again)
+        self.lost = 0  # children that died running a task
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    def describe(self) -> dict[str, int]:
+        """Its pid (0: none running), resident bytes, children started and children lost
+        (the sidecar's Stats call)."""
+        pid = self.pid or 0
+        return {"pid": pid, "rss_bytes": _rss_of(pid) if pid else 0,
+                "started": self.started, "lost": self.lost}
 
     def run(self, stage: MapStage, records: list[Record], formats: Sequence[Format],
             lane: int = 0) -> MapResult:
@@ -120,7 +141,12 @@ class MapProcess:
                 self._sent[key] = weakref.ref(stage)
                 answer = self._conn.recv_bytes()
             except (EOFError, OSError):
+                pid = self.pid
                 how = self._lost()
+                self.lost += 1
+                if attempt < _ATTEMPTS:  # never silent: an OOM kill would look like nothing
+                    log.warning("map process %s died %s running %s: a fresh one runs the task "
+                                "again", pid, how, _records_named(records))
                 if attempt == _ATTEMPTS:
                     raise MapProcessError(
                         f"the map process died {how} running {_records_named(records)}, in a "

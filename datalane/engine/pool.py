@@ -108,6 +108,10 @@ class TaskPool(Executor):
         with self._cv:
             return list(self._children)
 
+    def describe_children(self) -> list[dict[str, int]]:
+        """Each map process's :meth:`~datalane.engine.mapprocs.MapProcess.describe`."""
+        return [child.describe() for child in self.children()]
+
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         return self.submit_ahead(0, fn, *args, **kwargs)
 

@@ -417,12 +417,16 @@ class RankProcesses:
         return RemoteSession(worker, session_id, plan, texts, stream, rank, world_size,
                              microbatch_size, readers, skip, steps, start, opened)
 
-    def describe(self) -> dict[str, dict[str, int]]:
-        """Each live worker's pid and resident bytes, by worker index (the Stats call)."""
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Each live worker's pid and resident bytes, and its map processes' (with
+        ``--map-processes``), by worker index (the Stats call)."""
         out = {}
         for w in list(self.workers):
             with contextlib.suppress(DatalaneError):
-                out[str(w.index)] = {"pid": w.pid or 0, "rss_bytes": int(w.call("rss"))}
+                entry: dict[str, Any] = {"pid": w.pid or 0, "rss_bytes": int(w.call("rss"))}
+                if self._knobs.map_processes:
+                    entry["map_processes"] = list(w.call("map_processes"))
+                out[str(w.index)] = entry
         return out
 
     def stop(self) -> None:

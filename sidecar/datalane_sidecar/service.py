@@ -711,6 +711,8 @@ class DataLaneService(pbg.DataLaneServicer):
         out: dict[str, Any] = {"fingerprint": self.plan.fingerprint, "sessions": sessions}
         if self.ranks is not None:  # each rank worker's pid and resident memory
             out["rank_workers"] = self.ranks.describe()
+        elif self.pool.processes:  # the map processes' pids, memory, starts and losses
+            out["map_processes"] = self.pool.describe_children()
         return pb.StatsReply(json=json.dumps(out))
 
     # -- shutdown ----------------------------------------------------------------------------

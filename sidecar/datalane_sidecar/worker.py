@@ -100,7 +100,8 @@ class _Worker:
         self._handlers: dict[str, Callable[..., Any]] = {
             "open": self._open, "session": self._session, "ring": self._ring,
             "release": self._release, "close_ring": self._close_ring, "gather": self._gather,
-            "backfill": self._backfill, "close": self._close, "rss": _rss_bytes}
+            "backfill": self._backfill, "close": self._close, "rss": _rss_bytes,
+            "map_processes": self.pool.describe_children}
 
     def serve(self) -> None:
         while True:

@@ -131,15 +131,20 @@ def test_the_stage_goes_once_per_child_and_a_dead_stage_is_dropped_there(
 
 
 def test_a_child_killed_between_tasks_is_replaced_and_the_task_sent_again(
-        handle: TokenizerHandle, child: MapProcess) -> None:  # noqa: F811
+        handle: TokenizerHandle, child: MapProcess,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
     stage = text_stage("text", Filters(), handle)
     child.run(stage, RECORDS, JSONL)
     first = child.pid
     assert first is not None
     os.kill(first, signal.SIGKILL)
     assert _gone(first)
-    _same(child.run(stage, RECORDS, JSONL), stage.run(RECORDS, JSONL))
-    assert child.started == 2 and child.pid not in (None, first)
+    with caplog.at_level("WARNING", logger="datalane.engine"):
+        _same(child.run(stage, RECORDS, JSONL), stage.run(RECORDS, JSONL))
+    assert child.started == 2 and child.pid not in (None, first) and child.lost == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"map process {first} died (signal 9) running 5 records of file(s) [0, 1] (file 0 "
+        f"position 0 to file 0 position 30): a fresh one runs the task again"]
 
 
 def test_a_child_killed_mid_task_is_replaced_and_the_task_run_again(

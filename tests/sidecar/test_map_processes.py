@@ -19,6 +19,7 @@ from datalane import load_recipe
 from datalane.client import SidecarLoader
 from tests.sidecar.test_columns import chat_recipe  # noqa: F401  (the fixture)
 from tests.sidecar.test_edges import _reference, _same
+from tests.sidecar.test_rank_processes import _stats
 
 pytestmark = pytest.mark.slow  # real sidecar processes
 
@@ -62,7 +63,14 @@ def test_a_chat_recipe_in_map_processes_streams_every_column_unchanged(
         for name in b.columns:
             assert (a.columns[name] == b.columns[name]).all(), name
     assert sc.proc is not None
-    assert 1 <= len(_map_processes(sc.proc.pid)) <= 2
+    found = _map_processes(sc.proc.pid)
+    assert 1 <= len(found) <= 2
+    # the Stats call names them, with their memory (a child holds an interpreter, jinja2 and
+    # the tokenizer: tens of MiB) and no child lost
+    listed = _stats(sc.socket)["map_processes"]
+    assert sorted(m["pid"] for m in listed) == found
+    assert all(m["rss_bytes"] > 20 << 20 and (m["started"], m["lost"]) == (1, 0)
+               for m in listed)
 
 
 def test_a_map_process_killed_mid_stream_is_replaced_and_no_trainer_notices(
@@ -98,3 +106,8 @@ def test_a_map_process_killed_mid_stream_is_replaced_and_no_trainer_notices(
     after = _map_processes(sc.proc.pid)
     assert before[0] not in after and before[1] in after and len(after) == 2
     assert sc.proc.poll() is None
+    # each rank worker's Stats entry lists its map process: the replaced one counts a loss
+    workers = _stats(sc.socket)["rank_workers"]
+    listed = {m["pid"]: m for w in workers.values() for m in w["map_processes"]}
+    assert sorted(listed) == after
+    assert sorted((m["started"], m["lost"]) for m in listed.values()) == [(1, 0), (2, 1)]
