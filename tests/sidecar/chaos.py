@@ -2,7 +2,8 @@
 and checkpoint every few steps, while the sidecar is killed (SIGKILL) or stopped (SIGTERM:
 kubelet's, on every eviction and restart) at random points - some of them while rank 0 is
 inside ``checkpoint()`` - and started again; with rank worker processes
-(``--rank-processes``), a rank's worker is killed (SIGKILL) while the server goes on. A run
+(``--rank-processes``), a rank's worker is killed (SIGKILL) while the server goes on; with map
+processes (``--map-processes``), one of them is killed (SIGKILL) and replaced. A run
 may go on in a world of another size (``resize``): new trainers resume from the store's last
 committed step, under more faults. The run must end with the uninterrupted run's microbatches
 (every column, the per-image ones of a vision recipe included) and step hashes, the store's
@@ -39,7 +40,7 @@ from tests.sidecar.test_edges import _reference, _same
 MICROBATCH = 2  # sequences a microbatch, on every rank
 PACE = 0.03  # seconds of "training" per microbatch
 KINDS = ("kill9", "sigterm", "kill9-in-checkpoint", "sigterm-in-checkpoint", "kill9-worker",
-         "kill9-worker-in-checkpoint")
+         "kill9-worker-in-checkpoint", "kill9-map", "kill9-map-in-checkpoint")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,27 @@ def kill9_worker(socket: str, rng: random.Random) -> int:
     return pid
 
 
+def kill9_map(socket: str, rng: random.Random) -> int:
+    """SIGKILL one map process of the sidecar on ``socket`` (the Stats reply lists them: the
+    server's, or each rank worker's), waiting for one to be running; returns the pid."""
+    import grpc
+
+    deadline = time.monotonic() + 60
+    while True:
+        with grpc.insecure_channel(f"unix://{os.path.abspath(socket)}") as channel:
+            stats = json.loads(pbg.DataLaneStub(channel).Stats(pb.StatsRequest(),
+                                                               timeout=30).json)
+        listed = stats.get("map_processes", []) + [
+            m for w in stats.get("rank_workers", {}).values() for m in w.get("map_processes", [])]
+        pids = sorted(m["pid"] for m in listed if m["pid"])
+        if pids:
+            pid = rng.choice(pids)
+            os.kill(pid, signal.SIGKILL)
+            return pid
+        assert time.monotonic() < deadline, f"no map process is running: {stats}"
+        time.sleep(0.05)
+
+
 def run_chaos(sidecar: Callable[..., Any], recipe_path: str, tmp_path: Path, *, steps: int,
               every: int, faults: list[str], seed: int, within: int | None = None,
               flags: tuple[str, ...] = (), resize: Phase | None = None) -> None:
@@ -76,7 +98,7 @@ def run_chaos(sidecar: Callable[..., Any], recipe_path: str, tmp_path: Path, *, 
     replaced by one of that phase's world (SIGTERM, ``--ranks-per-pod`` its world size) and
     that phase's trainers resume from the last committed step. Assert the stream, the hashes, the
     documents counted, the store. ``flags``: more sidecar flags (``--rank-processes 2`` for the
-    worker faults)."""
+    worker faults, ``--map-processes`` for the map process faults)."""
     store_uri = str(tmp_path / "store")
     sc = sidecar(recipe_path, "--store", store_uri, "--ranks-per-pod", "2", *flags)
     recipe = load_recipe(recipe_path)
@@ -175,6 +197,9 @@ def _phase(sc: Any, recipe: Any, phase: Phase, first: int, every: int,
         time.sleep(rng.uniform(0, 0.2 if not fault.endswith("in-checkpoint") else 0.05))
         if fault.startswith("kill9-worker"):
             kill9_worker(sc.socket, rng)  # the server goes on: nothing to start
+            continue
+        if fault.startswith("kill9-map"):
+            kill9_map(sc.socket, rng)  # its thread starts another: nothing to start
             continue
         if fault.startswith("kill9"):
             sc.kill9()
