@@ -19,7 +19,7 @@ from datalane import load_recipe
 from datalane.client import SidecarLoader
 from tests.sidecar.test_columns import chat_recipe  # noqa: F401  (the fixture)
 from tests.sidecar.test_edges import _reference, _same
-from tests.sidecar.test_rank_processes import _stats
+from tests.sidecar.test_rank_processes import _stats, two_ranks
 
 pytestmark = pytest.mark.slow  # real sidecar processes
 
@@ -82,10 +82,7 @@ def test_a_map_process_killed_mid_stream_is_replaced_and_no_trainer_notices(
     assert sc.proc is not None
     recipe = load_recipe(repeat_recipe)
     n = 160  # 40 steps of 4 microbatches: past what the rings and the prefetch hold ahead
-    loaders = [SidecarLoader(sc.socket, rank=r, world_size=2, microbatch_size=2,
-                             transport=("shm", "inline")[r], reconnect_timeout=120)
-               for r in (0, 1)]
-    its = [iter(loader) for loader in loaders]
+    loaders, its = two_ranks(sc.socket)
     got: dict[int, list[Any]] = {0: [], 1: []}
     for r in (0, 1):
         got[r] += [next(its[r]).copy() for _ in range(6)]

@@ -42,6 +42,15 @@ def _stats(socket: str) -> dict[str, Any]:
     return out
 
 
+def two_ranks(socket: str) -> tuple[list[SidecarLoader], list[Any]]:
+    """Ranks 0 (shared memory) and 1 (inline) of 2 on ``socket``, each reconnecting for up to
+    2 minutes, and an iterator over each."""
+    loaders = [SidecarLoader(socket, rank=r, world_size=2, microbatch_size=2,
+                             transport=("shm", "inline")[r], reconnect_timeout=120)
+               for r in (0, 1)]
+    return loaders, [iter(loader) for loader in loaders]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -114,10 +123,7 @@ def test_a_worker_killed_with_kill9_is_a_restart_its_rank_rides_through(
     sc = sidecar(repeat_recipe, "--ranks-per-pod", "2", "--rank-processes", "2")
     recipe = load_recipe(repeat_recipe)
     n = 40 * PER_STEP  # past what the ring (64 slots) and the prefetch hold ahead
-    loaders = [SidecarLoader(sc.socket, rank=r, world_size=2, microbatch_size=2,
-                             transport=("shm", "inline")[r], reconnect_timeout=120)
-               for r in (0, 1)]
-    its = [iter(loader) for loader in loaders]
+    loaders, its = two_ranks(sc.socket)
     got: dict[int, list[Any]] = {0: [], 1: []}
     for r in (0, 1):
         got[r] += [next(its[r]).copy() for _ in range(3 * PER_STEP + 2)]
