@@ -332,3 +332,31 @@ def test_a_loader_in_map_processes_streams_what_one_on_threads_does(corpus) -> N
             assert list(a) == list(b)
             assert all(np.array_equal(a[k], b[k]) for k in a)
 
+
+
+def test_a_vision_recipe_in_map_processes_streams_every_column_unchanged(
+        tmp_path: Path) -> None:
+    """Image-caption pairs: the decoded patches travel back with each map result (its
+    ``attached``); every column of every step, the per-image ones included, and the window
+    digests are the threads' ones."""
+    from datalane.engine.loader import Loader
+    from tests.support.vision import vision_recipe, write_three
+
+    path, _ = write_three(tmp_path / "pairs.tar")
+    recipe = vision_recipe([str(path)], 255, global_batch_size=2, lanes=2,
+                           sources=[{"name": "pairs", "uris": [str(path)], "vision": {},
+                                     "epochs": 2, "chunk_rows": 1}])
+    got = {}
+    for knobs in (Knobs(workers=2), Knobs(map_processes=2, task_docs=1)):
+        with Loader(recipe, 0, 1, knobs) as loader:
+            steps = []
+            for step in loader:
+                steps.append((step.lane_digests, {k: v.copy() for k, v in step.columns.items()}))
+                if step.ended:
+                    break
+        got[knobs.map_processes] = steps
+    assert len(got[0]) >= 3 and "image_seq" in got[0][0][1]
+    assert sum(len(cols["image_seq"]) for _, cols in got[0]) == 6  # 3 images, 2 epochs
+    for (da, a), (db, b) in zip(got[0], got[2], strict=True):
+        assert da == db and list(a) == list(b)
+        assert all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
