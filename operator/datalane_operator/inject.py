@@ -219,12 +219,13 @@ def sidecar_container(pipeline: Pipeline, image: str, ranks: int | None,
         {"name": "DATALANE_WORKERS", "value": str(side.workers)},
         {"name": "DATALANE_PREFETCH", "value": str(side.prefetch)},
         {"name": "DATALANE_RANK_PROCESSES", "value": str(side.rankProcesses)},
-        {"name": "DATALANE_MAP_PROCESSES", "value": str(side.mapProcesses)},
         {"name": "DATALANE_SOCKET_MODE", "value": side.socketMode},
         {"name": "DATALANE_METRICS_PORT", "value": str(side.metricsPort)},
         {"name": "DATALANE_PIPELINE", "value": pipeline.name},
         {"name": PREDICATE_MODULES_ENV, "value": ",".join(predicate_modules)},
     ]
+    if side.mapProcesses is not None:  # unset: no variable, the sidecar's default (threads)
+        env.append({"name": "DATALANE_MAP_PROCESSES", "value": str(side.mapProcesses)})
     if side.imageBytes is not None:  # unset: no variable, the sidecar's default
         env.append({"name": "DATALANE_IMAGE_BYTES", "value": str(side.imageBytes)})
     if data.endpoint is not None:

@@ -169,13 +169,15 @@ class SidecarSpec:
         "limit), 0 for a pod of one rank. Each worker holds a copy of the plan and its ranks' "
         "windows: give the sidecar memory for them (docs/operator.md, The sidecar's "
         "processes).", default=0, ge=0, le=256)
-    mapProcesses: int = doc(
-        "Child processes the sidecar runs its map stages in (its --map-processes; a knob: "
-        "never changes output). 0: `workers` threads; N: N processes (in each rank worker "
-        "with rankProcesses), each with its own interpreter lock, so decoding, chat template "
-        "renders and tokenizing use more cores than one lock allows. Each holds a copy of the "
-        "recipe's tokenizers and templates: give the sidecar memory for them "
-        "(docs/architecture.md, Map processes).", default=0, ge=0, le=256)
+    mapProcesses: int | None = doc(
+        "Child processes the sidecar runs its map stages in (its --map-processes, "
+        "DATALANE_MAP_PROCESSES; a knob: never changes output). 0: `workers` threads; N: N "
+        "processes (in each rank worker with rankProcesses), each with its own interpreter "
+        "lock, so decoding, chat template renders and tokenizing use more cores than one lock "
+        "allows. Each holds a copy of the recipe's tokenizers and templates: give the sidecar "
+        "memory for them (docs/architecture.md, Map processes). Null: the sidecar's default, "
+        "0 (a DataPipeline written before the field reads back unchanged).",
+        default=None, ge=0, le=256)
     imageBytes: int | None = doc(
         "Decoded image bytes (patch rows) the sidecar lets each lane and image source hold in "
         "flight (its --image-bytes, DATALANE_IMAGE_BYTES; a knob: never changes output, only "

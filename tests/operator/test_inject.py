@@ -323,17 +323,22 @@ def test_a_bad_rank_processes_is_refused_naming_it(value: Any, message: str) -> 
 # ---- spec.sidecar.mapProcesses: the sidecar's --map-processes ----
 
 
-@pytest.mark.parametrize(("value", "env"), [(None, "0"), (0, "0"), (3, "3"), (256, "256")])
+@pytest.mark.parametrize(("value", "env"), [(None, None), (0, "0"), (3, "3"), (256, "256")])
 def test_map_processes_reach_the_sidecar(monkeypatch: pytest.MonkeyPatch, value: Any,
-                                         env: str) -> None:
+                                         env: str | None) -> None:
+    """Unset (a DataPipeline written before the field): no variable, the sidecar's default
+    (threads), and the pod spec as before."""
     from datalane_sidecar import cli
 
+    monkeypatch.delenv("DATALANE_MAP_PROCESSES", raising=False)
     sidecar = {} if value is None else {"mapProcesses": value}
     side = sidecar_of(inject(pod(nproc="2", gpus=2), sidecar=sidecar))
-    assert env_of(side)["DATALANE_MAP_PROCESSES"] == env
+    assert env_of(side).get("DATALANE_MAP_PROCESSES") == env
+    plain = sidecar_of(inject(pod(nproc="2", gpus=2)))
+    assert [e for e in side["env"] if e["name"] != "DATALANE_MAP_PROCESSES"] == plain["env"]
     for e in side["env"]:
         monkeypatch.setenv(e["name"], e.get("value", "llama-worker-0"))
-    assert cli._parser().parse_args(side["command"][1:]).map_processes == int(env)
+    assert cli._parser().parse_args(side["command"][1:]).map_processes == int(env or 0)
 
 
 @pytest.mark.parametrize(("value", "message"), [
