@@ -7,15 +7,16 @@ child, then the records, the files' formats and the lane) and waits for the
 interpreter lock, so what the parent's lock serializes shrinks from the whole map stage (JSON
 parsing, chat template renders, taking the ids out of the tokenizer's encodings: a third of a
 chat recipe's work) to pickling the records and the results. Measured in docs/benchmarks.md,
-The sidecar's cost model.
+Map processes.
 
 The data cannot change: a stage is stateless (:class:`~datalane.engine.mapstage.MapStage`), the
 child runs the same code on the same records, and results are consumed in submission order
 whichever thread or process ran them.
 
 A child that dies (killed for memory, ``kill -9``) is replaced and the task sent again: a map
-task has no side effects, so running it twice is the same as once. A task that kills a fresh
-child too is the records' fault (a decoder crashing on them): the stream fails with
+task has no side effects, so running it twice is the same as once. The loss is logged (a
+warning of ``datalane.engine``) and counted (:meth:`MapProcess.describe`). A task that kills a
+fresh child too is the records' fault (a decoder crashing on them): the stream fails with
 :class:`MapProcessError` naming the records' files and positions, never waits.
 
 The child is a fresh interpreter (``sys.executable``, the parent's ``sys.path``), started by the
