@@ -1,10 +1,13 @@
 """``datalane verify``: the same batches for every world size, worker count and resume point.
 
-For each ``(world, workers)`` pair the recipe runs uninterrupted; then, for each resume step,
-the state saved by one pair is resumed on the *next* pair in the list (another world size and
-worker count). Every step hash is compared with the first uninterrupted run, and so is what
-each step holds counted from the batches: document starts (position 0 in a used row) and, for
-a vision recipe, images (rows of ``image_grid_thw``); each run's line gives its totals.
+For each ``(world, workers)`` pair the recipe runs uninterrupted; with ``map_processes`` N > 0,
+once more on the first world with its map stages in N child processes (the knob of
+:mod:`datalane.engine.mapprocs`: the recipe's predicates and templates there); then, for each
+resume step, the state saved by one pair is resumed on the *next* pair in the list (another
+world size and worker count). Every step hash is compared with the first uninterrupted run,
+and so is what each step holds counted from the batches: document starts (position 0 in a used
+row) and, for a vision recipe, images (rows of ``image_grid_thw``); each run's line gives its
+totals.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ class _Tally:
 
 
 def verify(recipe_path: str, steps: int, worlds: list[int], workers: list[int],
-           resume_at: list[int], prefetch: int = 8) -> bool:
+           resume_at: list[int], prefetch: int = 8, map_processes: int = 0) -> bool:
+    Knobs(map_processes=map_processes)  # refused here, naming it, before any run
     recipe = load_recipe(recipe_path)
     for w in worlds:
         check_world_size(recipe.lanes, w)
@@ -76,6 +80,14 @@ def verify(recipe_path: str, steps: int, worlds: list[int], workers: list[int],
         rows.append(_compare(f"world={w} workers={k}", run.hashes, reference, tally, counts))
         print(_line(rows[-1]), flush=True)
     assert reference is not None
+    if map_processes > 0:
+        w = worlds[0]
+        tally = _Tally()
+        run = run_world(recipe, w, Knobs(map_processes=map_processes, prefetch=prefetch),
+                        steps, plan=plan, on_rank_step=tally)
+        rows.append(_compare(f"world={w} map_processes={map_processes}", run.hashes,
+                             reference, tally, counts))
+        print(_line(rows[-1]), flush=True)
     for r in resume_at:
         for i, (w, k) in enumerate(combos):
             w2, k2 = combos[(i + 1) % len(combos)]

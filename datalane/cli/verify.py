@@ -18,6 +18,9 @@ def add(sub: Subcommands[argparse.ArgumentParser]) -> None:
     ver.add_argument("--workers", type=ints, default=[1, 3])
     ver.add_argument("--resume-at", type=ints, default=[])
     ver.add_argument("--prefetch", type=int, default=8)
+    ver.add_argument("--map-processes", type=int, default=0, metavar="N",
+                     help="also run the first world with the map stages in N child processes "
+                          "(the map_processes knob; 0: not)")
     ver.set_defaults(fn=main)
 
 
@@ -25,5 +28,5 @@ def main(args: argparse.Namespace) -> int:
     from datalane.verify import verify
 
     ok = verify(args.recipe, args.steps, args.worlds, args.workers, args.resume_at,
-                prefetch=args.prefetch)
+                prefetch=args.prefetch, map_processes=args.map_processes)
     return 0 if ok else 1

@@ -115,6 +115,18 @@ def test_verify_agrees_across_worlds_workers_and_resumes(write_recipe) -> None:
     assert "DIFFERS" not in proc.stdout
 
 
+def test_verify_runs_the_map_stages_in_processes_too(write_recipe) -> None:
+    proc = datalane("verify", write_recipe(), "--steps", "6", "--worlds", "2,1",
+                    "--workers", "2", "--map-processes", "2")
+    assert "OK: 3 runs" in proc.stdout
+    (line,) = [x for x in proc.stdout.splitlines() if "map_processes" in x]
+    assert line.startswith("world=2 map_processes=2") and "6/6" in line and " ok " in line
+    refused = datalane("verify", write_recipe(), "--steps", "2", "--map-processes", "-1",
+                       check=False)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "knobs.map_processes -1 must be >= 0" in refused.stderr
+
+
 def test_bad_world_is_refused_with_the_sizes_that_work(write_recipe) -> None:
     proc = datalane("run", write_recipe(), "--world", "9", "--steps", "1", check=False)
     assert proc.returncode == 2
