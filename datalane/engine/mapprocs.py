@@ -98,8 +98,7 @@ class MapProcess:
     """One child process running map tasks for the one thread that owns it (not thread-safe:
     each pool thread has its own)."""
 
-    def __init__(self, name: str = "datalane-map") -> None:
-        self.name = name
+    def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         #: stage key -> the stage (weakly): the stages this child holds; a dead one is dropped
@@ -129,7 +128,7 @@ class MapProcess:
             drop = [k for k, ref in self._sent.items() if ref() is None]
             ship = None if key in self._sent else stage
             try:
-                message = pickle.dumps(("run", key, ship, drop, records, formats, lane),
+                message = pickle.dumps((key, ship, drop, records, formats, lane),
                                        protocol=_PROTOCOL)
             except Exception as e:
                 raise MapProcessError(f"a map task of {_records_named(records)} cannot be sent "
@@ -145,14 +144,14 @@ class MapProcess:
                 pid = self.pid
                 how = self._lost()
                 self.lost += 1
-                if attempt < _ATTEMPTS:  # never silent: an OOM kill would look like nothing
-                    log.warning("map process %s died %s running %s: a fresh one runs the task "
-                                "again", pid, how, _records_named(records))
                 if attempt == _ATTEMPTS:
                     raise MapProcessError(
                         f"the map process died {how} running {_records_named(records)}, in a "
                         f"fresh process too: a decoder or renderer crashes on these records") \
                         from None
+                # never silent: an OOM kill would look like nothing
+                log.warning("map process %s died %s running %s: a fresh one runs the task "
+                            "again", pid, how, _records_named(records))
                 continue
             try:
                 status, value = pickle.loads(answer)
@@ -191,7 +190,8 @@ class MapProcess:
                                   f"standard error above)")
 
     def _lost(self) -> str:
-        """Close a child that stopped answering; how it ended."""
+        """End the child (its socket closes, it exits, killed if it does not in time); how it
+        ended."""
         proc, self._proc = self._proc, None
         if self._conn is not None:
             self._conn.close()
@@ -207,16 +207,7 @@ class MapProcess:
 
     def close(self) -> None:
         """End the child: its socket closes, it exits (killed if it does not in time)."""
-        proc, self._proc = self._proc, None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if proc is not None:
-            try:
-                proc.wait(_EXIT_SECONDS)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        self._lost()
 
 
 # The child's command: the parent's import path first, then the loop below.
@@ -250,7 +241,7 @@ def serve(fd: int) -> None:
             data = conn.recv_bytes()
         except (EOFError, OSError):
             return  # the pool closed its end, or the parent is gone
-        _, key, ship, drop, records, formats, lane = pickle.loads(data)
+        key, ship, drop, records, formats, lane = pickle.loads(data)
         for k in drop:
             stages.pop(k, None)
         if ship is not None:

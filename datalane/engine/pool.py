@@ -98,7 +98,7 @@ class TaskPool(Executor):
                       lane: int) -> MapResult:
         child: MapProcess | None = getattr(self._local, "child", None)
         if child is None:
-            child = self._local.child = MapProcess(threading.current_thread().name)
+            child = self._local.child = MapProcess()
             with self._cv:
                 self._children.append(child)
         return child.run(stage, records, formats, lane)

@@ -123,9 +123,9 @@ def test_the_stage_goes_once_per_child_and_a_dead_stage_is_dropped_there(
     del a
     gc.collect()
     got = child.run(b, RECORDS[:1], JSONL)
-    # (kind, key, stage shipped, keys dropped, ...): a's second task ships nothing, b's first
+    # (key, stage shipped, keys dropped, ...): a's second task ships nothing, b's first
     # ships b, b's second nothing, and the task after a is gone drops a there
-    assert [(m[2] is not None, m[3]) for m in sent] == [(False, []), (True, []), (False, []),
+    assert [(m[1] is not None, m[2]) for m in sent] == [(False, []), (True, []), (False, []),
                                                         (False, [key_a])]
     assert got.status == ["min_chars"] and key_a not in child._sent
 

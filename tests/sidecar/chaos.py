@@ -12,7 +12,6 @@ audit clean from the first committed step to the last."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -33,9 +32,8 @@ from datalane.spec.hashing import global_hash
 from datalane.spec.knobs import Knobs
 from datalane.spec.state import Checkpoint
 from datalane.store import CheckpointStore
-from datalane.wire import datalane_pb2 as pb
-from datalane.wire import datalane_pb2_grpc as pbg
 from tests.sidecar.test_edges import _reference, _same
+from tests.sidecar.test_rank_processes import _stats
 
 MICROBATCH = 2  # sequences a microbatch, on every rank
 PACE = 0.03  # seconds of "training" per microbatch
@@ -57,11 +55,7 @@ class Phase:
 def kill9_worker(socket: str, rng: random.Random) -> int:
     """SIGKILL one rank worker process of the sidecar on ``socket`` (its pids are in the
     Stats reply); returns the pid."""
-    import grpc
-
-    with grpc.insecure_channel(f"unix://{os.path.abspath(socket)}") as channel:
-        reply = pbg.DataLaneStub(channel).Stats(pb.StatsRequest(), timeout=30)
-    workers = json.loads(reply.json)["rank_workers"]
+    workers = _stats(socket)["rank_workers"]
     pid = int(workers[rng.choice(sorted(workers))]["pid"])
     os.kill(pid, signal.SIGKILL)
     return pid
@@ -70,13 +64,9 @@ def kill9_worker(socket: str, rng: random.Random) -> int:
 def kill9_map(socket: str, rng: random.Random) -> int:
     """SIGKILL one map process of the sidecar on ``socket`` (the Stats reply lists them: the
     server's, or each rank worker's), waiting for one to be running; returns the pid."""
-    import grpc
-
     deadline = time.monotonic() + 60
     while True:
-        with grpc.insecure_channel(f"unix://{os.path.abspath(socket)}") as channel:
-            stats = json.loads(pbg.DataLaneStub(channel).Stats(pb.StatsRequest(),
-                                                               timeout=30).json)
+        stats = _stats(socket)
         listed = stats.get("map_processes", []) + [
             m for w in stats.get("rank_workers", {}).values() for m in w.get("map_processes", [])]
         pids = sorted(m["pid"] for m in listed if m["pid"])
