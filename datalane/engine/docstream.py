@@ -385,8 +385,7 @@ class DocStream:
         return Run(self.source.index, tuple(res.columns[c.name][lo:hi] for c in
                                             self._stage.columns),
                    [b - lo for b in offsets[first:last + 2]], docs,
-                   self._formats[file].ref(file, pos),
-                   res.positions[lo:hi])
+                   self._formats[file].ref(file, pos))
 
     def _current(self) -> bool:
         """Make ``self._cur`` a map result with a record left to consume; False at the end."""

@@ -29,7 +29,6 @@ from datalane.engine.documents.base import Attached, DocKey, DocumentKind, Rende
 from datalane.engine.documents.text import TextKind
 from datalane.engine.formats import FORMATS, Format
 from datalane.engine.formats.base import Decoded, TooLarge
-from datalane.engine.packers.base import positions_of
 from datalane.spec.codepolicy import CodePolicy
 from datalane.spec.errors import ConfigError
 from datalane.spec.limits import TOO_LARGE
@@ -62,14 +61,12 @@ class MapResult:
     """Token columns of a slice of records; ``status[i]`` is None for kept documents.
 
     ``columns[name][offsets[i]:offsets[i+1]]`` is record ``i``'s column ``name`` (empty for
-    records set aside), for every document column of the recipe's schema; ``positions`` is
-    laid out the same way."""
+    records set aside), for every document column of the recipe's schema."""
 
     columns: dict[str, np.ndarray]
     offsets: np.ndarray
     status: list[str | None]
     detail: list[str | None]
-    positions: np.ndarray  # int32: each token's index in its document (0 at each start)
     # computed on the worker too, for the ordered thread: ``offsets`` as Python ints, and the
     # indexes of the records set aside (status not None), ascending
     bounds: list[int]
@@ -266,10 +263,5 @@ class MapStage:
             columns = {c.name: np.zeros(0, dtype=c.np_dtype) for c in self.columns}
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        # computed here, on the worker, so that the ordered thread only copies them: each
-        # token's index less its document's start, into the array of the starts
-        total = int(offsets[-1])
-        positions = np.repeat(offsets[:-1].astype(np.int32), lengths)
-        np.subtract(positions_of(total), positions, out=positions)
-        return MapResult(columns, offsets, status, detail, positions, offsets.tolist(),
+        return MapResult(columns, offsets, status, detail, offsets.tolist(),
                          [i for i, reason in enumerate(status) if reason is not None])

@@ -35,8 +35,7 @@ class FakeRunStream(FakeStream):
             return None
         offsets = np.cumsum([0, *lengths])
         ids = np.zeros(int(offsets[-1]), dtype=np.int32)
-        return Run(self.source, (ids,), offsets, len(lengths), (0, self.next - 1),
-                   np.zeros_like(ids))
+        return Run(self.source, (ids,), offsets, len(lengths), (0, self.next - 1))
 
 
 def run_streams(*lengths: list[int]) -> list[FakeRunStream]:

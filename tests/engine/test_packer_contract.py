@@ -104,8 +104,7 @@ def test_filling_a_window_is_the_same_as_sequence_by_sequence(algorithm: str) ->
         if doc is None:
             return None
         n = len(doc)
-        return Run(doc.source, doc.columns, [0, n], 1, doc.ref,
-                   np.arange(n, dtype=np.int32))
+        return Run(doc.source, doc.columns, [0, n], 1, doc.ref)
 
     packer.ctx.next_run = next_run
     rows = len(whole) + 2

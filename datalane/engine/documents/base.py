@@ -194,7 +194,6 @@ class Run:
     offsets: Sequence[int]  # starts at 0, ends at the run's token count
     docs: int
     last_ref: tuple[int, ...]
-    positions: np.ndarray  # int32: each token's index in its document
 
     def __len__(self) -> int:
         return len(self.columns[0])

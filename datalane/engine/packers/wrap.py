@@ -5,7 +5,7 @@ The carry-over between sequences is at most the tail of one document: ``{"held":
 
 from __future__ import annotations
 
-import bisect
+import itertools
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -13,13 +13,13 @@ import numpy as np
 
 from datalane.engine.documents.base import Attached, Run
 from datalane.engine.packers.base import (
+    ARANGE,
     Held,
     PackContext,
     PackerBase,
     assemble,
     check_packer,
     decode_pieces,
-    positions_of,
     take,
 )
 from datalane.spec.errors import MismatchError
@@ -101,19 +101,19 @@ class WrapPacker(PackerBase):
         :meth:`next_sequence` would, documents taken in runs; rows past the data are padding.
         Returns the rows that hold data (fewer than ``rows``: no document is left).
 
-        The ordered thread runs this for every window: it works on whole parts (a carried
-        piece, runs of documents), a few numpy copies each, never per document."""
+        The ordered thread runs this for every window: the document columns are copied in
+        whole parts (a carried piece, runs of documents), the positions written once per
+        piece of a document in a row."""
         ctx = self.ctx
         size = ctx.size
         total = rows * size
-        # parts in order: (document columns, positions, where its documents start in it or
-        # None for a carried piece)
-        parts: list[tuple[tuple[np.ndarray, ...], np.ndarray, Sequence[int] | None]] = []
+        # parts in order: (document columns, where its documents start in it or None for a
+        # carried piece)
+        parts: list[tuple[tuple[np.ndarray, ...], Sequence[int] | None]] = []
         have = 0
         for _, cols, _ in self._held:
-            n = len(cols[0])
-            parts.append((cols, positions_of(n), None))
-            have += n
+            parts.append((cols, None))
+            have += len(cols[0])
         last: Held | Run | None = self._held[-1] if self._held else None
         next_run = ctx.next_run
         assert next_run is not None
@@ -122,8 +122,8 @@ class WrapPacker(PackerBase):
             if run is None:
                 break
             ctx.counters.kept += run.docs
-            parts.append((run.columns, run.positions, run.offsets))
-            have += len(run.positions)
+            parts.append((run.columns, run.offsets))
+            have += len(run.columns[0])
             last = run
         used = min(have, total)
         self._held = []
@@ -142,46 +142,50 @@ class WrapPacker(PackerBase):
             self._held.append((piece, tuple(c[n - tail:] for c in cols), attached))
         for name, doc_index, pad in self._columns:
             flat = columns[name].reshape(-1)
-            at = 0
-            for cols, positions, _ in parts:
-                src = positions if doc_index < 0 else cols[doc_index]
-                n = len(src)
-                if at + n >= used:  # the last part in the window (its tail carried)
-                    flat[at:used] = src[:used - at]
-                    break
-                flat[at:at + n] = src
-                at += n
-            if doc_index < 0 and used > size:
-                self._restart_rows(flat, parts, used, size)
+            if doc_index < 0:
+                _write_positions(flat, parts, used, size)
+            else:
+                at = 0
+                for cols, _ in parts:
+                    src = cols[doc_index]
+                    n = len(src)
+                    if at + n >= used:  # the last part in the window (its tail carried)
+                        flat[at:used] = src[:used - at]
+                        break
+                    flat[at:at + n] = src
+                    at += n
             if used < total:
                 flat[used:] = pad
         ctx.counters.tokens += used
         ctx.counters.padding += total - used
         return -(-used // size)
 
-    @staticmethod
-    def _restart_rows(flat: np.ndarray, parts: list[Any], used: int, size: int) -> None:
-        """Positions restart at every sequence: a document crossing a row boundary counts
-        from 0 again after it, up to its end (or the row's)."""
-        at = 0
-        row = size
-        for cols, _, starts in parts:
-            n = len(cols[0])
-            end_part = at + n
-            while row < end_part and row < used:
-                # the next document start after the boundary, within this part
-                end = end_part if starts is None else at + starts[
-                    bisect.bisect_right(starts, row - at)]
-                end = min(end, row + size, used)
-                if flat[row]:  # (the document's positions up to end are consecutive)
-                    flat[row:end] = positions_of(end - row)
-                row += size
-            at = end_part
-            if at >= used:
-                break
-
     def state(self) -> dict[str, Any]:
         return {"held": [p.encode() for p, _, _ in self._held]}
 
+
+_COUNT = ARANGE.data  # 0, 1, 2, ...: every piece's positions
+
+
+def _write_positions(flat: np.ndarray, parts: list[Any], used: int, size: int) -> None:
+    """The positions of a window's first ``used`` tokens: each piece of a document in a row
+    counts from 0 (a part starts a document or continues a carried one; a row boundary
+    restarts the count of the document crossing it). A piece is at most a row: :data:`ARANGE`
+    holds its count. The column is int32, as :data:`ARANGE` (the schema's ``positions``)."""
+    cuts = set(range(0, used, size))
+    at = 0
+    for cols, starts in parts:
+        if starts is None:
+            cuts.add(at)
+        else:
+            cuts.update([at + s for s in starts[:-1]])
+        at += len(cols[0])
+    edges = sorted(cuts)  # (every document of the window starts before its end)
+    edges.append(used)
+    # copied as bytes: numpy would give the GIL up for every piece of 500 tokens or more and
+    # wait for it again behind the map workers, for a copy of a microsecond
+    into = flat.data
+    for lo, hi in itertools.pairwise(edges):
+        into[lo:hi] = _COUNT[:hi - lo]
 
 PACKER = WrapPacker

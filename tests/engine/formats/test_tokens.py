@@ -490,7 +490,7 @@ def test_token_filters_set_aside_documents_of_a_whole_task(
         tokenizer: TokenizerHandle, fmt: str) -> None:
     """A task of token arrays goes to the kind whole (the formats pass arrays as they are);
     the token filters then set aside exactly the documents outside the bounds, with the
-    offsets and positions of the ones kept."""
+    offsets of the ones kept."""
     from datalane.engine.formats import FORMATS
     from datalane.engine.mapstage import MapStage
     from datalane.spec.recipe import Filters
@@ -506,7 +506,6 @@ def test_token_filters_set_aside_documents_of_a_whole_task(
     assert result.bounds == [0, 0, 3, 8, 8, 12]
     assert result.set_aside == [0, 3]
     assert result.tokens.tolist() == [10, 11, 12, 10, 11, 12, 13, 14, 10, 11, 12, 13]
-    assert result.positions.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3]
 
 
 def test_a_task_with_a_raw_that_is_no_array_is_mapped_record_by_record(
@@ -524,4 +523,3 @@ def test_a_task_with_a_raw_that_is_no_array_is_mapped_record_by_record(
     result = stage.run(records, [FORMATS["megatron"]])
     assert result.status == [None, "too_large", None]
     assert result.tokens.tolist() == [5, 6, 7]
-    assert result.positions.tolist() == [0, 1, 0]

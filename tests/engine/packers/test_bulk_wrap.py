@@ -20,6 +20,7 @@ import pytest
 
 from datalane.engine.documents.base import Run
 from datalane.engine.packers import base
+from datalane.spec.state import PackerState
 from tests.engine.packers.test_packers import SIZE, Feed, packer_of, pieces_of
 
 
@@ -47,8 +48,7 @@ class RunFeed(Feed):
         offsets = np.cumsum([0] + [len(d) for d in docs])
         columns = tuple(np.concatenate([d.columns[c] for d in docs])
                         for c in range(len(docs[0].columns)))
-        positions = np.concatenate([np.arange(len(d), dtype=np.int32) for d in docs])
-        return Run(0, columns, offsets, len(docs), docs[-1].ref, positions)
+        return Run(0, columns, offsets, len(docs), docs[-1].ref)
 
 
 def window_packer(feed: RunFeed, state=None):
@@ -146,3 +146,19 @@ def test_a_carried_piece_longer_than_the_position_table_gets_all_its_positions(
         f"window stepping by the piece's real length: {columns['positions'].tolist()}")
     assert columns["input_ids"][2].tolist()[:7] == [1032, 1033, 1034, 1035, 2000, 2001, 2002]
     assert (counters.tokens, counters.padding) == (39, 1)
+
+
+def test_a_restored_carry_of_two_pieces_counts_each_from_zero() -> None:
+    # A version-1 state (no packer name) may carry an open sequence of several pieces: here
+    # B2-6 and C0-3. The window starts with both, each counting its positions from 0, then
+    # the feed's next documents: [B2-6 C0-3 D0-1] [D1-6 E0-3]
+    feed = RunFeed([5, 6, 5, 6, 4], [2])
+    feed.next = 3
+    packer, _ = packer_of("wrap", feed, state=None)
+    state = PackerState(None, {"carry": [[[0, [7, 1], 2, 6], [0, [7, 2], 0, 3]]]})
+    packer = type(packer)(packer.ctx, state)
+    packer.ctx.next_run = feed.next_run
+    assert feed.fetched == [(0, (7, 1)), (0, (7, 2))]
+    rows, seqs = fill(packer, 2)
+    assert (rows, seqs) == (2, [[(1, 2, 6), (2, 0, 3), (3, 0, 1)], [(3, 1, 6), (4, 0, 3)]]), (
+        f"every carried piece starts its own count of positions: {seqs}")
