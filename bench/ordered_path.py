@@ -42,13 +42,16 @@ sys.path.insert(0, str(HERE))
 import pretokenized as pt  # noqa: E402  (the corpus, its recipe and the limit)
 
 
-def real_run(corpus: Path, batch: int) -> tuple[list[dict[int, bytes]], list[list[Any]], float]:
-    """The step digests, each lane's runs in order, and the CPU seconds of the runs' calls."""
+def real_run(corpus: Path, batch: int,
+             ) -> tuple[list[dict[int, bytes]], list[list[Any]], float, float]:
+    """The step digests, each lane's runs in order, the CPU seconds of the runs' calls and
+    the run's wall seconds from the loader's start to its last step."""
     from datalane import Knobs, Loader
 
     digests = []
     runs: list[list[Any]] = []
     cpu = [0.0]
+    t0 = time.perf_counter()
     with Loader(pt._recipe(corpus, "megatron", batch), 0, 1, Knobs(workers=1)) as loader:
         streams = loader._open()
         for stream in streams:
@@ -70,7 +73,8 @@ def real_run(corpus: Path, batch: int) -> tuple[list[dict[int, bytes]], list[lis
             digests.append(dict(step.lane_digests))
             if step.ended:
                 break
-    return digests, runs, cpu[0]
+        wall = time.perf_counter() - t0
+    return digests, runs, cpu[0], wall
 
 
 def replay(corpus: Path, batch: int, runs: list[list[Any]],
@@ -124,22 +128,26 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=pt.B, help="sequences per step (2 lanes)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=50_000_000)
+    ap.add_argument("--plot", help="draw the breakdown here (a PNG; matplotlib, the dev extra)")
     args = ap.parse_args()
     corpus = pt.corpus_dir(args.tokens)
     if not (corpus / "MANIFEST.json").exists():
         pt.make_corpus(corpus, args.tokens)
     import fsspec  # noqa: F401  (imports out of every clock, as bench/pretokenized.py does)
 
-    digests, runs, run_cpu = real_run(corpus, args.batch)
-    steps = len(digests)
-    replays, hashes, limits = [], [], []
+    replays, hashes, limits, reals, mixtures = [], [], [], [], []
     for _ in range(args.rounds):
+        digests, runs, run_cpu, real = real_run(corpus, args.batch)
+        steps = len(digests)
+        reals.append(real / steps)
+        mixtures.append(run_cpu / steps)
         wall, hashing = replay(corpus, args.batch, runs, digests)
         replays.append(wall / steps)
         hashes.append(hashing / steps)
         limits.append(contract_limit(corpus, args.batch))
+        del runs  # (every map result of the corpus, held for the replay)
     us = 1e6
-    mixture = run_cpu / steps
+    mixture = min(mixtures)
     floor = min(replays) + mixture
     limit = min(limits)
     tokens = args.batch * (pt.SEQ + 1)
@@ -154,6 +162,60 @@ def main() -> None:
     print(f"  + the mixture's runs (CPU in the real run)   {mixture * us:7.1f}")
     print(f"  = the ordered thread's floor                 {floor * us:7.1f}"
           f"  = {tokens / floor / 1e6:.1f} M tokens/s, {limit / floor:.0%} of the limit")
+    real = min(reals)
+    print(f"  the real run (1 map worker), wall            {real * us:7.1f} "
+          f"({statistics.median(reals) * us:.1f})  = {tokens / real / 1e6:.1f} M tokens/s, "
+          f"{limit / real:.0%} of the limit")
+    if args.plot:
+        plot(args.plot, args.batch, limit, min(hashes), min(replays), mixture, real)
+
+
+def plot(path: str, batch: int, limit: float, hashing: float, replay: float, mixture: float,
+         real: float) -> None:
+    """Three stacked bars, microseconds per step: the contract limit, the ordered thread's
+    floor and the real run, each split into its parts (the limit hashes the same bytes as
+    the windows: its hash is drawn as long as theirs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    us = 1e6
+    bars = [("contract limit\n(one thread)", [(hashing, "SHA-256 of the windows"),
+                                             (limit - hashing, "copy and positions")]),
+            ("datalane's ordered\nthread alone", [
+                (hashing, "SHA-256 of the windows"),
+                (replay - hashing, "fill the windows, assemble the step"),
+                (mixture, "mixture and document streams")]),
+            ("datalane, real run\n(1 map worker)", [
+                (hashing, "SHA-256 of the windows"),
+                (replay - hashing, "fill the windows, assemble the step"),
+                (mixture, "mixture and document streams"),
+                (real - replay - mixture, "waiting: the lock, the map worker, the readers")])]
+    colours = {"SHA-256 of the windows": "#6a51a3", "copy and positions": "#9e9ac8",
+               "fill the windows, assemble the step": "#1f77b4",
+               "mixture and document streams": "#6baed6",
+               "waiting: the lock, the map worker, the readers": "#d9d9d9"}
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    seen = set()
+    for i, (_, parts) in enumerate(bars):
+        left = 0.0
+        for value, label in parts:
+            ax.barh(i, value * us, left=left * us, color=colours[label],
+                    label=None if label in seen else label)
+            seen.add(label)
+            left += value
+        ax.text(left * us + 3, i, f"{left * us:.0f} us", va="center", fontsize=8)
+    ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"microseconds per step ({batch} x 2,049 tokens, 2 lanes)")
+    ax.set_xlim(right=real * us * 1.25)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.45, -0.22), ncol=3,
+              frameon=False)
+    ax.set_title("Where a pre-tokenized step's time goes (bench/ordered_path.py)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
