@@ -26,6 +26,7 @@ import ast
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ class Mutant:
 
 
 def _say(*args: Any, **kwargs: Any) -> None:
-    print(*args, **kwargs)  # noqa: T201  (a command-line tool's report)
+    print(*args, **kwargs, flush=True)  # noqa: T201  (a command-line tool's report, as it goes)
 
 
 def _sites(tree: ast.Module) -> Iterator[tuple[ast.AST, str, int]]:
@@ -169,6 +170,10 @@ def main() -> int:
             _say(f"{m.index:4d}  line {m.line:4d}  {m.what:28s} {m.source}")
         return 0
     env = dict(os.environ, PYTHONPYCACHEPREFIX=tempfile.mkdtemp(prefix="mutate-pyc-"))
+    # a stop from outside (``timeout``, a terminal closed) unwinds like Ctrl-C, through the
+    # ``finally`` that puts the module back
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
     results: list[Mutant] = []
     try:
         path.write_text(ast.unparse(ast.parse(original)))

@@ -3,8 +3,10 @@ alone, and a mutant the tests pass is reported as a survivor."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.support.paths import REPO
@@ -58,3 +60,27 @@ def test_a_survivor_is_reported_and_the_file_restored(tmp_path: Path) -> None:
     assert "Mult -> FloorDiv" in survivors and "2 -> 3" in survivors
     assert "Return -> pass" not in survivors
     assert module.read_text() == "def double(x):\n    return x * 2\n"
+
+
+def test_a_run_stopped_from_outside_puts_the_module_back(tmp_path: Path) -> None:
+    """``timeout`` sends SIGTERM: the module must not stay mutated."""
+    module = tmp_path / "m.py"
+    original = "def double(x):\n    return x * 2\n"
+    module.write_text(original)
+    (tmp_path / "test_m.py").write_text(
+        "import time\nfrom m import double\n\ndef test_it():\n    time.sleep(1)\n"
+        "    assert double(2) == 4\n")
+    proc = subprocess.Popen([sys.executable, str(REPO / "tools" / "mutate.py"), str(module),
+                             "--", str(tmp_path / "test_m.py"), "--rootdir", str(tmp_path)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+                            env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("baseline passes")
+    deadline = time.monotonic() + 10
+    while module.read_text() == original:  # the first mutant is written
+        assert time.monotonic() < deadline, "no mutant was written"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    assert module.read_text() == original
