@@ -60,9 +60,6 @@ class SourcePlan:
         perm = self._perm(epoch)
         return [self.chunks[perm[i]] for i in range(lane, len(perm), self.lanes)]
 
-    def finite(self) -> bool:
-        return self.source.epochs is not None
-
 
 @dataclass
 class Plan:

@@ -86,3 +86,21 @@ def test_a_run_stops_once_it_has_the_tokens_asked_for() -> None:
         f"a run takes documents while fewer than the tokens asked for are taken: "
         f"{got.docs if got else None}")
     assert mixture.consumed == [9], f"the mixture counts the run's tokens: {mixture.consumed}"
+
+
+def test_a_source_that_ended_no_longer_bounds_the_others_runs() -> None:
+    """Only sources still in the race bound a run: once a source has ended, its last pass
+    must not cut the runs of the others short."""
+    # weights 1:1, A has one 1-token document, B six: (0,0) tie -> A | (1,0) B, bounded by
+    # A's pass 1 (B at 1 would tie and lose) | (1,1) tie -> A, which ends; B alone takes
+    # its five remaining documents in one run
+    got = runs(Mixture(run_streams([1], [1] * 6), [1.0, 1.0]), 4)
+    assert got == ["A", "B", "BBBBB", "."], (
+        f"an ended source must not bound another source's run: {got}")
+
+
+def test_a_source_of_weight_0_does_not_bound_a_run() -> None:
+    """A source of weight 0 is out of the race: it neither is chosen nor limits a run (its
+    pass, tokens / 0, is never computed)."""
+    got = runs(Mixture(run_streams([1] * 3, [2] * 3), [0.0, 1.0]), 2)
+    assert got == ["BBB", "."], f"a weight-0 source must not bound the run of another: {got}"

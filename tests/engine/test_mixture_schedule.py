@@ -117,6 +117,27 @@ def test_at_step_follows_the_schedule_and_re_bases_only_when_the_weights_change(
     assert order(mixture, 5) == "BBBBA"
 
 
+def test_a_mixture_built_without_a_step_is_at_step_0() -> None:
+    """``step`` defaults to 0: the first window at step 1 takes a change that starts there."""
+    sched = schedule([1.0, 2.0], (1, {1: 4.0}, 1))
+    mixture = Mixture(streams([1] * 20, [1] * 20), sched.weights(0), schedule=sched)
+    mixture.at_step(1)
+    assert mixture.weights == [1.0, 4.0], (
+        f"a mixture built at step 0 must take the weights of a phase starting at step 1: "
+        f"{mixture.weights}")
+
+
+def test_at_step_without_a_schedule_changes_nothing() -> None:
+    """A mixture without phases (no schedule, or a constant one) keeps its weights at every
+    step and never re-bases."""
+    for sched in (None, schedule([1.0, 2.0])):
+        mixture = Mixture(streams([1] * 20, [1] * 20), [1.0, 2.0], schedule=sched)
+        mixture.at_step(5)
+        assert mixture.weights == [1.0, 2.0]
+        assert mixture.base() == MixtureBase((0.0, 0.0), (0, 0)), "no schedule, no re-base"
+        assert order(mixture, 6) == "ABBABB"
+
+
 def test_without_a_change_the_general_pass_is_todays_key_bit_for_bit() -> None:
     lengths = ([4, 1, 6, 2, 2, 5, 3, 1, 1, 7, 2, 4] * 3, [3] * 36, [1, 9, 2, 2, 8, 1, 1, 3] * 4)
     weights = [0.7, 0.2, 0.1]
