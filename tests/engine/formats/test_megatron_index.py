@@ -27,6 +27,7 @@ from datalane.engine.formats.megatron import (
 from datalane.spec.errors import ConfigError, DataError
 from datalane.spec.recipe import Source
 from datalane.spec.tokens import TokensSpec
+from tests.support.fds import open_fds
 
 SOURCE = Source(name="ids", uris=["unused"], tokens=TokensSpec())
 
@@ -205,14 +206,6 @@ def test_read_one_reads_documents_0_to_n_minus_1_and_no_other(tmp_path: Path) ->
             reader.read_one((0, pos))
     assert reader.fields(0) == []  # token ids: no named fields
     assert MEGATRON.unit == "document"  # a bad record is named "at document N"
-
-
-def open_fds(path: Path) -> int:
-    """How many of this process's file descriptors are open on ``path`` (Linux)."""
-    import os
-
-    fds = Path("/proc/self/fd")
-    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path.resolve()))
 
 
 def test_close_closes_the_bin_files_it_read(tmp_path: Path) -> None:
