@@ -38,11 +38,6 @@ def valid_world_sizes(lanes: int) -> list[int]:
     return [w for w in range(1, lanes + 1) if lanes % w == 0]
 
 
-def _or_list(values: list[int]) -> str:
-    words = [str(v) for v in values]
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
-
-
 def check_world_size(lanes: int, world_size: int) -> None:
     """Raise :class:`ConfigError` unless ``1 <= world_size <= lanes``."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:

@@ -10,6 +10,7 @@ from datalane_sidecar.ledger import backfill_from, ledger_since, ledger_steps, n
 @pytest.mark.parametrize("committed,first,expected", [
     ([], 5, None),  # nothing committed: the first checkpoint's ledger starts at the session
     ([5], 5, None),  # the session starts at the newest commit: nothing to rebuild
+    ([2, 5], 5, None),  # the same, with an older commit: the one at the start wins
     ([2, 4], 7, 4),  # restarted at 7 after the commit of 4: steps 4, 5, 6 are rebuilt
     ([2, 4, 9], 7, 4),  # a commit past the session's start is no start for it
     ([4, 2], 7, 4),  # the store's order does not matter

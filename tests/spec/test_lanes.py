@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -88,6 +90,15 @@ def test_uneven_worlds_split_contiguously_by_floor() -> None:
     assert error_of(rank_of_lane, 8, 3, 8) == "lane 8 is outside 0..7"
 
 
+def test_rank_of_lane_checks_the_world_size_first() -> None:
+    """rank_of_lane refuses a world it cannot split (not rank -1 for W=0, nor a rank past the
+    last for W > L), with the world-size error every lane function gives."""
+    assert error_of(rank_of_lane, 8, 0, 3) == "world size must be a positive integer, got 0"
+    assert error_of(rank_of_lane, 8, 9, 0) == (
+        "8 lanes cannot be split over 9 ranks (a rank owns at least one lane); use a world "
+        "size of 1 to 8")
+
+
 # -- world sizes ----------------------------------------------------------------------------------
 
 
@@ -132,6 +143,32 @@ def test_rank_shape_pads_the_ranks_with_fewer_lanes() -> None:
     assert microbatch_sizes(8, 32, 3) == [1, 2, 4]
     assert microbatch_sizes(8, 32, 4) == [1, 2, 4, 8]
     assert microbatch_sizes(8, 64, 8) == [1, 2, 4, 8]
+
+
+def test_microbatch_sizes_checks_the_world_size_first() -> None:
+    """microbatch_sizes of a world with more ranks than lanes is the world-size error, not an
+    empty list (a rank of no lanes would have a local batch of 0)."""
+    assert error_of(microbatch_sizes, 8, 32, 9) == (
+        "8 lanes cannot be split over 9 ranks (a rank owns at least one lane); use a world "
+        "size of 1 to 8")
+    assert error_of(microbatch_sizes, 8, 32, 0) == "world size must be a positive integer, got 0"
+
+
+def test_microbatches_per_step_of_a_single_rank() -> None:
+    """A world of one rank yields the whole global batch: B/m microbatches a step (its only
+    rank is rank 0), with or without the lane count."""
+    assert microbatches_per_step(32, 1, 4) == 8
+    assert microbatches_per_step(32, 1, 4, 8) == 8
+    assert microbatches_per_step(32, 1, 32, 8) == 1
+
+
+def test_a_rank_shape_is_an_immutable_value() -> None:
+    """A RankShape is frozen (shared by every caller that asks for it): hashable, equal by
+    value, and refusing assignment."""
+    shape = rank_shape(8, 32, 3, 0, 2)
+    assert hash(shape) == hash(RankShape(range(0, 2), 4, 6))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        shape.real = 6  # type: ignore[misc]
 
 
 def test_a_microbatch_size_that_cannot_serve_the_world_is_refused_naming_those_that_can() -> None:

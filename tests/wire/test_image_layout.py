@@ -77,3 +77,68 @@ def test_counts_over_the_capacity_or_columns_that_disagree_are_refused() -> None
         layout.unpack([*payloads[:4], payloads[4][:12], *payloads[5:]], "inline")
     with pytest.raises(MismatchError, match=r"per-image column 'image_patches' has 6 bytes"):
         layout.unpack([*payloads[:3], b"\0" * 6, *payloads[4:]], "inline")
+
+
+def _images(n: int, width: int = 4, rows: int = 2) -> dict[str, np.ndarray]:
+    """The text columns of 2 rows of 10 tokens and ``n`` images of ``rows`` patch rows of
+    ``width`` bytes (3 a row at tokens 0, 3 and 6)."""
+    cols = {c.name: np.full((2, 10), 1, dtype=c.np_dtype) for c in _SCHEMA
+            if not c.per_image}
+    where = [(k // 3, 3 * (k % 3), _Image(rows, k)) for k in range(n)]
+    for _, _, image in where:
+        image.values = np.full((rows, width), 1, dtype=np.uint8)
+    cols.update(imagecolumns.build(where, width))
+    return cols
+
+
+def test_per_image_columns_up_to_their_capacity_are_packed_and_no_more() -> None:
+    """2 rows of 10 tokens hold at most 6 images (a run is 3 tokens at least): 6 are packed,
+    their used rows only; a 7th is refused, and so are patch rows of another width."""
+    layout = Layout.of(_SCHEMA, 2, 10)
+    packed = layout.pack(_images(6))
+    assert [len(p) for p in packed[3:]] == [12 * 4, 6 * 3 * 4, 6 * 4, 6 * 4, 7 * 8]
+    with pytest.raises(ValueError, match=r"^column 'image_grid_thw' has the shape \[7, 3\]; the "
+                                         r"layout has \[6, 3\]$"):
+        layout.pack(_images(7))
+    with pytest.raises(ValueError, match=r"^column 'image_patches' has the shape \[12, 5\]; the "
+                                         r"layout has \[72, 4\]$"):
+        layout.pack(_images(6, width=5))
+
+
+def test_inline_per_image_columns_up_to_their_capacity_are_read_and_no_more() -> None:
+    """Inline buffers carry the used rows: 6 images (the capacity of 2 rows of 10 tokens)
+    are read back; 7 rows of image_grid_thw (84 bytes) are refused."""
+    layout = Layout.of(_SCHEMA, 2, 10)
+    packed = layout.pack(_images(6))
+    got = layout.unpack(packed, "inline")
+    assert got["image_seq"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert got["image_offset"].tolist() == [0, 3, 6, 0, 3, 6]
+    with pytest.raises(MismatchError, match=r"^inline: per-image column 'image_grid_thw' has 84 "
+                                            r"bytes; the layout holds up to 6 rows of 12$"):
+        layout.unpack([*packed[:4], packed[4] + packed[4][:12], *packed[5:]], "inline")
+
+
+@pytest.mark.parametrize(("images", "rows"), [(0, 0), (6, 12)])
+def test_a_slot_of_no_image_or_of_images_at_capacity_is_read(images: int, rows: int) -> None:
+    """The counts' bounds are inclusive: a vision recipe's microbatch of text only (0 images,
+    0 patch rows) and one at the capacity of 2 rows of 10 tokens (6 images, 72 = 6 x 12 patch
+    rows) are read from their slot."""
+    layout = Layout.of(_SCHEMA, 2, 10)
+    buffer = mmap.mmap(-1, layout.slot_bytes)
+    layout.write(buffer, 0, _images(images, rows=rows))
+    assert np.frombuffer(buffer, "<i8", 2, 0).tolist() == [images, images * rows]
+    views = layout.views(buffer, 0)
+    assert views["image_patches"].shape == (images * rows, 4)
+    assert views["image_patch_start"].tolist() == [rows * k for k in range(images + 1)]
+
+
+def test_a_per_image_column_announced_at_another_capacity_is_refused() -> None:
+    """2 rows of 10 tokens hold at most 6 images: image_seq laid out for 5 is refused, naming
+    the capacity."""
+    reply = pb.OpenReply()
+    Layout.of(_SCHEMA, 2, 10).announce(reply)
+    f = next(f for f in reply.layout if f.name == "image_seq")
+    f.shape[0], f.nbytes = 5, 20
+    with pytest.raises(MismatchError, match=r"^the reply: per-image column 'image_seq' is laid "
+                                            r"out as \[5\]; \[2, 10\] tokens hold at most \[6\]$"):
+        Layout.announced(reply, "the reply")

@@ -4,13 +4,14 @@ payloads are refused by name."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from datalane.spec.errors import MismatchError
-from datalane.spec.schema import Column, text_schema
+from datalane.spec.schema import Column, SampleSchema, text_schema
 from datalane.wire import PROTOCOL_VERSION, protocol_mismatch
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire.generate import OUTPUTS, ROOT, generate
@@ -55,6 +56,14 @@ def test_the_layout_of_one_microbatch_by_hand() -> None:
         ("input_ids", 0, 12, (1, 3)), ("positions", 16, 12, (1, 3)),
         ("loss_mask", 32, 3, (1, 3)), ("doc_count", 40, 8, (1,))]
     assert layout.slot_bytes == 48 and layout.rows == 1
+
+
+def test_a_layout_is_an_immutable_value() -> None:
+    """A session's layout is shared by its readers and rings: frozen, hashable by value."""
+    layout = Layout.of(SCHEMA, 1, 3)
+    assert hash(layout) == hash(Layout.of(SCHEMA, 1, 3))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        layout.slot_bytes = 64  # type: ignore[misc]
 
 
 def test_the_announcement_round_trips_through_an_open_reply() -> None:
@@ -112,6 +121,76 @@ def test_a_column_of_another_shape_is_refused() -> None:
         Layout.announced(reply, "the reply")
 
 
+def _reshaped(name: str, shape: list[int], nbytes: int) -> pb.OpenReply:
+    reply = _reply()
+    f = next(f for f in reply.layout if f.name == name)
+    del f.shape[:]
+    f.shape.extend(shape)
+    f.nbytes = nbytes
+    return reply
+
+
+def test_a_column_of_other_rows_is_refused() -> None:
+    """Every column of a microbatch has its rows: positions of 3 rows beside input_ids of 2
+    is refused (before the bytes it would overlap are looked at)."""
+    with pytest.raises(MismatchError, match=r"^the reply lays out columns of different "
+                                            r"shapes: \[\[2, 5\], \[3, 5\], \[2, 5\], \[2\]\]$"):
+        Layout.announced(_reshaped("positions", [3, 5], 60), "the reply")
+
+
+@pytest.mark.parametrize(("name", "shape", "nbytes", "message"), [
+    ("positions", [10], 40, r"column 'positions' has the shape \[10\]; this per-token column "
+                            r"has 2 dimensions$"),
+    ("doc_count", [2, 1], 16, r"column 'doc_count' has the shape \[2, 1\]; this per-sequence "
+                              r"column has 1 dimensions$"),
+])
+def test_a_column_of_another_number_of_dimensions_is_refused(name: str, shape: list[int],
+                                                             nbytes: int, message: str) -> None:
+    """A per-token column is (rows, tokens), a per-sequence one (rows,): the same bytes in
+    another number of dimensions are refused, naming the kind of column."""
+    with pytest.raises(MismatchError, match=r"^the reply: " + message):
+        Layout.announced(_reshaped(name, shape, nbytes), "the reply")
+
+
+def test_a_layout_of_empty_columns_is_refused_and_one_row_is_not_empty() -> None:
+    """Microbatches of 2 rows of 0 tokens hold nothing: refused; 1 row of 3 tokens is read
+    back as announced."""
+    reply = _reply()
+    for f in reply.layout[:3]:  # the per-token columns: [2, 0], 0 bytes
+        del f.shape[1:]
+        f.shape.append(0)
+        f.nbytes = 0
+    with pytest.raises(MismatchError, match=r"^the reply lays out empty columns: \[2, 0\]$"):
+        Layout.announced(reply, "the reply")
+    one = pb.OpenReply()
+    Layout.of(SCHEMA, 1, 3).announce(one)
+    assert Layout.announced(one, "the reply") == Layout.of(SCHEMA, 1, 3)
+
+
+def test_the_client_refuses_microbatches_of_other_rows_than_it_asked_for() -> None:
+    """A layout of 2-row microbatches serves a loader that asked for 2, not 3."""
+    layout = Layout.of(SCHEMA, 2, 5)
+    layout.check_client(2, "the reply")
+    with pytest.raises(MismatchError, match=r"^the reply lays out microbatches of 2 sequences; "
+                                            r"this loader asked for 3$"):
+        layout.check_client(3, "the reply")
+
+
+@pytest.mark.parametrize(("positions", "name"), [
+    (Column("positions", "int64", -1, fill="position"), "positions"),  # another dtype
+    (Column("positions", "int32", -1, per_token=False), "positions"),  # per sequence
+    (Column("segment", "int32", 0), "positions"),  # none at all
+])
+def test_the_client_refuses_a_schema_without_int32_per_token_ids_and_positions(
+        positions: Column, name: str) -> None:
+    """Every recipe has input_ids and positions, int32 and per token: a schema whose
+    positions are int64, per sequence or missing is refused naming the column."""
+    schema = SampleSchema((Column("input_ids", "int32", 0), positions))
+    with pytest.raises(MismatchError, match=rf"^the reply announces a schema without the int32 "
+                                            rf"per-token column '{name}' every recipe has: "):
+        Layout.of(schema, 2, 5).check_client(2, "the reply")
+
+
 def test_inline_buffers_round_trip_and_a_short_one_is_refused() -> None:
     layout = Layout.of(SCHEMA, 2, 5)
     cols = _columns(2, 5)
@@ -130,6 +209,28 @@ def test_inline_buffers_round_trip_and_a_short_one_is_refused() -> None:
     with pytest.raises(ValueError, match=r"columns \['input_ids', 'positions'\] are not the "
                                          r"schema's"):
         layout.pack({k: cols[k] for k in ("input_ids", "positions")})
+
+
+def test_the_refusal_shows_the_first_200_characters_of_the_schema() -> None:
+    """A schema announced without positions is shown, cut to its first 200 characters (the
+    JSON of these 4 columns is 361)."""
+    schema = SampleSchema(tuple(Column(name, "int32", 0) for name in
+                                ("input_ids", "segment", "document", "turn")))
+    with pytest.raises(MismatchError) as info:
+        Layout.of(schema, 2, 5).check_client(2, "the reply")
+    assert len(schema.dumps()) == 361
+    assert str(info.value) == ("the reply announces a schema without the int32 per-token column "
+                               "'positions' every recipe has: " + schema.dumps()[:200])
+
+
+def test_columns_of_another_shape_are_not_packed() -> None:
+    """pack() takes each column in the layout's shape only: positions of 2 x 4 tokens where
+    the layout has 2 x 5 are refused, naming both shapes."""
+    cols = _columns(2, 5)
+    cols["positions"] = cols["positions"][:, :4]
+    with pytest.raises(ValueError, match=r"^column 'positions' has the shape \[2, 4\]; the layout "
+                                         r"has \[2, 5\]$"):
+        Layout.of(SCHEMA, 2, 5).pack(cols)
 
 
 def test_shm_ring_slots_hold_typed_columns_and_wait_for_release(tmp_path: Path) -> None:
