@@ -162,3 +162,14 @@ def test_a_restored_carry_of_two_pieces_counts_each_from_zero() -> None:
     rows, seqs = fill(packer, 2)
     assert (rows, seqs) == (2, [[(1, 2, 6), (2, 0, 3), (3, 0, 1)], [(3, 1, 6), (4, 0, 3)]]), (
         f"every carried piece starts its own count of positions: {seqs}")
+
+
+def test_a_window_filled_exactly_takes_no_document_more() -> None:
+    # 3 + 5 + 8 fill two rows of 8 exactly: document 3 stays in the feed, nothing is carried,
+    # and it starts the next window
+    feed = RunFeed([3, 5, 8, 4], [1])
+    packer, _ = window_packer(feed)
+    assert fill(packer, 2) == (2, [[(0, 0, 3), (1, 0, 5)], [(2, 0, 8)]])
+    assert packer.state() == {"held": []} and feed.next == 3, (
+        f"an exact fit must not take another document: {packer.state()}, next {feed.next}")
+    assert fill(packer, 2) == (1, [[(3, 0, 4)], []])
