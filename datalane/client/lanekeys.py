@@ -45,8 +45,13 @@ def _seal(body: dict[str, Any]) -> str:
     return json.dumps(seal(body), separators=(",", ":"), sort_keys=True)
 
 
+_KEYS = {RECIPE_ENTRY_FORMAT: {"lanes_total", "fingerprint", "fingerprint_doc"},
+         LANE_ENTRY_FORMAT: {"lane", "state", *_POSITION}}
+
+
 def _open(raw: Any, fmt: str, where: str) -> dict[str, Any]:
-    """Parse and verify one sealed entry."""
+    """Parse and verify one sealed entry, with every field its format has (a seal can be
+    recomputed by whoever edits an entry: it proves the bytes whole, not the writer)."""
     if isinstance(raw, bytes | bytearray):
         raw = raw.decode("utf-8", errors="replace")
     if not isinstance(raw, str):
@@ -57,6 +62,9 @@ def _open(raw: Any, fmt: str, where: str) -> dict[str, Any]:
         raise MismatchError(f"{where} is not a datalane entry (format {got!r}, expected "
                             f"{fmt!r})")
     check_seal(data, where, required=True)
+    missing = sorted(_KEYS[fmt] - set(data))
+    if missing:
+        raise MismatchError(f"{where} lacks the fields {missing} of a {fmt} entry")
     return {k: v for k, v in data.items() if k != SEAL_KEY}
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from datalane import MismatchError
 from datalane.client import InProcessLoader
-from datalane.client.lanekeys import join, lane_key, split
+from datalane.client.lanekeys import RECIPE_KEY, join, lane_key, split
 from datalane.client.position import CLIENT_STATE_FORMAT
+from datalane.spec.integrity import SEAL_KEY, seal
 from datalane.spec.state import CHECKPOINT_FORMAT, checkpoint_sha256
 
 
@@ -139,3 +140,19 @@ def test_a_rank_owning_lanes_3_to_5_joins_exactly_its_lanes_from_two_saved_ranks
     first = split(_saved(range(0, 4)), range(0, 4), 8)
     with pytest.raises(MismatchError, match="no entry 'lane_00004' for lane 4"):
         join(first, range(3, 6), 8)
+
+
+@pytest.mark.parametrize(("key", "field"), [("lane", "lane"), ("lane", "step"),
+                                            ("recipe", "lanes_total")])
+def test_a_resealed_entry_without_a_field_is_refused_naming_it(make_recipe, key: str,
+                                                               field: str) -> None:
+    """A seal anyone can recompute proves the bytes whole, not that the entry is complete: an
+    entry without one of its format's fields is a MismatchError naming it, not a KeyError."""
+    state = _states(make_recipe(), 1, 8)[0]
+    entries = split(state, range(8), 8)
+    name = lane_key(3) if key == "lane" else RECIPE_KEY
+    body = json.loads(entries[name])
+    del body[field], body[SEAL_KEY]
+    entries[name] = json.dumps(seal(body))
+    with pytest.raises(MismatchError, match=rf"lacks the fields \['{field}'\]"):
+        join(entries, range(8), 8)
