@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from datalane.engine.documents.base import Run
-from datalane.engine.packers import base
+from datalane.engine.packers import base, wrap
 from datalane.spec.state import PackerState
 from tests.engine.packers.test_packers import SIZE, Feed, packer_of, pieces_of
 
@@ -133,8 +133,11 @@ def test_a_carried_piece_longer_than_the_position_table_gets_all_its_positions(
     # The packers take positions from a table of 2^20 + 1 (any sequence fits); a document
     # spanning windows is carried as one piece that can be longer. With the table cut to 8
     # (= SIZE), the carried A16-36 (20 tokens) must still count 0..19 before rows restart:
-    # window 2 = [A16-24] [A24-32] [A32-36 B0-3 pad]
-    monkeypatch.setattr(base, "ARANGE", np.arange(SIZE, dtype=np.int32))
+    # window 2 = [A16-24] [A24-32] [A32-36 B0-3 pad]. (fill_window writes each piece of a
+    # row from its own view of the table: cut to 8 too, it must never need more than a row.)
+    table = np.arange(SIZE, dtype=np.int32)
+    monkeypatch.setattr(base, "ARANGE", table)
+    monkeypatch.setattr(wrap, "_COUNT", table.data)
     packer, counters = window_packer(RunFeed([36, 3], [1]))
     assert fill(packer, 2) == (2, [[(0, 0, 8)], [(0, 8, 16)]])
     assert packer.state()["held"][0][2:] == [16, 36], packer.state()
