@@ -72,6 +72,20 @@ def check_ids(value: Any, vocab: int, field: str) -> tuple[np.ndarray | None, st
     return ids, "", ""
 
 
+def _widened(values: list[np.ndarray], dtype: np.dtype[Any]) -> np.ndarray:
+    """``values`` (1-D arrays of ``dtype``) joined and widened to int32.
+
+    The join is one copy that keeps the interpreter lock: ``np.concatenate`` gives it up and
+    takes it back for every document of 500 ids or more, and every thread of the process waits
+    behind that churn. Nothing is looked at per value (a map task holds hundreds): the join
+    itself refuses a strided one."""
+    try:
+        joined = bytearray().join([v.data for v in values])  # (writable: no copy for int32)
+    except TypeError:  # a value that is not contiguous
+        return np.concatenate(values, dtype=np.int32)
+    return np.frombuffer(joined, dtype=dtype).astype(np.int32, copy=False)
+
+
 class TokensKind(KindBase):
     """The field value is the document's token ids; thread-safe, stateless."""
 
@@ -113,17 +127,16 @@ class TokensKind(KindBase):
         not, so that the caller maps the records one at a time and names the bad ones."""
         if not values or set(map(type, values)) != {np.ndarray}:
             return None
-        dtypes = {v.dtype for v in values}
-        # ids of one integer type that int32 holds (token files: uint16, uint32 not): joined
-        # and widened in one pass, then checked
-        one = dtypes.pop() if len(dtypes) == 1 else None
+        kinds = {(v.dtype, v.ndim) for v in values}
+        # 1-D ids of one integer type that int32 holds (token files: uint16, uint32 not):
+        # joined and widened in one pass, then checked
+        one = kinds.pop()[0] if len(kinds) == 1 and values[0].ndim == 1 else None
         wide = (one is not None and one.kind in "iu" and np.can_cast(one, np.int32, "safe")
                 and self.bos_id is None and self.eos_id is None)
         try:  # a 0-d array has no length; arrays of other ranks do not join 1-D ones
             lens = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
             if wide:
-                flat = (np.concatenate(values, dtype=np.int32) if len(values) > 1
-                        else values[0].astype(np.int32))
+                flat = _widened(values, one)
             else:
                 flat = np.concatenate(values) if len(values) > 1 else values[0]
         except (TypeError, ValueError):

@@ -427,6 +427,8 @@ def test_parquet_nulls_inside_a_list_go_the_slow_way_and_are_named(tmp_path: Pat
     [np.array([1, 2], np.uint16), np.array([], np.uint16)],      # an empty document
     [np.array([1, 2], np.uint16), np.array([[3, 4]], np.uint16)],  # a 2-D value
     [np.array([[1, 2]], np.uint16)],                             # only a 2-D value
+    [np.array([[1], [2]], np.uint16)],                           # a column: 2 rows of 1
+    [np.array([1, 2], np.uint16), np.array([[3]], np.uint16)],   # among 1-D ones
     [np.array(5, np.int32)],                                     # a 0-d value
     [np.array([1, 2], np.uint16), np.array([3.0])],              # floats
     [np.array([1], np.uint64), np.array([2], np.int64)],         # they mix into float64
@@ -449,7 +451,8 @@ def test_a_whole_task_is_checked_at_once_or_left_to_one_record_at_a_time(
 
 def test_a_whole_task_in_one_pass_is_what_one_record_at_a_time_gives(
         tokenizer: TokenizerHandle) -> None:
-    for spec in (TokensSpec(), TokensSpec(add_bos=True, add_eos=True)):
+    for spec in (TokensSpec(), TokensSpec(add_bos=True, add_eos=True),
+                 TokensSpec(add_bos=True), TokensSpec(add_eos=True)):
         kind = TokensKind(spec, tokenizer)
         values = [np.array([7, 8, 9], np.uint16), np.array([10], np.uint16),
                   np.array([1023, 0], np.uint16)]
@@ -471,6 +474,13 @@ def test_a_whole_task_in_one_pass_is_what_one_record_at_a_time_gives(
     ([np.array([100, 200], np.uint32), np.array([1], np.uint32)], [100, 200, 1]),
     ([np.array([2, 3], np.uint8), np.array([4], np.int8)], [2, 3, 4]),
     ([np.array([12, 13], ">u2")], [12, 13]),  # big-endian ids: their values
+    ([np.array([1, 2], np.int32), np.array([3], np.int32)], [1, 2, 3]),
+    ([np.array([1, 2], ">i4")], [1, 2]),
+    # values that are strided views (every other id of a column) join as well, alone or
+    # among contiguous ones
+    ([np.array([7, 0, 8, 0, 9], np.uint16)[::2]], [7, 8, 9]),
+    ([np.array([5, 6], np.uint16), np.array([7, 0, 8], np.uint16)[::2],
+      np.array([9], np.uint16)], [5, 6, 7, 8, 9]),
 ])
 def test_a_whole_task_of_arrays_gives_the_ids_as_int32(
         tokenizer: TokenizerHandle, values: list[np.ndarray], ids: list[int]) -> None:
@@ -480,6 +490,9 @@ def test_a_whole_task_of_arrays_gives_the_ids_as_int32(
     columns, offsets, lens = got
     assert columns["input_ids"].dtype == np.int32
     assert columns["input_ids"].tolist() == ids
+    # the task's own array: writable, sharing no memory with the values it was joined from
+    assert columns["input_ids"].flags.writeable
+    assert not any(np.shares_memory(columns["input_ids"], v) for v in values)
     lengths = [len(v) for v in values]
     assert lens.tolist() == lengths
     assert offsets.tolist() == [0, *np.cumsum(lengths).tolist()]
