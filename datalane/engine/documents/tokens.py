@@ -136,7 +136,7 @@ class TokensKind(KindBase):
         try:  # a 0-d array has no length; arrays of other ranks do not join 1-D ones
             lens = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
             if wide:
-                flat = _widened(values, one)
+                flat = _widened(values, values[0].dtype)
             else:
                 flat = np.concatenate(values) if len(values) > 1 else values[0]
         except (TypeError, ValueError):
