@@ -104,7 +104,8 @@ def select(cols: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, n
 def check(cols: Mapping[str, np.ndarray], rows: int, seq_tokens: int, where: str) -> None:
     """Refuse per-image columns that do not describe images of ``rows`` sequences of
     ``seq_tokens`` tokens (a payload from the wire): one count of images throughout, patch
-    starts from 0 rising to the patch rows, rows and offsets inside the sequences, in order.
+    starts from 0 rising to the patch rows, each image's patch rows its grid's ``t * h * w``
+    (no side under 1), rows and offsets inside the sequences, in order.
     MismatchError naming ``where`` and the column."""
     n, start, seq = len(cols[SEQ]), cols[START], cols[SEQ]
     counts = {GRID: len(cols[GRID]), OFFSET: len(cols[OFFSET]), START: len(start) - 1}
@@ -115,6 +116,15 @@ def check(cols: Mapping[str, np.ndarray], rows: int, seq_tokens: int, where: str
     if start[0] != 0 or start[-1] != len(cols[PATCHES]) or (np.diff(start) < 0).any():
         raise MismatchError(f"{where}: column {START!r} {start[:8].tolist()}... does not rise "
                             f"from 0 to the {len(cols[PATCHES])} rows of {PATCHES!r}")
+    if n:  # each image's run of patch rows is its grid (t * h * w), never empty
+        grid = cols[GRID].astype(np.int64)  # (n, 3): the layout checked the width
+        want = grid.prod(axis=1)
+        bad = np.flatnonzero((grid < 1).any(axis=1) | (np.diff(start) != want))
+        if len(bad):
+            i = int(bad[0])
+            raise MismatchError(f"{where}: image {i} has {int(start[i + 1] - start[i])} patch "
+                                f"rows in {PATCHES!r}; its {GRID!r} {grid[i].tolist()} is "
+                                f"not a grid of that many patches (t * h * w, each at least 1)")
     offset = cols[OFFSET]
     if n and (seq.min() < 0 or seq.max() >= rows or offset.min() < 0
               or offset.max() >= seq_tokens or (np.diff(seq) < 0).any()):

@@ -1,6 +1,6 @@
 """What a client accepts of a payload's per-image columns (datalane/spec/imagecolumns.py,
 ``check``): one count of images throughout, patch starts rising from 0 to the patch rows,
-every image inside the ``rows`` x ``seq_tokens`` sequences and in order. Each rule by hand, on
+each image's patch rows its grid's t * h * w, every image inside the ``rows`` x ``seq_tokens`` sequences and in order. Each rule by hand, on
 2 rows of 10 tokens."""
 
 from __future__ import annotations
@@ -94,3 +94,29 @@ def test_the_refusal_shows_the_first_8_patch_starts() -> None:
     cols["image_patch_start"] = cols["image_patch_start"] + 1
     _refused(cols, r"column 'image_patch_start' \[1, 3, 5, 7, 9, 11, 13, 15\]\.\.\. does not "
                    r"rise from 0 to the 18 rows")
+
+
+@pytest.mark.parametrize(("grid", "rows"), [
+    ((1, 2, 2), 3),   # a grid of 4 patches over 3 rows
+    ((1, 1, 3), 4),   # 3 patches over 4 rows
+    ((2, 1, 2), 2),   # t counts too: 4 patches over 2 rows
+    ((1, 0, 2), 0),   # an empty image: a side of 0, no rows
+    ((1, -1, -2), 2),  # two negative sides whose product looks right
+])
+def test_an_image_s_patch_rows_are_its_grid(grid: tuple[int, int, int], rows: int) -> None:
+    """Image 1 (of 3) claims ``grid`` over ``rows`` patch rows: refused by its index, with
+    its rows and grid; the images around it (2 rows, grid 1 x 2 x 1) are right."""
+    cols = _cols((0, 1, 2), (0, 5, 2), (1, 1, 2))
+    cols["image_grid_thw"][1] = grid
+    starts = [0, 2, 2 + rows, 4 + rows]
+    cols["image_patch_start"] = np.array(starts, dtype=np.int64)
+    cols["image_patches"] = np.zeros((starts[-1], 4), dtype=np.uint8)
+    _refused(cols, rf"image 1 has {rows} patch rows in 'image_patches'; its 'image_grid_thw' "
+                   rf"\[{grid[0]}, {grid[1]}, {grid[2]}\] is not a grid of that many patches")
+
+
+def test_a_grid_of_t_frames_is_t_h_w_rows() -> None:
+    """A grid (2, 1, 2) over 4 rows (t * h * w) is accepted."""
+    cols = _cols((0, 1, 2), (1, 1, 4))
+    cols["image_grid_thw"][1] = (2, 1, 2)
+    imagecolumns.check(cols, ROWS, TOKENS, "mb 3")
