@@ -20,6 +20,11 @@ limit that the design itself leaves is known apart from what contention adds:
    filling the windows, hashing them, assembling the step. Its digests must equal the real
    run's (the replay is the same work, not an approximation of it).
 3. **The contract limit** (``memmap_limit_contract``) per step, in this process.
+4. **The real run without its hash**, with 1 and 2 map workers: every window digest a
+   constant instead of its SHA-256. The difference is what the hash costs a run, as opposed
+   to what it costs the ordered thread alone: the threads share one interpreter lock, so a
+   run's wall time is about the lock-holding CPU of all its threads, and the hash (which
+   gives the lock up) overlaps with the readers' and the map workers' work.
 
 The floor of the ordered thread is the replay plus the mixture's CPU of the real run; the
 most any datalane run can reach is the limit's time over that floor. Best of ``--rounds``
@@ -77,19 +82,28 @@ def real_run(corpus: Path, batch: int,
     return digests, runs, cpu[0], wall
 
 
-def plain_run(corpus: Path, batch: int) -> float:
+def plain_run(corpus: Path, batch: int, workers: int = 1, hashed: bool = True) -> float:
     """Wall seconds per step of the same run with nothing recorded (the recording holds every
-    map result of the corpus, which slows the real run down)."""
+    map result of the corpus, which slows the real run down); ``hashed=False``: every window
+    digest a constant instead of its SHA-256 (not a datalane run: what the hash costs it)."""
     from datalane import Knobs, Loader
+    from datalane.engine import lane
 
-    t0 = time.perf_counter()
-    steps = 0
-    with Loader(pt._recipe(corpus, "megatron", batch), 0, 1, Knobs(workers=1)) as loader:
-        while True:
-            steps += 1
-            if loader.next_step().ended:
-                break
-    return (time.perf_counter() - t0) / steps
+    digest = lane.window_digest
+    if not hashed:
+        lane.window_digest = lambda *args: bytes(32)
+    try:
+        t0 = time.perf_counter()
+        steps = 0
+        with Loader(pt._recipe(corpus, "megatron", batch), 0, 1,
+                    Knobs(workers=workers)) as loader:
+            while True:
+                steps += 1
+                if loader.next_step().ended:
+                    break
+        return (time.perf_counter() - t0) / steps
+    finally:
+        lane.window_digest = digest
 
 
 def replay(corpus: Path, batch: int, runs: list[list[Any]],
@@ -151,8 +165,12 @@ def main() -> None:
     import fsspec  # noqa: F401  (imports out of every clock, as bench/pretokenized.py does)
 
     replays, hashes, limits, reals, mixtures = [], [], [], [], []
+    others: dict[tuple[int, bool], list[float]] = {}
     for _ in range(args.rounds):
         reals.append(plain_run(corpus, args.batch))
+        for workers, hashed in ((1, False), (2, True), (2, False)):
+            others.setdefault((workers, hashed), []).append(
+                plain_run(corpus, args.batch, workers, hashed))
         digests, runs, run_cpu, _ = real_run(corpus, args.batch)
         steps = len(digests)
         mixtures.append(run_cpu / steps)
@@ -181,6 +199,14 @@ def main() -> None:
     print(f"  the real run (1 map worker), wall            {real * us:7.1f} "
           f"({statistics.median(reals) * us:.1f})  = {tokens / real / 1e6:.1f} M tokens/s, "
           f"{limit / real:.0%} of the limit")
+    print("  the real run's wall, with the hash and with every digest a constant instead:")
+    for workers in (1, 2):
+        with_hash = real if workers == 1 else min(others[(2, True)])
+        without = min(others[(workers, False)])
+        name = f"{workers} map worker{'s' if workers > 1 else ' '}"
+        print(f"    {name}   {with_hash * us:7.1f} hashed, "
+              f"{without * us:7.1f} not: the hash costs the run "
+              f"{(with_hash - without) * us:.1f}")
     if args.plot:
         plot(args.plot, args.batch, limit, min(hashes), min(replays), mixture, real)
 

@@ -23,17 +23,22 @@ def _bench() -> Any:
     return module
 
 
-def test_the_replay_makes_the_real_runs_steps_and_a_changed_run_is_caught(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "path", list(sys.path))  # (the script adds bench/ to it)
-    bench = _bench()
+def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small corpus in chunks of 16 documents: a chunk for each lane."""
     load_recipe = datalane.load_recipe
 
-    def small_chunks(spec: dict[str, Any]) -> Any:  # a small corpus: a chunk for each lane
+    def small_chunks(spec: dict[str, Any]) -> Any:
         spec["sources"][0]["chunk_rows"] = 16
         return load_recipe(spec)
 
     monkeypatch.setattr(datalane, "load_recipe", small_chunks)
+
+
+def test_the_replay_makes_the_real_runs_steps_and_a_changed_run_is_caught(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # (the script adds bench/ to it)
+    bench = _bench()
+    _small_chunks(monkeypatch)
     bench.pt.make_corpus(tmp_path, 60_000)
     digests, runs, cpu, wall = bench.real_run(tmp_path, 8)
     # 60,000+ tokens in steps of 8 x 2,049 (16,392): at least 4 steps, every one with both
@@ -46,3 +51,32 @@ def test_the_replay_makes_the_real_runs_steps_and_a_changed_run_is_caught(
     first.columns[0][0] += 1  # one token of the first run changed: another step 0
     with pytest.raises(AssertionError, match="other steps than the real run"):
         bench.replay(tmp_path, 8, runs, digests)
+
+
+def test_a_run_without_the_hash_hashes_nothing_and_puts_the_digest_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plain_run(hashed=False)`` makes its steps with a constant digest (no SHA-256 is
+    computed) and leaves ``lane.window_digest`` as it found it, even when the run fails."""
+    from datalane.engine import lane
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    bench = _bench()
+    _small_chunks(monkeypatch)
+    bench.pt.make_corpus(tmp_path, 20_000)
+    digest = lane.window_digest
+    calls: list[int] = []
+
+    def counted(*args: Any) -> bytes:
+        calls.append(1)
+        return digest(*args)
+
+    monkeypatch.setattr(lane, "window_digest", counted)
+    assert bench.plain_run(tmp_path, 8, 2, hashed=True) > 0
+    hashed = len(calls)
+    assert hashed >= 2  # (2 lanes, at least a step)
+    assert bench.plain_run(tmp_path, 8, 2, hashed=False) > 0
+    assert len(calls) == hashed and lane.window_digest is counted
+    monkeypatch.setattr(bench.pt, "_recipe", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        bench.plain_run(tmp_path, 8, 1, hashed=False)
+    assert lane.window_digest is counted
