@@ -366,7 +366,9 @@ class DocStream:
                 docs += end - j
                 quick_last = True
                 continue
-            quick_last = False
+            if quick_last:  # the stretch ends here: the cursor after it, before any more
+                self._consumed(block, task.start + j)
+                quick_last = False
             while j < n and status[j] is not None:  # set aside: accounted on the way
                 self._i = j + 1
                 self._consume(j)
