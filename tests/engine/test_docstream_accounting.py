@@ -39,7 +39,8 @@ from datalane.spec.recipe import load_recipe
 from datalane.spec.state import Counters, SourceCursor
 
 DOCS = 43  # chunks of 7 documents: 6 full and one of 1; an epoch's last block holds 3 records
-ROWS, BLOCK, TASK, EPOCHS, SEED = 7, 10, 4, 2, 5
+ROWS, BLOCK, EPOCHS, SEED = 7, 10, 2, 5
+TASK = 4  # records per map task (task_docs below 16: every task has that many)
 BAD = {6, 19, 20, 33}  # hold the id 5000 (the vocabulary has 1,024): token_out_of_range
 
 
@@ -65,8 +66,9 @@ class Step:
     task_end: bool  # the last record of its map task
 
 
-def model(plan: Plan) -> list[Step]:
-    """Every record of the lane's two epochs in order, by the documented rule alone."""
+def model(plan: Plan, task: int = TASK) -> list[Step]:
+    """Every record of the lane's two epochs in order, by the documented rule alone (map
+    tasks of ``task`` records from each block's start)."""
     source = plan.sources[0]
     steps: list[Step] = []
     skipped: dict[str, int] = {}
@@ -87,7 +89,7 @@ def model(plan: Plan) -> list[Step]:
                 last = offset + 1 == len(block)
                 steps.append(Step(doc, why, after if last else SourceCursor(
                     epoch, b, *block[0], offset + 1), len(steps) + 1, skipped,
-                    last or (offset + 1) % TASK == 0))
+                    last or (offset + 1) % task == 0))
     return steps
 
 
@@ -171,18 +173,23 @@ def test_next_doc_accounts_each_record_as_the_model_says(tmp_path: Path, pool) -
     stream.close()
 
 
-# (need, allow limit): a run of one document, one that fills need exactly (the next document
-# would start at need), one a token short and one a token over, one up to its task's end, and
-# runs that allow cuts before need
+# (need, allow limit) in words: "two" is the tokens of the next two kept documents, "all" more
+# than the source holds. A run of one document, one that fills need exactly (the next
+# document would start at need), one a token short and one a token over, one up to its task's
+# end, and runs that allow cuts before need, after one document or several
 NEEDS: list[tuple[str, str | None]] = [
-    ("1", None), ("two", None), ("two+1", None), ("two-1", None), ("all", None),
-    ("all", "1"), ("all", "two"), ("three", None), ("all", "three+1"), ("two", None)]
+    ("1", None), ("all", "four+1"), ("two", None), ("all", "three+1"), ("two+1", None),
+    ("all", "five"), ("two-1", None), ("all", None), ("all", "1"), ("1", None),
+    ("all", "two"), ("three", None), ("four-1", None), ("all", "two+1"), ("five+1", None)]
 
 
-def test_runs_account_each_record_as_next_doc_does(tmp_path: Path, pool) -> None:
+@pytest.mark.parametrize("task", [TASK, BLOCK])
+def test_runs_account_each_record_as_next_doc_does(tmp_path: Path, pool, task: int) -> None:
+    """Tasks of 4 records end runs often and inside blocks; tasks of a whole block give
+    long stretches of kept documents (where ``allow`` is searched)."""
     plan = make_plan(tmp_path)
-    steps = model(plan)
-    knobs = Knobs(workers=2, prefetch=2, task_docs=TASK)
+    steps = model(plan, task)
+    knobs = Knobs(workers=2, prefetch=2, task_docs=task)
 
     def make(cursor: SourceCursor | None = None, counters: Counters | None = None) -> DocStream:
         return DocStream(plan.sources[0], 0, plan.map_stages()[0], pool, knobs, BLOCK, "skip",
@@ -196,7 +203,8 @@ def test_runs_account_each_record_as_next_doc_does(tmp_path: Path, pool) -> None
         return sum(length(steps[i].doc) for i in [i for i in kept if i >= at][:n])
 
     def amount(what: str, at: int) -> int:
-        words = {"1": 1, "two": ahead(at, 2), "three": ahead(at, 3), "all": 10 ** 6}
+        words = {"1": 1, "two": ahead(at, 2), "three": ahead(at, 3), "four": ahead(at, 4),
+                 "five": ahead(at, 5), "all": 10 ** 6}
         base, _, delta = what.replace("-", "+-").partition("+")
         return words[base] + int(delta or 0)
 
