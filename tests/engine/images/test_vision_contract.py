@@ -88,8 +88,8 @@ def test_sources_cutting_patches_of_another_size_are_refused_naming_the_column(
     with pytest.raises(ConfigError) as err:
         Plan.build(recipe)
     msg = str(err.value)
+    mine, _, earlier = msg.partition("; an earlier source")
     # rows of 3 * 14 * 14 = 588 values against 3 * 16 * 16 = 768
-    assert msg.startswith("sources[1] gives the sample column 'image_patches' as {") and (
-        "'width': 588" in msg.split("; an earlier source")[0]) and (
-        "'width': 768" in msg.split("; an earlier source")[1]) and msg.endswith(
+    assert mine.startswith("sources[1] gives the sample column 'image_patches' as {") and (
+        "'width': 588" in mine) and "'width': 768" in earlier and msg.endswith(
         ": every source of a recipe must agree"), msg
