@@ -220,3 +220,12 @@ def test_only_kinds_other_than_text_put_their_identity_in_the_fingerprint(
     documents = both.fingerprint_doc["documents"]
     assert isinstance(documents, dict) and list(documents) == ["ids"], documents
     assert documents["ids"]["kind"] == "tokens", documents
+
+
+def test_only_kinds_of_whole_documents_bound_a_document_by_the_sequence(
+        files: dict[str, str]) -> None:
+    """A text document longer than a sequence is split by the packer, never set aside: the
+    text source's map stage has no longest document (a vision source's has the sequence's
+    tokens: tests/engine/images/test_vision_kind.py)."""
+    plan = plan_of(files, 1, [jsonl_source(files)], seq_len=4)
+    assert [stage.longest for stage in plan.map_stages()] == [None]
