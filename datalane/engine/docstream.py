@@ -335,8 +335,8 @@ class DocStream:
         assert task is not None
         block = task.block
         # a kept record that is not its block's last needs no more than a count; the cursor
-        # is set once after them
-        quick = min(n, len(block.records) - task.start - 1) if self._probe is None else 0
+        # is set once after them (no probe is left to feed: the first kept document ended it)
+        quick = min(n, len(block.records) - task.start - 1)
         counters = self._counters
         set_aside = res.set_aside
         base = offsets[first]
@@ -366,7 +366,9 @@ class DocStream:
                 docs += end - j
                 quick_last = True
                 continue
-            quick_last = False
+            if quick_last:  # the stretch ends here: the cursor after it, before any more
+                self._consumed(block, task.start + j)
+                quick_last = False
             while j < n and status[j] is not None:  # set aside: accounted on the way
                 self._i = j + 1
                 self._consume(j)

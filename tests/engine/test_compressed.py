@@ -617,3 +617,12 @@ def test_a_file_cut_at_frames_puts_its_chunk_count_in_the_fingerprint(tmp_path: 
     whole = Plan.build(load_recipe(recipe_for(tmp_path, path, chunk_bytes=1 << 30, **one_lane)))
     assert whole.sources[0].chunks == [Chunk(0, 0, -1)]
     assert "compressed_chunks" not in whole.fingerprint_doc
+
+
+def test_a_file_cut_into_two_chunks_is_named_in_the_fingerprint(tmp_path: Path) -> None:
+    """Two chunks is already a cut: the file is named with its count (one chunk is not)."""
+    path, _ = shard(tmp_path, 40, 2)
+    plan = Plan.build(load_recipe(recipe_for(tmp_path, path, chunk_bytes=1, lanes=1,
+                                             global_batch_size=1)))
+    assert len(plan.sources[0].chunks) == 2, "one chunk per frame of the two"
+    assert plan.fingerprint_doc["compressed_chunks"] == {"big": {str(path): 2}}

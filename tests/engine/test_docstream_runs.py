@@ -100,3 +100,29 @@ def test_runs_stop_exactly_at_need_and_where_allow_refuses(tmp_path: Path, pool)
         f"every record is counted once, the bad one as skipped: {counters.docs} "
         f"{dict(counters.skipped)}")
     assert runner.cursor == single.cursor
+
+
+def test_allow_is_measured_from_the_runs_own_first_token(tmp_path: Path, pool) -> None:
+    """A run that starts inside a map result (an earlier run took the documents before it)
+    asks ``allow`` about its own tokens only: with the first document taken alone, a run
+    allowed while fewer than ``l1 + l2 + l3 + l4`` tokens are taken is documents 1 to 4, found
+    by the binary search over the stretch of kept documents 1 to 6."""
+    runner, single = streams(tmp_path, pool)
+    order = []
+    while (doc := single.next_doc()) is not None:
+        order.append(int(doc.columns[0][0]) - 10)
+    lengths = [LENGTHS[k] for k in order]
+    first = runner.next_run(1)
+    assert first is not None and first.docs == 1
+    limit = sum(lengths[1:5])
+    asked: list[int] = []
+
+    def allow(taken: int) -> bool:
+        asked.append(taken)
+        return taken < limit
+
+    run = runner.next_run(1000, allow)
+    assert run is not None and run.columns[0].tolist() == [
+        10 + k for k in order[1:5] for _ in range(LENGTHS[k])], (
+        f"allow(taken < {limit}) must take documents {order[1:5]}, got ids "
+        f"{run.columns[0].tolist()} (allow asked about {asked})")

@@ -13,11 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from datalane import ConfigError, Knobs, Loader, load_recipe
+from datalane.engine.formats.megatron import write_dataset
 from datalane.engine.plan import Plan
 from datalane.engine.rng import permutation
 from tests.support.stages import doc_ids, recipe_dict, write_jsonl, write_tokenizer
@@ -153,3 +155,77 @@ def test_each_lane_reads_the_documents_of_its_chunks_in_dealt_order(files: dict[
         assert got == expected, (
             f"lane {lane} must read the records of its chunks {spans(sp.lane_chunks(lane, 0))} "
             f"in order")
+
+
+def test_each_epochs_dealing_is_computed_once_and_few_are_kept(
+        files: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every lane of a process asks the shared plan for its chunks of each epoch: the epoch's
+    permutation is computed once for all of them; and a run over many epochs (a repeated
+    source) keeps no more than five epochs' permutations, not one per epoch read."""
+    import datalane.engine.plan as plan_module
+
+    [sp] = plan_of(files, 3, [jsonl_source(files)]).sources
+    calls: list[tuple[object, ...]] = []
+
+    def counted(n: int, *key: object) -> list[int]:
+        calls.append(key)
+        return permutation(n, *key)
+
+    monkeypatch.setattr(plan_module, "permutation", counted)
+    first = [sp.lane_chunks(lane, 0) for lane in range(3)]
+    assert [sp.lane_chunks(lane, 0) for lane in range(3)] == first
+    assert calls == [(3, "chunks", "j", 0)], (
+        f"epoch 0's dealing must be computed once for every lane and every ask: {calls}")
+    for epoch in range(1, 50):
+        sp.lane_chunks(0, epoch)
+    assert len(calls) == 50 and len(sp._perms) <= 5, (
+        f"after 50 epochs the plan holds {len(sp._perms)} permutations; at most 5")
+
+
+def test_an_empty_source_names_its_first_three_files(files: dict[str, str],
+                                                     tmp_path: Path) -> None:
+    """Up to three empty files are all named; a fourth and more are ``...``."""
+    empty = [str(tmp_path / f"e{i}.jsonl") for i in range(4)]
+    for path in empty:
+        Path(path).write_text("")
+    for n, tail in ((3, ""), (4, ", ...")):
+        with pytest.raises(ConfigError) as err:
+            plan_of(files, 1, [{"name": "e", "uris": empty[:n]}])
+        assert str(err.value) == (f"sources[0] 'e' has no data: its {n} file(s) are empty "
+                                  f"({', '.join(empty[:3])}{tail})")
+
+
+def test_the_recipes_format_reads_a_file_its_name_does_not_tell(files: dict[str, str],
+                                                                 tmp_path: Path) -> None:
+    """``format`` names the format of a file whose extension says nothing (``.txt``): its
+    lines are cut as JSONL chunks, as the same bytes named ``.jsonl`` are."""
+    plain = tmp_path / "lines.txt"
+    plain.write_bytes(Path(files["a"]).read_bytes())
+    [sp] = plan_of(files, 1, [{"name": "t", "uris": [str(plain)], "format": "jsonl",
+                               "chunk_bytes": 2 * LINE}]).sources
+    assert [f.format for f in sp.files] == ["jsonl"]
+    assert spans(sp.chunks) == [(0, 0, 32), (0, 32, 64), (0, 64, 96), (0, 96, 128)]
+
+
+def test_only_kinds_other_than_text_put_their_identity_in_the_fingerprint(
+        files: dict[str, str], tmp_path: Path) -> None:
+    """A text recipe keeps the fingerprint it always had (no ``documents`` entry); a source
+    of another kind (pre-tokenized ids here) is named there with its kind, next to none for
+    the text source beside it."""
+    text = plan_of(files, 1, [jsonl_source(files)])
+    assert "documents" not in text.fingerprint_doc
+    write_dataset(str(tmp_path / "ids"), [np.arange(3, 9, dtype=np.int64)], "uint16")
+    both = plan_of(files, 1, [jsonl_source(files), {
+        "name": "ids", "uris": [str(tmp_path / "ids.idx")], "tokens": {}}])
+    documents = both.fingerprint_doc["documents"]
+    assert isinstance(documents, dict) and list(documents) == ["ids"], documents
+    assert documents["ids"]["kind"] == "tokens", documents
+
+
+def test_only_kinds_of_whole_documents_bound_a_document_by_the_sequence(
+        files: dict[str, str]) -> None:
+    """A text document longer than a sequence is split by the packer, never set aside: the
+    text source's map stage has no longest document (a vision source's has the sequence's
+    tokens: tests/engine/images/test_vision_kind.py)."""
+    plan = plan_of(files, 1, [jsonl_source(files)], seq_len=4)
+    assert [stage.longest for stage in plan.map_stages()] == [None]

@@ -76,3 +76,20 @@ def test_a_text_plans_schema_has_no_contract(tmp_path: Path) -> None:
                           "tokenizer": {"uri": str(VISION_TOKENIZER)},
                           "sources": [{"name": "t", "uris": [str(tmp_path / "a.jsonl")]}]})
     assert Plan.build(recipe).schema.vision is None
+
+
+def test_sources_cutting_patches_of_another_size_are_refused_naming_the_column(
+        shard: str) -> None:
+    """A source cutting patches of 14 pixels, not 16, gives the sample's patch column rows of
+    another width: refused before the contracts are compared, naming the column and both."""
+    recipe = vision_recipe([shard], 150, sources=[
+        {"name": "a", "uris": [shard], "vision": {}},
+        {"name": "b", "uris": [shard], "vision": {"patch_size": 14}}])
+    with pytest.raises(ConfigError) as err:
+        Plan.build(recipe)
+    msg = str(err.value)
+    mine, _, earlier = msg.partition("; an earlier source")
+    # rows of 3 * 14 * 14 = 588 values against 3 * 16 * 16 = 768
+    assert mine.startswith("sources[1] gives the sample column 'image_patches' as {") and (
+        "'width': 588" in mine) and "'width': 768" in earlier and msg.endswith(
+        ": every source of a recipe must agree"), msg
