@@ -166,11 +166,17 @@ class PodObject:
         doc = parse_document(data, uri, "pod object", POD_STATE_FORMAT, _KEYS)
         try:
             step, lanes_total = _int(doc["step"]), _int(doc["lanes_total"])
-            lane_json = {int(k): v for k, v in dict(doc["lanes"]).items()}
-            digests = {int(s): {int(lane): str(d) for lane, d in dict(row).items()}
+            lane_json = {_key(k): v for k, v in dict(doc["lanes"]).items()}
+            digests = {_key(s): {_key(lane): str(d) for lane, d in dict(row).items()}
                        for s, row in dict(doc["digests"]).items()}
         except (TypeError, ValueError) as e:
             raise corrupt(f"malformed field: {e}") from e
+        if step < 0:
+            raise corrupt(f"step {step} is not a step (0 or more)")
+        if lanes_total < 1:
+            raise corrupt(f"lanes_total {lanes_total} is not a lane count (1 or more)")
+        if not lane_json:
+            raise corrupt("it holds no lane state (a pod writes the lanes its ranks own)")
         if not isinstance(doc["fingerprint"], str) or not isinstance(doc["pod"], str):
             raise corrupt("fingerprint and pod must be strings")
         fp_doc = doc["fingerprint_doc"]
@@ -191,6 +197,14 @@ class PodObject:
                     raise corrupt(f"bad digest entry step {s} lane {lane}: {d!r}")
         return cls(step, doc["pod"], doc["fingerprint"], fp_doc, lanes_total, states,
                    lane_json, digests)
+
+
+def _key(k: str) -> int:
+    """A number key as :meth:`PodObject.to_json` writes it: decimal digits, no sign, padding
+    or spaces (``"01"`` beside ``"1"`` would be two entries for one lane)."""
+    if not (k.isdecimal() and k.isascii() and (k == "0" or not k.startswith("0"))):
+        raise ValueError(f"key {k!r} is not a decimal number as a writer spells it")
+    return int(k)
 
 
 def _int(v: Any) -> int:
