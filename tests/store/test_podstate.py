@@ -28,7 +28,8 @@ def _written() -> PodObject:
 
 
 def _doc() -> dict[str, Any]:
-    return json.loads(_written().encode())
+    doc: dict[str, Any] = json.loads(_written().encode())
+    return doc
 
 
 def test_the_written_object_decodes_to_itself() -> None:
