@@ -68,6 +68,24 @@ def test_v2_round_trips_through_json() -> None:
     assert back.to_state() == pos.to_state()
 
 
+# -- advancing ----------------------------------------------------------------------------------
+
+def test_a_microbatch_inside_a_step_counts_as_consumed() -> None:
+    pos = Position(step=1, consumed=0, state_json="A")
+    pos.advance(1, 0, 3, "B")  # microbatch 0 of 3
+    assert (pos.step, pos.consumed, pos.state_json) == (1, 1, "A")
+    pos.advance(1, 1, 3, "B")
+    assert (pos.step, pos.consumed, pos.state_json) == (1, 2, "A")
+
+
+def test_the_last_microbatch_of_a_step_moves_to_the_next_boundary_and_its_state() -> None:
+    pos = Position(step=1, consumed=2, state_json="A")
+    pos.advance(1, 2, 3, "B")  # microbatch 2 of 3: step 1 is done
+    assert (pos.step, pos.consumed, pos.state_json) == (2, 0, "B")
+    pos.advance(2, 0, 1, None)  # a boundary reached with no state: the last one is kept
+    assert (pos.step, pos.consumed, pos.state_json) == (3, 0, "B")
+
+
 # -- v1 ---------------------------------------------------------------------------------------
 
 def test_v1_states_as_the_v1_client_wrote_them_still_load() -> None:

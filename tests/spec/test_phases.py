@@ -110,6 +110,12 @@ def test_used_sources_counts_the_steps_a_state_has_consumed() -> None:
     assert used_sources(r, 11) == [True, True]
 
 
+def test_a_source_a_phase_leaves_at_weight_0_stays_unused() -> None:
+    r = load_recipe(recipe([{"name": "web-half", "start_step": 3, "weights": {"web": 0.5}}],
+                           weights=(1.0, 0.0)))
+    assert used_sources(r, 100) == [True, False]  # hq's weight is 0 at every step
+
+
 # -- validation ---------------------------------------------------------------------------------
 
 def test_phase_names_follow_the_source_name_pattern() -> None:
@@ -297,3 +303,20 @@ def test_mean_weights_average_each_steps_shares() -> None:
     # steps 0, 1: shares (0.5, 0.5); steps 2, 3: (0, 1)
     assert mean_weights(r, 4) == (0.25, 0.75)
     assert mean_weights(load_recipe(recipe(weights=(0.7, 0.3))), 4) == (0.7, 0.3)
+
+
+def test_mean_weights_of_one_step_are_its_shares_and_of_none_the_step_0_weights() -> None:
+    from datalane.spec.phases import mean_weights
+
+    r = load_recipe(recipe([{"name": "hq-only", "start_step": 2, "weights": {"web": 0}}],
+                           weights=(1.0, 3.0)))
+    assert mean_weights(r, 1) == (0.25, 0.75)  # step 0 alone: 1/4, 3/4
+    assert mean_weights(r, 0) == (1.0, 3.0)  # no step: the weights as written
+    assert mean_weights(r, -1) == (1.0, 3.0)
+
+
+def test_mean_weights_without_phases_are_the_weights_as_written() -> None:
+    from datalane.spec.phases import mean_weights
+
+    # not normalized: (2, 6) stays (2, 6), not the shares (0.25, 0.75)
+    assert mean_weights(load_recipe(recipe(weights=(2.0, 6.0))), 4) == (2.0, 6.0)

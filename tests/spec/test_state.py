@@ -4,7 +4,10 @@ that no lane could have written is a MismatchError naming the field and the valu
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,6 +70,12 @@ def test_a_cursor_is_five_integers_and_pos_minus_1_is_the_chunk_start() -> None:
     assert cursor.encode() == [1, 2, 3, -1, 4]
 
 
+def test_every_count_may_reach_the_int64_maximum_and_no_further() -> None:
+    top = 9223372036854775807  # 2^63 - 1
+    assert SourceCursor.decode([0, 0, 0, 0, top], "c").offset == top
+    assert Counters.decode([top, 0, 0, 0, {"x": top}], "n").docs == top
+
+
 @pytest.mark.parametrize(("data", "message"), [
     ([0, 0, 0, -2, 0], "c pos must be at least -1, got -2"),
     ([-1, 0, 0, 0, 0], "c epoch must be at least 0, got -1"),
@@ -118,6 +127,10 @@ def test_counters_encode_their_skip_reasons_sorted() -> None:
     counters = Counters(1, 2, 3, 4, {"b": 1, "a": 2})
     assert json.dumps(counters.encode()) == '[1, 2, 3, 4, {"a": 2, "b": 1}]'
     assert Counters.decode(counters.encode(), "n") == counters
+
+
+def test_a_skip_reason_counted_0_times_loads() -> None:
+    assert Counters.decode([0, 0, 0, 0, {"x": 0}], "n").skipped == {"x": 0}
 
 
 @pytest.mark.parametrize(("data", "message"), [
@@ -238,15 +251,25 @@ def test_a_checkpoint_round_trips_sealed() -> None:
         3, FP, {1: LaneState.initial(1, 1)}, 2)
 
 
+def test_a_checkpoint_is_dumped_as_canonical_json() -> None:
+    """Sorted keys, no whitespace (docs/checkpoint-format.md: canonical JSON everywhere)."""
+    text = Checkpoint(3, FP, None, {}, 2).dumps()
+    assert list(json.loads(text)) == ["fingerprint", "fingerprint_doc", "format", "lanes",
+                                      "lanes_total", "sha256", "step"]
+    assert text.startswith('{"fingerprint":"' + FP + '","fingerprint_doc":null,"format":')
+    assert " " not in text
+
+
 def test_checkpoint_text_is_the_compact_json_byte_for_byte() -> None:
     doc = {"recipe": {"seed": 1}}
     lanes = {0: LaneState.initial(0, 1), 1: LaneState.initial(1, 1)}
     cp = Checkpoint(7, fingerprint_of(doc), doc, lanes, 2)
-    text = checkpoint_text(7, cp.fingerprint, 2,
-                           [(k, json.dumps(v.to_json(), separators=(",", ":")))
-                            for k, v in lanes.items()],
-                           json.dumps(doc, separators=(",", ":")))
+    pairs = [(k, json.dumps(v.to_json(), separators=(",", ":"))) for k, v in lanes.items()]
+    doc_json = json.dumps(doc, separators=(",", ":"))
+    text = checkpoint_text(7, cp.fingerprint, 2, pairs, doc_json)
     assert text == json.dumps(cp.to_json(), separators=(",", ":"))
+    # the lane states may be any iterable, one that can be read only once too
+    assert checkpoint_text(7, cp.fingerprint, 2, iter(pairs), doc_json) == text
 
 
 def test_an_unsealed_checkpoint_loads_only_when_allowed() -> None:
@@ -262,8 +285,9 @@ def test_a_fingerprint_document_must_hash_to_the_fingerprint() -> None:
     good = Checkpoint.from_json(checkpoint_json({}, fingerprint=fingerprint_of(doc),
                                                 fingerprint_doc=doc), "cp")
     assert good.fingerprint_doc == doc
-    with pytest.raises(MismatchError, match=r"cp: its fingerprint document does not hash to its "
-                                            r"fingerprint ffffffffffffffff\.\.\."):
+    with pytest.raises(MismatchError, match=r"^cp: its fingerprint document does not hash to its "
+                                            r"fingerprint ffffffffffffffff\.\.\.; it was "
+                                            r"altered or damaged and will not be used$"):
         Checkpoint.from_json(checkpoint_json({}, fingerprint_doc=doc), "cp")
 
 
@@ -295,6 +319,39 @@ def test_a_bad_checkpoint_is_refused_naming_the_field(data: Any, message: str) -
         Checkpoint.from_json(data, "cp")
 
 
+def test_a_checkpoint_altered_after_sealing_is_refused_naming_its_seal() -> None:
+    data = checkpoint_json({})
+    claimed = data["sha256"]
+    data["step"] = 4  # one digit changed, the seal kept
+    with pytest.raises(MismatchError, match=rf"^cp fails its integrity check: it carries sha256 "
+                                            rf"{claimed[:16]}\.\.\., but its content hashes to "):
+        Checkpoint.from_json(data, "cp")
+
+
+def test_the_last_step_and_a_single_lane_are_in_range() -> None:
+    cp = Checkpoint.from_json(checkpoint_json({"0": lane_json()}, lanes_total=1,
+                                              step=10**12 - 1), "cp")
+    assert (cp.step, cp.lanes_total, cp.lanes) == (999999999999, 1, {0: LaneState.initial(0, 1)})
+
+
+def test_a_state_file_loads_verified_and_names_its_path_when_damaged(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(Checkpoint(3, FP, None, {1: LaneState.initial(1, 1)}, 2).dumps())
+    named = re.escape(f"state file {path}")
+    cp = Checkpoint.load(str(path))
+    assert (cp.step, cp.fingerprint, cp.lanes, cp.lanes_total) == (
+        3, FP, {1: LaneState.initial(1, 1)}, 2)
+    path.write_text(path.read_text().replace('"step":3', '"step":4'))
+    with pytest.raises(MismatchError, match=f"^{named} fails its integrity check"):
+        Checkpoint.load(str(path))
+    unsealed = checkpoint_json({})
+    del unsealed["sha256"]
+    path.write_text(json.dumps(unsealed))
+    with pytest.raises(MismatchError, match=f"^{named} carries no sha256"):
+        Checkpoint.load(str(path))
+    assert Checkpoint.load(str(path), allow_unsealed=True).step == 3
+
+
 def test_a_lane_key_must_be_the_lane_s_decimal_number() -> None:
     """Lane keys are "0", "1", ...: the highest lane of the checkpoint is accepted."""
     cp = Checkpoint.from_json(checkpoint_json({"0": lane_json(), "1": lane_json(lane=1)}), "cp")
@@ -306,6 +363,7 @@ def test_per_rank_checkpoints_merge_into_one() -> None:
     b = Checkpoint(3, FP, None, {1: LaneState.initial(1, 1)}, 2)
     merged = merge_checkpoints([a, b])
     assert sorted(merged.lanes) == [0, 1] and merged.step == 3
+    assert merge_checkpoints(iter([a, b])) == merged  # any iterable, one read once too
 
 
 @pytest.mark.parametrize("other", [
@@ -316,9 +374,25 @@ def test_checkpoints_of_another_step_or_recipe_do_not_merge(other: Checkpoint) -
         merge_checkpoints([Checkpoint(3, FP, None, {}, 2), other])
 
 
+def test_a_refused_merge_names_both_steps_fingerprints_and_lane_counts() -> None:
+    with pytest.raises(MismatchError, match=r"^cannot merge a checkpoint of step 4 \(fingerprint "
+                                            r"eeeeeeeeeeee, 3 lanes\) with one of step 3 "
+                                            r"\(fingerprint ffffffffffff, 2 lanes\)$"):
+        merge_checkpoints([Checkpoint(3, FP, None, {}, 2), Checkpoint(4, "e" * 64, None, {}, 3)])
+
+
+def test_one_checkpoint_merges_into_itself() -> None:
+    doc = {"recipe": {"seed": 1}}
+    merged = merge_checkpoints([Checkpoint(3, fingerprint_of(doc), doc,
+                                           {0: LaneState.initial(0, 1)}, 2)])
+    assert merged == Checkpoint(3, fingerprint_of(doc), doc, {0: LaneState.initial(0, 1)}, 2)
+
+
 def test_nothing_to_merge_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="no checkpoint to merge"):
         merge_checkpoints([])
+    with pytest.raises(ConfigError, match="no checkpoint to merge"):
+        merge_checkpoints(iter([]))
 
 
 def test_a_long_bad_value_is_shown_cut_to_60_characters() -> None:
@@ -327,3 +401,21 @@ def test_a_long_bad_value_is_shown_cut_to_60_characters() -> None:
         Piece.decode(value, "p")
     shown = str(e.value).split("got ", 1)[1]
     assert shown == repr(value)[:57] + "..." and len(shown) == 60
+
+
+def test_a_bad_value_of_60_characters_is_shown_whole() -> None:
+    with pytest.raises(MismatchError, match=f"got '{'x' * 58}'$"):
+        Piece.decode("x" * 58, "p")  # its repr: 60 characters
+    with pytest.raises(MismatchError, match=f"got '{'x' * 56}\\.\\.\\.$"):
+        Piece.decode("x" * 59, "p")  # 61: cut to 57 and "..."
+
+
+@pytest.mark.parametrize("value", [
+    SourceCursor(0, 0, 0, -1, 0), Piece(0, (1,), 0, 1), PackerState.empty(),
+    MixtureBase.initial(1), LaneState.initial(0, 1)])
+def test_the_parts_of_a_saved_state_cannot_be_changed_in_place(value: Any) -> None:
+    """A restored state is shared (by the lanes resumed from it and the checkpoint kept for
+    the next save): a lane that changed it in place would change what is saved."""
+    field_name = dataclasses.fields(value)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, field_name, 1)
