@@ -21,7 +21,7 @@ from datalane.spec.errors import MismatchError
 from datalane.spec.recipe import Packing
 from datalane.spec.schema import text_schema
 from datalane.spec.state import Counters, PackerState, Piece
-from tests.engine.packers.test_packers import PAD, SIZE, Feed, run
+from tests.engine.packers.test_packers import PAD, SIZE, Feed, pieces_of, run
 
 
 def piece(k: int, start: int, stop: int) -> list[Any]:
@@ -113,3 +113,64 @@ def test_a_restore_keeps_no_document_it_re_read() -> None:
     packer.ctx.held(Piece(0, (7, 0), 0, 2))
     assert feed.fetched[2:] == [(0, (7, 0))], "after the restore, a piece is read anew"
 
+
+# -- wrap -----------------------------------------------------------------------------------------
+
+def test_wrap_restores_its_held_tail_and_saves_what_it_holds_next() -> None:
+    """Held: D[3:7] (4 tokens); the feed goes on with E=6: [D3-7 E0-4], E's tail E[4:6]
+    held (and saved), then [E4-6 + 6 of padding]."""
+    feed = Feed([5, 6, 2, 7, 6], start=4)
+    packer = restored("wrap", feed, PackerState("wrap", {"held": [piece(3, 3, 7)]}))
+    assert packer.state() == {"held": [piece(3, 3, 7)]}
+    assert pieces_of(packer.next_sequence()) == [(3, 3, 7), (4, 0, 4)]
+    assert packer.state() == {"held": [piece(4, 4, 6)]}
+    assert run(packer) == [[(4, 4, 6)]]
+    assert packer.state() == {"held": []}
+
+
+def test_wrap_restores_a_version_1_carry_over() -> None:
+    """Version 1 kept wrap's tail as the one open sequence of ``carry`` (``pending`` always
+    null): B[3:6] carried, then C=2 and D=7: [B3-6 C D0-3], [D3-7 + padding]. No open
+    sequence at all is a fresh start."""
+    feed = Feed([5, 6, 2, 7], start=2)
+    packer = restored("wrap", feed, PackerState(None, {"carry": [[piece(1, 3, 6)]],
+                                                       "pending": None}))
+    assert run(packer) == [[(1, 3, 6), (2, 0, 2), (3, 0, 3)], [(3, 3, 7)]]
+    fresh = restored("wrap", Feed([3, 5]), PackerState(None, {"carry": [], "pending": None}))
+    assert run(fresh) == [[(0, 0, 3), (1, 0, 5)]]
+
+
+def test_wrap_refuses_a_version_1_pending_piece_or_second_open_sequence() -> None:
+    assert refusal("wrap", PackerState(None, {"carry": [], "pending": piece(0, 0, 3)})) == (
+        "lane state has a pending piece, which only 'bestfit' packing keeps; the recipe packs "
+        "with 'wrap'")
+    two = PackerState(None, {"carry": [[piece(0, 0, 3)], [piece(1, 0, 2)]], "pending": None})
+    assert refusal("wrap", two) == (
+        "lane state: the packer's carry-over has 2 open sequences; the recipe's packing keeps "
+        "at most 1")
+
+
+def test_wrap_refuses_unknown_keys_and_a_held_that_is_not_a_list() -> None:
+    assert refusal("wrap", PackerState("wrap", {"held": [], "bins": []})) == (
+        "lane state.pack.wrap has unknown keys ['bins']")
+    assert refusal("wrap", PackerState("wrap", {"held": {"0": piece(0, 0, 3)}})) == (
+        "lane state.pack.wrap.held must be a list of pieces, got dict")
+
+
+def test_wrap_holds_pieces_that_fill_one_sequence_before_its_last() -> None:
+    """Pieces before the last may fill a sequence (8 tokens: A=5, B=3) but no more; the last,
+    a document's tail, may run on over several (C[0:20]). Then D=2: [A B], [C0-8], [C8-16],
+    [C16-20 D]."""
+    feed = Feed([5, 3, 20, 2], start=3)
+    packer = restored("wrap", feed, PackerState("wrap", {"held": [
+        piece(0, 0, 5), piece(1, 0, 3), piece(2, 0, 20)]}))
+    assert run(packer) == [[(0, 0, 5), (1, 0, 3)], [(2, 0, 8)], [(2, 8, 16)],
+                           [(2, 16, 20), (3, 0, 2)]]
+
+
+def test_wrap_refuses_held_pieces_over_a_sequence_before_the_last() -> None:
+    """A=5 and B[0:4] hold 9 tokens before the last piece: more than a sequence of 8."""
+    state = PackerState("wrap", {"held": [piece(0, 0, 5), piece(1, 0, 4), piece(2, 0, 2)]})
+    assert refusal("wrap", state) == (
+        "lane state: open sequence 0 of the packer's carry-over holds 3 pieces of 11 tokens, "
+        "more than a sequence of 8 tokens can hold; the state is damaged")
