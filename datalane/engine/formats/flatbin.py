@@ -22,8 +22,9 @@ write. The recipe declares how to read it in the source's ``tokens``:
     documents starting in each ``chunk_bytes`` of token data), as for Megatron datasets.
 
 A source of this format must set ``tokens`` (ConfigError when the plan is made otherwise); a
-file whose size is not a whole number of tokens, or an offsets file that does not fit its
-data file, is a DataError naming the file.
+file whose size is not a whole number of tokens, an offsets file that does not fit its
+data file, or a reference (a carried piece's) to a token inside a document, is a DataError
+naming the file.
 """
 
 from __future__ import annotations
@@ -219,6 +220,14 @@ class FlatbinReader:
                                 f"did the file change?")
             return next(documents(self._tf, sf, layout.dtype, starts, pos, pos + 1))[1]
         n = sf.size // layout.dtype.itemsize
+        # a reference names a document by its first token: one after a boundary (a carried
+        # piece of a damaged state would otherwise come back as a fragment of a document)
+        if 0 < pos < n:
+            before = int(self._tf.read(sf, layout.dtype, pos - 1, 1)[0])
+            if before != layout.boundary:
+                raise DataError(f"{sf.uri} has no document at token {pos} (token {pos - 1} is "
+                                f"{before}, not the boundary {layout.boundary}); did the file "
+                                f"change?")
         for _, ids in self._bounded(Chunk(file, pos, pos + 1), pos):
             return ids
         raise DataError(f"{sf.uri} has {n} tokens, no document at token {pos}; did the file "

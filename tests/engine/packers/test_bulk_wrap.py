@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 
 from datalane.engine.documents.base import Run
-from datalane.engine.packers import base, wrap
-from datalane.spec.state import PackerState
+from datalane.engine.packers import PackContext, base, wrap
+from datalane.spec.recipe import MAX_SEQ_LEN, Packing
+from datalane.spec.schema import Column, SampleSchema, text_schema
+from datalane.spec.state import Counters, PackerState
 from tests.engine.packers.test_packers import SIZE, Feed, packer_of, pieces_of
 
 
@@ -176,3 +178,41 @@ def test_a_window_filled_exactly_takes_no_document_more() -> None:
     assert packer.state() == {"held": []} and feed.next == 3, (
         f"an exact fit must not take another document: {packer.state()}, next {feed.next}")
     assert fill(packer, 2) == (1, [[(3, 0, 4)], []])
+
+
+def _one_run_packer(size: int, schema: SampleSchema, columns: tuple[np.ndarray, ...],
+                    offsets: list[int]) -> wrap.WrapPacker:
+    """A wrap packer of ``size``-token sequences whose mixture hands out one run, then none."""
+    runs = [Run(0, columns, offsets, len(offsets) - 1, (7, len(offsets) - 2))]
+    ctx = PackContext(lambda: None, lambda s, r: None, size, schema,  # type: ignore[arg-type,return-value]
+                      Counters(), Packing(algorithm="wrap"),  # type: ignore[arg-type]
+                      next_run=lambda need: runs.pop() if runs else None)
+    return wrap.WrapPacker(ctx)
+
+
+def test_each_document_column_lands_in_its_own_column() -> None:
+    """Two document columns beyond input_ids (a mask, labels): A = 3 tokens, B = 4, one row
+    of 8. Each column takes its own values, positions restart at B, the last token is pad."""
+    schema = text_schema(0, (Column("loss_mask", "uint8", 0), Column("labels", "int32", -100)))
+    packer = _one_run_packer(SIZE, schema, (
+        np.array([1000, 1001, 1002, 2000, 2001, 2002, 2003], np.int32),
+        np.array([1, 0, 1, 0, 1, 1, 0], np.uint8),
+        np.array([10, 11, 12, 20, 21, 22, 23], np.int32)), [0, 3, 7])
+    out = {c.name: np.full((1, SIZE), 77, dtype=c.np_dtype) for c in schema}
+    assert packer.fill_window(out, 1) == 1
+    assert {k: v[0].tolist() for k, v in out.items()} == {
+        "input_ids": [1000, 1001, 1002, 2000, 2001, 2002, 2003, 0],
+        "positions": [0, 1, 2, 0, 1, 2, 3, -1],
+        "loss_mask": [1, 0, 1, 0, 1, 1, 0, 0],
+        "labels": [10, 11, 12, 20, 21, 22, 23, -100]}
+
+
+def test_the_position_table_covers_a_row_of_the_longest_sequence() -> None:
+    """seq_len at its bound (2^20) makes rows of 2^20 + 1 tokens: one document filling a row
+    gets positions 0 .. 2^20, from the shared table (a view, no copy)."""
+    size = MAX_SEQ_LEN + 1
+    assert np.shares_memory(base.positions_of(size), base.ARANGE)
+    packer = _one_run_packer(size, text_schema(0), (np.ones(size, np.int32),), [0, size])
+    out = {"input_ids": np.zeros((1, size), np.int32), "positions": np.zeros((1, size), np.int32)}
+    assert packer.fill_window(out, 1) == 1
+    assert out["positions"][0].tolist() == list(range(size))
