@@ -1,7 +1,7 @@
 """What a client accepts of a payload's per-image columns (datalane/spec/imagecolumns.py,
 ``check``): one count of images throughout, patch starts rising from 0 to the patch rows,
-each image's patch rows its grid's t * h * w, every image inside the ``rows`` x ``seq_tokens`` sequences and in order. Each rule by hand, on
-2 rows of 10 tokens."""
+each image's patch rows its grid's t * h * w, every image inside the ``rows`` x
+``seq_tokens`` sequences and in order. Each rule by hand, on 2 rows of 10 tokens."""
 
 from __future__ import annotations
 
