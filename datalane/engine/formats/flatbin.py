@@ -23,8 +23,8 @@ write. The recipe declares how to read it in the source's ``tokens``:
 
 A source of this format must set ``tokens`` (ConfigError when the plan is made otherwise); a
 file whose size is not a whole number of tokens, an offsets file that does not fit its
-data file, or a reference (a carried piece's) to a token inside a document, is a DataError
-naming the file.
+data file, or a resume point or reference (a carried piece's) at a token inside a document,
+is a DataError naming the file.
 """
 
 from __future__ import annotations
@@ -142,6 +142,14 @@ class FlatbinReader:
         hits: list[int] = []
         h = 0
         if start is not None:
+            # a resume point or a reference names a document by its first token: one after
+            # a boundary (a damaged state would otherwise read a fragment of a document)
+            if 0 < start < n:
+                before = int(self._tf.read(sf, layout.dtype, start - 1, 1)[0])
+                if before != boundary:
+                    raise DataError(f"{sf.uri} has no document at token {start} (token "
+                                    f"{start - 1} is {before}, not the boundary {boundary}); "
+                                    f"did the file change?")
             p = start
         elif chunk.start == 0:
             p = 0
@@ -220,14 +228,6 @@ class FlatbinReader:
                                 f"did the file change?")
             return next(documents(self._tf, sf, layout.dtype, starts, pos, pos + 1))[1]
         n = sf.size // layout.dtype.itemsize
-        # a reference names a document by its first token: one after a boundary (a carried
-        # piece of a damaged state would otherwise come back as a fragment of a document)
-        if 0 < pos < n:
-            before = int(self._tf.read(sf, layout.dtype, pos - 1, 1)[0])
-            if before != layout.boundary:
-                raise DataError(f"{sf.uri} has no document at token {pos} (token {pos - 1} is "
-                                f"{before}, not the boundary {layout.boundary}); did the file "
-                                f"change?")
         for _, ids in self._bounded(Chunk(file, pos, pos + 1), pos):
             return ids
         raise DataError(f"{sf.uri} has {n} tokens, no document at token {pos}; did the file "

@@ -76,6 +76,20 @@ def test_read_one_refuses_a_token_inside_a_document(tmp_path: Path) -> None:
     assert reader.read_one((0, 3)).tolist() == [1]
 
 
+def test_a_resume_point_inside_a_document_is_refused(tmp_path: Path) -> None:
+    """A chunk resumed at token 6 (inside the document of tokens 4-8) is refused, not read
+    as the fragment [9, 10, 1] and the documents after it; resumed at token 9 (after the
+    boundary at 8) or at 0, it reads on from there."""
+    sf = u16_file(tmp_path / "f.bin", IDS)
+    reader = Flatbin("ids", "uint16", 1).reader([sf], "")
+    with pytest.raises(DataError) as info:
+        list(reader.records(Chunk(0, 4, 13), start=6))
+    assert str(info.value) == (f"{sf.uri} has no document at token 6 (token 5 is 8, not the "
+                               f"boundary 1); did the file change?")
+    assert lists(reader.records(Chunk(0, 4, 13), start=9)) == [(9, [11, 1]), (11, [12, 13])]
+    assert lists(reader.records(Chunk(0, 0, 4), start=0)) == [(0, [5, 6, 1]), (3, [1])]
+
+
 def test_the_format_takes_its_width_and_boundary_from_the_source(tmp_path: Path) -> None:
     """A source's ``tokens`` configure the shared format: positions are tokens with a
     boundary, documents without; a source without ``tokens`` cannot read flat files."""
