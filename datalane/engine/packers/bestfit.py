@@ -55,6 +55,10 @@ class BestFitPacker(PackerBase):
         bins = [decode_pieces(g, f"{where}.bins[{i}]") for i, g in enumerate(groups)]
         for g, group in enumerate(bins):
             tokens = sum(p.tokens for p in group)
+            if not group:  # (a sequence is opened with its first piece: never empty)
+                raise MismatchError(
+                    f"{ctx.where}: open sequence {g} of the packer's carry-over holds no "
+                    f"piece; the packer never keeps an empty one, so the state is damaged")
             if tokens > ctx.size:
                 raise MismatchError(
                     f"{ctx.where}: open sequence {g} of the packer's carry-over holds "

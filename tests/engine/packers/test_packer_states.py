@@ -103,6 +103,18 @@ def test_bestfit_refuses_an_open_sequence_over_a_sequence() -> None:
         "more than a sequence of 8 tokens can hold; the state is damaged")
 
 
+@pytest.mark.parametrize("algorithm", ["bestfit", None])
+def test_bestfit_refuses_an_empty_open_sequence(algorithm: str | None) -> None:
+    """A sequence is opened with its first piece, so a carried open sequence with none is
+    damage (restored, the end would flush it as a sequence of padding): refused by its
+    index, in the current and the version-1 form."""
+    key = "bins" if algorithm else "carry"
+    state = PackerState(algorithm, {key: [[piece(0, 0, 2)], []], "pending": None})
+    assert refusal("bestfit", state) == (
+        "lane state: open sequence 1 of the packer's carry-over holds no piece; the packer "
+        "never keeps an empty one, so the state is damaged")
+
+
 def test_a_restore_keeps_no_document_it_re_read() -> None:
     """The documents re-read for a restore are cached only while it lasts (each read once):
     the cache would otherwise pin every one of them for the lane's life."""
