@@ -12,7 +12,8 @@ must receive the same batch, and they read it through one sidecar session as its
    operator for a DataPipeline that declares its parallelism) with torchrun's ``$RANK``, under
    the layout of TorchTitan and Megatron-LM (tensor and context parallelism innermost, pipeline
    outermost): ``rank = (RANK // readers) % dp_size``, ``reader = RANK % readers``;
-4. torchrun's ``$RANK`` and ``$WORLD_SIZE`` (pure data parallelism).
+4. torchrun's ``$RANK`` and ``$WORLD_SIZE`` (pure data parallelism: refused with more than one
+   reader, whose peers would each take a rank, and other lanes, of their own).
 
 Callers: :class:`~datalane.client.SidecarLoader`, :class:`~datalane.client.InProcessLoader`.
 """
@@ -81,10 +82,13 @@ def _from_env(rank: int | None, world_size: int | None, global_rank: int | None,
         if rank is None and global_rank is not None:
             rank = (global_rank // readers) % dp_size
     if world_size is None:
-        if env_readers and readers > 1:
-            raise ConfigError(f"$DATALANE_DP_READERS is {readers} but the data-parallel world "
-                              f"size is unknown (no $DATALANE_DP_SIZE, e.g. an elastic job): "
-                              f"pass mesh= or rank=/world_size=")
+        # torchrun's numbers are the data-parallel ones only without peers: with readers,
+        # $RANK would give each peer a rank of its own, other lanes
+        if readers > 1:
+            given = "$DATALANE_DP_READERS is" if env_readers else "readers="
+            raise ConfigError(f"{given} {readers} but the data-parallel world size is unknown "
+                              f"(no $DATALANE_DP_SIZE, e.g. an elastic job): pass mesh= or "
+                              f"rank=/world_size=")
         world_size = world
     if rank is None:
         rank = global_rank

@@ -63,6 +63,7 @@ def test_a_mesh_wins_over_the_global_rank(monkeypatch) -> None:
 
 def test_explicit_numbers_and_their_refusals(monkeypatch) -> None:
     assert resolve(1, 4, readers=2, reader=1) == DataParallel(1, 4, 2, 1)
+    assert resolve(0, 1) == DataParallel(0, 1, 1, 0)  # the smallest world: one rank
     with pytest.raises(ConfigError, match=r"reader 2 is outside 0\.\.1 for 2 readers"):
         resolve(0, 1, readers=2, reader=2)
     with pytest.raises(ConfigError, match="readers must be at least 1, got 0"):
@@ -127,6 +128,33 @@ def test_the_operators_env_without_world_size_or_with_one_reader(monkeypatch) ->
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("DATALANE_DP_READERS", "1")
     assert resolve() == DataParallel(3, 4, 1, 0)
+
+
+def test_readers_without_the_data_parallel_size_are_refused_not_taken_as_ranks(
+        monkeypatch) -> None:
+    """Under torchrun alone ($RANK 3 of $WORLD_SIZE 4) with 2 readers given, the peers 2 and 3
+    of one data-parallel rank would each take a rank of their own (other lanes): refused,
+    naming how the readers were given. With the data-parallel size known, rank 1 of 2."""
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match=r"^readers= 2 but the data-parallel world size is "
+                                          r"unknown \(no \$DATALANE_DP_SIZE"):
+        resolve(readers=2)
+    monkeypatch.setenv("DATALANE_DP_READERS", "4")  # (the argument wins, and is named)
+    with pytest.raises(ConfigError, match=r"^readers= 2 but"):
+        resolve(readers=2)
+    with pytest.raises(ConfigError, match=r"^\$DATALANE_DP_READERS is 4 but"):
+        resolve()
+    monkeypatch.delenv("DATALANE_DP_READERS")
+    assert resolve(readers=1) == DataParallel(3, 4, 1, 0)
+    monkeypatch.setenv("DATALANE_DP_SIZE", "2")
+    assert resolve(readers=2) == DataParallel(1, 2, 2, 1)
+
+
+def test_a_mesh_with_only_a_rank_or_only_a_world_size_is_refused() -> None:
+    for args in ({"rank": 1}, {"world_size": 2}):
+        with pytest.raises(ConfigError, match="either mesh= or rank=/world_size="):
+            resolve(mesh=FakeMesh(1, 2), **args)
 
 
 def test_a_missing_world_size_is_named(monkeypatch) -> None:
