@@ -116,15 +116,15 @@ def check(cols: Mapping[str, np.ndarray], rows: int, seq_tokens: int, where: str
     if start[0] != 0 or start[-1] != len(cols[PATCHES]) or (np.diff(start) < 0).any():
         raise MismatchError(f"{where}: column {START!r} {start[:8].tolist()}... does not rise "
                             f"from 0 to the {len(cols[PATCHES])} rows of {PATCHES!r}")
-    if n:  # each image's run of patch rows is its grid (t * h * w), never empty
-        grid = cols[GRID].astype(np.int64)  # (n, 3): the layout checked the width
-        want = grid.prod(axis=1)
-        bad = np.flatnonzero((grid < 1).any(axis=1) | (np.diff(start) != want))
-        if len(bad):
-            i = int(bad[0])
-            raise MismatchError(f"{where}: image {i} has {int(start[i + 1] - start[i])} patch "
-                                f"rows in {PATCHES!r}; its {GRID!r} {grid[i].tolist()} is "
-                                f"not a grid of that many patches (t * h * w, each at least 1)")
+    # each image's run of patch rows is its grid (t * h * w), never empty; in Python's
+    # integers, which no hostile grid overflows into a match ((n, 3): the layout checked it)
+    for i, (grid, got) in enumerate(zip(cols[GRID].tolist(), np.diff(start).tolist(),
+                                        strict=True)):
+        t, h, w = grid
+        if min(t, h, w) < 1 or t * h * w != got:
+            raise MismatchError(f"{where}: image {i} has {got} patch rows in {PATCHES!r}; its "
+                                f"{GRID!r} {grid} is not a grid of that many patches "
+                                f"(t * h * w, each at least 1)")
     offset = cols[OFFSET]
     if n and (seq.min() < 0 or seq.max() >= rows or offset.min() < 0
               or offset.max() >= seq_tokens or (np.diff(seq) < 0).any()):

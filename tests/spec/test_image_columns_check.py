@@ -102,6 +102,8 @@ def test_the_refusal_shows_the_first_8_patch_starts() -> None:
     ((2, 1, 2), 2),   # t counts too: 4 patches over 2 rows
     ((1, 0, 2), 0),   # an empty image: a side of 0, no rows
     ((1, -1, -2), 2),  # two negative sides whose product looks right
+    # sides whose product is 2**64, 0 in 64-bit integers: an empty image, in exact ones
+    ((2**21, 2**21, 2**22), 0),
 ])
 def test_an_image_s_patch_rows_are_its_grid(grid: tuple[int, int, int], rows: int) -> None:
     """Image 1 (of 3) claims ``grid`` over ``rows`` patch rows: refused by its index, with
