@@ -156,3 +156,78 @@ def test_a_resealed_entry_without_a_field_is_refused_naming_it(make_recipe, key:
     entries[name] = json.dumps(seal(body))
     with pytest.raises(MismatchError, match=rf"lacks the fields \['{field}'\]"):
         join(entries, range(8), 8)
+
+
+# -- each refusal of split and of an entry's opening, on hand-made states ------------------
+
+def test_split_refuses_what_is_no_client_state_or_disagrees_with_itself() -> None:
+    from datalane import ConfigError
+
+    with pytest.raises(MismatchError, match=r"^not a datalane client state \(format 'x'\)$"):
+        split({**_saved(range(4)), "format": "x"}, range(4), 8)
+    with pytest.raises(ConfigError, match=r"^the loader stands at step 2 with no lane states "
+                                          r"yet"):
+        split({**_saved(range(4)), "state": None}, range(4), 8)
+    with pytest.raises(MismatchError, match=r"^the client state at step 3 carries lane states "
+                                            r"of step 2$"):
+        split({**_saved(range(4)), "step": 3}, range(4), 8)
+    with pytest.raises(MismatchError, match=r"^the client state of step 2 has no state for "
+                                            r"lane 4$"):
+        split(_saved(range(4)), range(3, 5), 8)
+
+
+def test_split_at_step_0_before_any_state_writes_entries_without_one() -> None:
+    """A loader that has not opened, at step 0, saves its position and no lane state; the
+    entries join back into that (state None)."""
+    entries = split({**_saved(range(4), step=0), "state": None}, range(4), 8)
+    assert json.loads(entries[lane_key(2)])["state"] is None
+    joined = join(entries, range(4), 8)
+    assert (joined["step"], joined["state"]) == (0, None)
+
+
+def test_the_entries_are_canonical_json() -> None:
+    """Sorted keys and no spaces: the bytes DCP stores are the same for the same entry."""
+    entry = split(_saved(range(1)), range(1), 8)[lane_key(0)]
+    assert entry == json.dumps(json.loads(entry), sort_keys=True, separators=(",", ":"))
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    (7, r"entry 'lane_00001' must be a JSON string, got int"),
+    ("[1]", r"entry 'lane_00001' is not a datalane entry \(format 'list', expected "
+            r"'datalane\.lane-entry/v1'\)"),
+    ('{"format": "datalane.recipe-entry/v1"}',
+     r"entry 'lane_00001' is not a datalane entry \(format 'datalane\.recipe-entry/v1'"),
+])
+def test_an_entry_that_is_no_sealed_lane_entry_is_refused(raw: object, message: str) -> None:
+    entries = split(_saved(range(4)), range(4), 8)
+    entries[lane_key(1)] = raw
+    with pytest.raises(MismatchError, match=message):
+        join(entries, range(4), 8)
+
+
+def test_an_entry_may_come_as_bytes_and_must_carry_its_seal() -> None:
+    """DCP may hand an entry back as bytes: read as UTF-8. An entry whose seal was taken
+    off is refused (every entry is sealed)."""
+    entries = split(_saved(range(4)), range(4), 8)
+    entries = {k: v.encode() for k, v in entries.items()}
+    assert join(entries, range(4), 8)["step"] == 2
+    body = json.loads(entries[lane_key(2)])
+    del body[SEAL_KEY]
+    entries[lane_key(2)] = json.dumps(body).encode()
+    with pytest.raises(MismatchError, match=r"entry 'lane_00002'"):
+        join(entries, range(4), 8)
+
+
+def test_an_entry_under_another_lane_s_key_is_refused() -> None:
+    entries = split(_saved(range(4)), range(4), 8)
+    entries[lane_key(1)] = entries[lane_key(2)]  # lane 2's entry, sealed, under lane 1's key
+    with pytest.raises(MismatchError, match=r"^entry 'lane_00001' holds lane 2$"):
+        join(entries, range(4), 8)
+
+
+def test_positions_that_differ_are_named_lane_range_by_lane_range() -> None:
+    entries = {**split(_saved(range(0, 2)), range(0, 2), 8),
+               **split(_saved(range(2, 4), step=3), range(2, 4), 8)}
+    with pytest.raises(MismatchError, match=r"lanes 0-1 at step 2 \(0 microbatches in\); "
+                                            r"lanes 2-3 at step 3 \(0 microbatches in\)"):
+        join(entries, range(4), 8)
