@@ -59,6 +59,7 @@ from datalane.store.podstate import (
     canonical_json,
     corrupt_error,
     lane_sha256,
+    number_key,
     parse_document,
     sha256_hex,
 )
@@ -151,7 +152,7 @@ class Manifest:
         doc = parse_document(data, uri, "manifest", MANIFEST_FORMAT, _KEYS, _OPTIONAL)
         try:
             step, lanes_total = _int(doc["step"]), _int(doc["lanes_total"])
-            lanes = {int(k): LaneEntry(_str(v["object"]), _hex(v["sha256"]))
+            lanes = {number_key(k): LaneEntry(_str(v["object"]), _hex(v["sha256"]))
                      for k, v in dict(doc["lanes"]).items()}
             objects = {_str(k): _hex(v) for k, v in dict(doc["objects"]).items()}
             ledger = tuple((_int(s), _hex(h)) for s, h in doc["ledger"])

@@ -29,7 +29,8 @@ from typing import Any
 from datalane.spec.errors import ConfigError, MismatchError, StorageError
 from datalane.spec.state import LaneState
 
-__all__ = ["POD_STATE_FORMAT", "PodObject", "canonical_json", "lane_sha256", "sha256_hex"]
+__all__ = ["POD_STATE_FORMAT", "PodObject", "canonical_json", "lane_sha256", "number_key",
+           "sha256_hex"]
 
 POD_STATE_FORMAT = "datalane.pod-state/v1"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -166,8 +167,8 @@ class PodObject:
         doc = parse_document(data, uri, "pod object", POD_STATE_FORMAT, _KEYS)
         try:
             step, lanes_total = _int(doc["step"]), _int(doc["lanes_total"])
-            lane_json = {_key(k): v for k, v in dict(doc["lanes"]).items()}
-            digests = {_key(s): {_key(lane): str(d) for lane, d in dict(row).items()}
+            lane_json = {number_key(k): v for k, v in dict(doc["lanes"]).items()}
+            digests = {number_key(s): {number_key(lane): str(d) for lane, d in dict(row).items()}
                        for s, row in dict(doc["digests"]).items()}
         except (TypeError, ValueError) as e:
             raise corrupt(f"malformed field: {e}") from e
@@ -199,9 +200,10 @@ class PodObject:
                    lane_json, digests)
 
 
-def _key(k: str) -> int:
-    """A number key as :meth:`PodObject.to_json` writes it: decimal digits, no sign, padding
-    or spaces (``"01"`` beside ``"1"`` would be two entries for one lane)."""
+def number_key(k: str) -> int:
+    """A number key of a stored JSON object (a lane, a step) as its writer writes it: decimal
+    digits, no sign, padding or spaces (``"01"`` beside ``"1"`` would be two entries for one
+    lane, the last one read silently winning)."""
     if not (k.isdecimal() and k.isascii() and (k == "0" or not k.startswith("0"))):
         raise ValueError(f"key {k!r} is not a decimal number as a writer spells it")
     return int(k)

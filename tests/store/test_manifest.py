@@ -50,3 +50,22 @@ def test_a_commit_given_two_different_states_of_one_lane_is_refused() -> None:
     # also before every lane is written (the step could never commit)
     with pytest.raises(MismatchError, match="lane 1 of step 6 has two different states"):
         build_manifest(STEP, [a, pod("c", {1: lane_state(1, STEP + 2)})], None)
+
+
+def test_a_manifest_lane_key_is_spelled_as_the_writer_spells_it() -> None:
+    """The manifest decodes its lanes as a pod object does (``podstate.number_key``): lane 1
+    listed as ``"01"`` is refused as corrupt, not read as lane 1."""
+    import json
+
+    from datalane.spec.errors import StorageError
+    from datalane.store.manifest import Manifest
+
+    a = pod("a", {k: lane_state(k, STEP) for k in range(LANES)})
+    manifest = build_manifest(STEP, [a], None)
+    assert manifest is not None
+    doc = json.loads(manifest.encode())
+    assert Manifest.decode(manifest.encode(), "mem://m").lanes == manifest.lanes
+    doc["lanes"]["01"] = doc["lanes"].pop("1")
+    with pytest.raises(StorageError, match=r"^corrupt manifest mem://m: malformed field: "
+                                           r"ValueError\(\"key '01' is not a decimal number"):
+        Manifest.decode(json.dumps(doc).encode(), "mem://m")
