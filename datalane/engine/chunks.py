@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from datalane.engine.files import SourceFile
 from datalane.engine.formats import MISSING, FormatReader, format_for
 from datalane.engine.formats.base import Chunk, Ref
@@ -51,6 +53,15 @@ class RecordReader:
     def records(self, chunk: Chunk, start: int | None = None) -> Iterator[tuple[int, Any]]:
         """``(position, raw)`` of each record of ``chunk``, from ``start`` if given."""
         return self._reader(chunk.file).records(chunk, start)
+
+    def span(self, chunk: Chunk, start: int | None, most: int,
+             ) -> tuple[int, int, np.ndarray, np.ndarray] | None:
+        """The next up to ``most`` records of ``chunk`` from ``start`` read at once, when its
+        file's format reads token documents so (:meth:`.megatron.MegatronReader.span`):
+        ``(first, stop, ids, offsets)`` for positions ``first .. stop - 1``; else None."""
+        reader = self._reader(chunk.file)
+        span = getattr(reader, "span", None)
+        return None if span is None else span(chunk, start, most)
 
     def read_one(self, ref: Ref) -> Any:
         """The raw record a document reference names (for re-reading carried documents)."""

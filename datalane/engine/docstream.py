@@ -18,11 +18,13 @@ import functools
 import itertools
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from datalane.engine.chunks import Chunk, RecordReader
 from datalane.engine.documents.base import Doc, Run
@@ -32,6 +34,7 @@ from datalane.engine.plan import SourcePlan
 from datalane.engine.pool import TaskPool
 from datalane.engine.priority import lower_this_thread
 from datalane.engine.rng import permutation
+from datalane.engine.tokenrecords import shuffled
 from datalane.spec.errors import DataError
 from datalane.spec.knobs import Knobs
 from datalane.spec.state import Counters, SourceCursor
@@ -63,7 +66,7 @@ class _Block:
     index: int
     chunk: int  # ordinal, in the lane's chunk list of the epoch, of the first record's chunk
     pos: int  # position of the first record (-1: the start of the chunk)
-    records: list[Record]  # in shuffled order
+    records: Sequence[Record]  # in shuffled order
     after: SourceCursor  # where the next block starts
     submitted: int = 0
 
@@ -163,6 +166,9 @@ class DocStream:
 
     def _read_block(self) -> _Block | None:
         """Read the next block (the reader runs ahead of the consumer), or None at the end."""
+        block = self._read_span_block()
+        if block is not None:
+            return block
         empty_epochs = 0
         while not self._exhausted_epoch(self._r_epoch):
             first = self._next_record()
@@ -190,20 +196,71 @@ class DocStream:
                 if nxt is None:
                     break
                 records.append(nxt[1])
-            peek = self._next_record() if len(records) == self._block_size else None
-            epoch, index = self._r_epoch, self._r_block
-            if peek is None:
-                after = SourceCursor(epoch + 1, 0, 0, -1, 0)
-                self._start_epoch(epoch + 1)
-            else:
-                after = SourceCursor(epoch, index + 1, peek[0], peek[1][1], 0)
-                self._r_peek = peek
-                self._r_block += 1
-            order = permutation(len(records), self.source.seed, "block", self.source.source.name,
-                                self.lane, epoch, index)
+            epoch, index, after = self._block_read(len(records) == self._block_size)
+            order = permutation(len(records), *self._block_key(epoch, index))
             return _Block(epoch, index, first[0], first[1][1], [records[i] for i in order],
                           after)
         return None
+
+    def _block_key(self, epoch: int, index: int) -> tuple[object, ...]:
+        """The key that permutes block ``index`` of ``epoch``."""
+        return self.source.seed, "block", self.source.source.name, self.lane, epoch, index
+
+    def _block_read(self, full: bool) -> tuple[int, int, SourceCursor]:
+        """The block just read ends: its epoch and index and where the next one starts (the
+        next record, looked at now if the block is ``full``: it starts the next block)."""
+        peek = self._next_record() if full else None
+        epoch, index = self._r_epoch, self._r_block
+        if peek is None:
+            after = SourceCursor(epoch + 1, 0, 0, -1, 0)
+            self._start_epoch(epoch + 1)
+        else:
+            after = SourceCursor(epoch, index + 1, peek[0], peek[1][1], 0)
+            self._r_peek = peek
+            self._r_block += 1
+        return epoch, index, after
+
+    def _read_span_block(self) -> _Block | None:
+        """The next block read a span of documents at a time and held as arrays
+        (:mod:`datalane.engine.tokenrecords`), when the source's token files are read so; or
+        None, the reader where it was: read it record by record. The same block as record by
+        record: its records in the same order, where it starts, where the next one does."""
+        if self._exhausted_epoch(self._r_epoch):
+            return None
+        if self._r_chunks_epoch != self._r_epoch:
+            self._r_chunks = self.source.lane_chunks(self.lane, self._r_epoch)
+            self._r_chunks_epoch = self._r_epoch
+        chunks = self._r_chunks
+        c, start = self._r_chunk, self._r_start
+        if self._r_peek is not None:  # the record a full block looked at: read again
+            c, start = self._r_peek[0], self._r_peek[1][1]
+        elif self._r_iter is not None:  # (a chunk being read record by record)
+            return None
+        spans: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        at: tuple[int, int] | None = None  # the first record's chunk ordinal and position
+        n = 0
+        while n < self._block_size and c < len(chunks):
+            got = self._reader.span(chunks[c], start, self._block_size - n)
+            if got is None:
+                return None
+            first, stop, ids, offs = got
+            if stop > first:
+                if spans and ids.dtype != spans[0][2].dtype:
+                    return None
+                spans.append((chunks[c].file, np.arange(first, stop, dtype=np.int64), ids,
+                              offs))
+                at = at or (c, first)
+                n += stop - first
+            if n < self._block_size:  # the chunk is read to its end
+                c, start = c + 1, None
+            else:
+                start = stop
+        if at is None:  # no record left in the epoch: told record by record
+            return None
+        self._r_chunk, self._r_iter, self._r_start, self._r_peek = c, None, start, None
+        epoch, index, after = self._block_read(n == self._block_size)
+        records = shuffled(spans, *self._block_key(epoch, index))
+        return _Block(epoch, index, at[0], at[1], records, after)
 
     def _fill(self) -> None:
         """Submit map tasks until ``prefetch`` are in flight (the backpressure bound)."""

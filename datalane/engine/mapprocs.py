@@ -118,7 +118,7 @@ class MapProcess:
         return {"pid": pid, "rss_bytes": _rss_of(pid) if pid else 0,
                 "started": self.started, "lost": self.lost}
 
-    def run(self, stage: MapStage, records: list[Record], formats: Sequence[Format],
+    def run(self, stage: MapStage, records: Sequence[Record], formats: Sequence[Format],
             lane: int = 0) -> MapResult:
         """``stage.run(records, formats, lane)``, in the child."""
         key = _key_of(stage)

@@ -29,6 +29,7 @@ from datalane.engine.documents.base import Attached, DocKey, DocumentKind, Rende
 from datalane.engine.documents.text import TextKind
 from datalane.engine.formats import FORMATS, Format
 from datalane.engine.formats.base import Decoded, TooLarge
+from datalane.engine.tokenrecords import TokenRecords
 from datalane.spec.codepolicy import CodePolicy
 from datalane.spec.errors import ConfigError
 from datalane.spec.limits import TOO_LARGE
@@ -143,7 +144,8 @@ class MapStage:
                 return "predicate"
         return None
 
-    def run(self, records: list[Record], formats: Sequence[Format], lane: int = 0) -> MapResult:
+    def run(self, records: Sequence[Record], formats: Sequence[Format], lane: int = 0,
+            ) -> MapResult:
         """Map a slice of records of lane ``lane``; ``formats[file]`` is the format of each
         file."""
         n = len(records)
@@ -152,7 +154,11 @@ class MapStage:
         docs: list[Rendered] = []
         keep: list[int]
         got: Tokenized | None = None
-        if self._whole is not None:  # a kind that checks a whole task at once (token ids)
+        if self._whole is not None and isinstance(records, TokenRecords):
+            got = self.kind.tokenize_span(*records.tokens())  # (ids end to end: at once)
+            if got is not None:
+                keep = list(range(n))
+        if self._whole is not None and got is None:  # a kind that checks a whole task at once
             if all(formats[f].passes_arrays for f in {file for file, _, _ in records}):
                 # the raw records are the values if they are all arrays (the kind checks that;
                 # any other raw, a TooLarge, None, is mapped one record at a time below)
@@ -184,7 +190,7 @@ class MapStage:
             result.attached_bytes = list(itertools.accumulate(held))
         return result
 
-    def _render(self, records: list[Record], formats: Sequence[Format],
+    def _render(self, records: Sequence[Record], formats: Sequence[Format],
                 status: list[str | None], detail: list[str | None],
                 docs: list[Rendered], lane: int) -> list[int]:
         """Decode, render and filter record by record; the indexes of the documents kept."""

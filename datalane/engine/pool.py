@@ -86,7 +86,7 @@ class TaskPool(Executor):
             return cls(knobs.map_processes, name, processes=True)
         return cls(knobs.workers, name)
 
-    def submit_map(self, ahead: int, stage: MapStage, records: list[Record],
+    def submit_map(self, ahead: int, stage: MapStage, records: Sequence[Record],
                    formats: Sequence[Format], lane: int) -> Future[MapResult]:
         """``stage.run(records, formats, lane)`` after every queued task with a smaller
         ``ahead``: on a worker thread, or in its process."""
@@ -94,7 +94,7 @@ class TaskPool(Executor):
             return self.submit_ahead(ahead, self._run_in_child, stage, records, formats, lane)
         return self.submit_ahead(ahead, stage.run, records, formats, lane)
 
-    def _run_in_child(self, stage: MapStage, records: list[Record], formats: Sequence[Format],
+    def _run_in_child(self, stage: MapStage, records: Sequence[Record], formats: Sequence[Format],
                       lane: int) -> MapResult:
         child: MapProcess | None = getattr(self._local, "child", None)
         if child is None:

@@ -106,6 +106,11 @@ class DocumentKind(Protocol):
         map stage then renders them one record at a time); only if ``tokenizes_values``."""
         ...
 
+    def tokenize_span(self, ids: np.ndarray, lens: np.ndarray) -> Tokenized | None:
+        """:meth:`tokenize_values` of values laid end to end in ``ids`` (``lens``: each one's
+        length), or None: ask :meth:`tokenize_values` (:mod:`datalane.engine.tokenrecords`)."""
+        ...
+
     def attached_bytes(self, attached: tuple[Attached, ...]) -> int:
         """The bytes a document's attachments hold (what the ``image_bytes`` knob weighs)."""
         ...
@@ -139,6 +144,9 @@ class KindBase:
         return ()
 
     def tokenize_values(self, values: list[Any]) -> Tokenized | None:
+        return None
+
+    def tokenize_span(self, ids: np.ndarray, lens: np.ndarray) -> Tokenized | None:
         return None
 
     def attached_bytes(self, attached: tuple[Attached, ...]) -> int:

@@ -156,6 +156,23 @@ class TokensKind(KindBase):
             return {"input_ids": flat}, offsets, lens
         return self._concat(values, flat, lens)
 
+    def tokenize_span(self, ids: np.ndarray, lens: np.ndarray) -> Tokenized | None:
+        """:meth:`tokenize_values` of values laid end to end (a block of a token file read
+        as arrays), in whole-array steps: the common case only (ids int32 holds, no BOS or
+        EOS added, no empty value, every id in range); None for anything else."""
+        if (not len(lens) or ids.ndim != 1 or ids.dtype.kind not in "iu"
+                or not np.can_cast(ids.dtype, np.int32, "safe")
+                or self.bos_id is not None or self.eos_id is not None
+                or int(lens.min()) == 0):
+            return None
+        if ids.dtype.kind == "i" and int(ids.min()) < 0:
+            return None
+        if int(ids.max()) >= self.vocab_size:
+            return None
+        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        return {"input_ids": ids.astype(np.int32)}, offsets, lens
+
     def _concat(self, values: list[Any], flat: np.ndarray | None = None,
                 lens: np.ndarray | None = None) -> Tokenized:
         n = len(values)

@@ -47,6 +47,7 @@ from datalane.engine.formats.tokenfile import (
     is_local,
     load_bytes,
     local_path,
+    span,
 )
 from datalane.spec.errors import ConfigError, DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES
@@ -126,6 +127,18 @@ class FlatbinReader:
         first = chunk.start if start is None else start
         return documents(self._tf, sf, layout.dtype, starts, first,
                          min(chunk.stop, len(starts) - 1))
+
+    def span(self, chunk: Chunk, start: int | None, most: int,
+             ) -> tuple[int, int, np.ndarray, np.ndarray] | None:
+        """The next up to ``most`` documents of ``chunk`` from ``start`` in one read, when an
+        offsets file lists them (:func:`~.tokenfile.span`); None: read them one by one (a
+        boundary id's documents are found by reading)."""
+        sf = self._files[chunk.file]
+        layout = self._fmt.layout(sf)
+        if layout.boundary is not None:
+            return None
+        return span(self._tf, sf, layout.dtype, self._fmt.offsets(sf, layout), chunk, start,
+                    most)
 
     # -- documents ended by a boundary token -------------------------------------------------
     def _bounded(self, chunk: Chunk, start: int | None) -> Iterator[tuple[int, Any]]:

@@ -43,6 +43,7 @@ from datalane.engine.formats.tokenfile import (
     cut_documents,
     documents,
     load_bytes,
+    span,
 )
 from datalane.spec.errors import ConfigError, DataError
 
@@ -184,6 +185,13 @@ class MegatronReader:
         first = chunk.start if start is None else start
         return documents(self._tf, index.bin_file, index.dtype, index.starts, first,
                          min(chunk.stop, index.documents))
+
+    def span(self, chunk: Chunk, start: int | None, most: int,
+             ) -> tuple[int, int, np.ndarray, np.ndarray] | None:
+        """The next up to ``most`` documents of ``chunk`` from ``start`` in one read
+        (:func:`~.tokenfile.span`), or None: read them one by one."""
+        index = self._index(chunk.file)
+        return span(self._tf, index.bin_file, index.dtype, index.starts, chunk, start, most)
 
     def read_one(self, ref: Ref) -> Any:
         file, pos = ref

@@ -3,7 +3,9 @@
 Shared by the formats whose files hold token ids only (:mod:`.megatron`, :mod:`.flatbin`).
 A file is read through fsspec (a local path or any URI) in ranges of whole documents, at most
 :data:`WINDOW_BYTES` at a time unless one document is longer; each document is a numpy view
-of the range it was read in (the document kind copies the ids into the sample). A short read
+of the range it was read in (the document kind copies the ids into the sample). A block of a
+Megatron source is read a span at a time instead (:func:`span`, up to :data:`SPAN_BYTES`;
+:mod:`datalane.engine.tokenrecords`). A short read
 (a file shorter than its index says) is a DataError naming the file, never a shorter document.
 
 A *document index* lists where each document starts, in tokens: document ``d`` is tokens
@@ -28,10 +30,11 @@ from datalane.engine.formats.base import Chunk, TooLarge
 from datalane.spec.errors import DataError, StorageError
 from datalane.spec.limits import MAX_RECORD_BYTES
 
-__all__ = ["WINDOW_BYTES", "TokenFiles", "cached", "cut_documents", "documents", "is_local",
-           "load_bytes", "local_path"]
+__all__ = ["SPAN_BYTES", "WINDOW_BYTES", "TokenFiles", "cached", "cut_documents", "documents",
+           "is_local", "load_bytes", "local_path", "span"]
 
 WINDOW_BYTES = 4 << 20  # one read covers whole documents up to this many bytes
+SPAN_BYTES = 64 << 20  # a block's documents read at once (span) up to this many bytes
 _CACHED = 16  # document indexes kept per process
 
 T = TypeVar("T")
@@ -152,6 +155,27 @@ def cut_documents(index: int, starts: np.ndarray, itemsize: int, chunk_bytes: in
             bounds.insert(0, 0)
         bounds.append(n)
     return [Chunk(index, a, b) for a, b in itertools.pairwise(bounds)]
+
+
+def span(files: TokenFiles, sf: SourceFile, dtype: np.dtype[Any], starts: np.ndarray,
+         chunk: Chunk, start: int | None, most: int,
+         ) -> tuple[int, int, np.ndarray, np.ndarray] | None:
+    """The next up to ``most`` documents of ``chunk`` from ``start`` (its first if None) in one
+    read - the documents :func:`documents` gives one by one - as ``(first, stop, ids,
+    offsets)``: documents ``first .. stop - 1``, their ids end to end, where each starts in
+    them (``stop - first + 1`` offsets, from 0). None when one is over
+    :data:`MAX_RECORD_BYTES` or all of them over :data:`SPAN_BYTES`: read them one by one
+    (:func:`documents` names the long ones)."""
+    first = chunk.start if start is None else start
+    stop = min(chunk.stop, len(starts) - 1, first + most)
+    if stop <= first:
+        return first, first, np.zeros(0, dtype=dtype), np.zeros(1, dtype=np.int64)
+    lo = int(starts[first])
+    offs = starts[first:stop + 1].astype(np.int64) - lo
+    if int(offs[-1]) * dtype.itemsize > SPAN_BYTES or (
+            int(np.diff(offs).max()) * dtype.itemsize > MAX_RECORD_BYTES):
+        return None
+    return first, stop, files.read(sf, dtype, lo, int(offs[-1])), offs
 
 
 def documents(files: TokenFiles, sf: SourceFile, dtype: np.dtype[Any], starts: np.ndarray,
