@@ -284,8 +284,19 @@ def test_spans_and_records_give_the_same_blocks_by_hand(tmp_path: Path,
         (0, 0, 3), (0, 1, 3), (0, 2, 3), (1, 0, 3), (1, 1, 3), (1, 2, 3)]
     assert sorted((f, p) for x in spans[:3] for f, p, _ in x[6]) == [
         (0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 0), (1, 1), (1, 2), (1, 3)]
-    # the last block of an epoch says the next starts the next epoch
-    assert spans[2][4] == SourceCursor(1, 0, 0, -1, 0)
+    # where each block starts and where the next one does, from the lane's chunks in its
+    # reading order: records listed chunk by chunk, 3 a block
+    stream = _stream(tmp_path, 2, 3, 1, 0, pool)
+    for epoch in (0, 1):
+        listed = [(k, pos) for k, c in enumerate(stream.source.lane_chunks(0, epoch))
+                  for pos in range(c.start, c.stop)]
+        assert len(listed) == 9
+        for b in range(3):
+            got = spans[3 * epoch + b]
+            assert (got[2], got[3]) == listed[3 * b]
+            assert got[4] == (SourceCursor(epoch, b + 1, *listed[3 * b + 3], 0) if b < 2
+                              else SourceCursor(epoch + 1, 0, 0, -1, 0))
+    stream.close()
 
 
 @pytest.mark.parametrize("fmt", ["megatron", "offsets", "boundary"])
@@ -315,11 +326,14 @@ def test_spans_records_and_their_turns_give_the_same_blocks(
         _same(got, records)
         if fmt != "boundary" and reads == "spans":
             assert all(x[5] == "TokenRecords" for x in got)
-    # a resume at any block's start reads the rest again, the same
+    # a resume at any block's start reads the rest again, the same; so does one from the
+    # cursor the block before it gave
     if records:
         k = data.draw(st.integers(0, len(records) - 1))
         epoch, index, chunk, pos = records[k][:4]
         _same(blocks("spans", SourceCursor(epoch, index, chunk, pos, 0)), records[k:])
+        if k > 0 and records[k - 1][4].epoch == epoch:
+            _same(blocks("spans", records[k - 1][4]), records[k:])
 
 
 def test_a_loader_over_spans_makes_the_steps_records_do(tmp_path: Path,
