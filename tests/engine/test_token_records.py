@@ -127,6 +127,10 @@ def test_a_span_is_documents_first_to_stop_in_one_read(dataset: MegatronReader) 
     assert (first, stop, ids.tolist(), offs.tolist()) == (1, 3, [4, 5, 6, 7, 8], [0, 0, 5])
     first, stop, ids, offs = dataset.span(whole, 4, 10)  # type: ignore[misc]  # (none left)
     assert (first, stop, ids.tolist(), offs.tolist()) == (4, 4, [], [0])
+    # a chunk said to run past the documents ends with them
+    first, stop, ids, offs = dataset.span(Chunk(0, 2, 10), None, 100)  # type: ignore[misc]
+    assert (first, stop, ids.tolist(), offs.tolist()) == (2, 4, [4, 5, 6, 7, 8, 9, 10],
+                                                          [0, 5, 7])
 
 
 def test_a_span_over_its_bounds_is_read_record_by_record(
@@ -140,6 +144,8 @@ def test_a_span_over_its_bounds_is_read_record_by_record(
     monkeypatch.setattr(tokenfile, "SPAN_BYTES", 19)  # the 4 documents: 20 bytes
     assert dataset.span(whole, None, 10) is None
     assert dataset.span(whole, None, 3) is not None  # (16 bytes)
+    monkeypatch.setattr(tokenfile, "SPAN_BYTES", 20)
+    assert dataset.span(whole, None, 10) is not None
 
 
 # -- the map stage -------------------------------------------------------------------------
