@@ -200,7 +200,8 @@ def test_tokenize_span_takes_only_the_common_case(tmp_path: Path) -> None:
     refused = [
         (ids, np.array([], np.int64)),  # no document
         (ids, np.array([3, 0])),  # an empty one
-        (np.array([3, vocab], np.int64), np.array([1, 1])),  # an id past the vocabulary
+        (np.array([3, vocab], np.uint16), np.array([1, 1])),  # an id past the vocabulary
+        (np.array([3, vocab], np.int32), np.array([2])),
         (np.array([3], np.int64), np.array([1])),  # int64: int32 may not hold its ids
         (np.array([3, -1], np.int16), np.array([1, 1])),  # a negative id
         (np.array([3.0, 4.0]), np.array([1, 1])),  # not integers
@@ -208,8 +209,11 @@ def test_tokenize_span_takes_only_the_common_case(tmp_path: Path) -> None:
     ]
     for bad_ids, bad_lens in refused:
         assert kind.tokenize_span(bad_ids, bad_lens) is None, (bad_ids, bad_lens)
+    assert vocab < 1 << 15  # (the ids below fit every type)
     cols, offsets, _ = kind.tokenize_span(np.array([3, 4, vocab - 1], np.int32), np.array([3]))
     assert cols["input_ids"].tolist() == [3, 4, vocab - 1] and offsets.tolist() == [0, 3]
+    cols, offsets, _ = kind.tokenize_span(np.array([0, 4], np.int16), np.array([1, 1]))
+    assert cols["input_ids"].tolist() == [0, 4] and offsets.tolist() == [0, 1, 2]  # (0 is an id)
 
 
 # -- the two reads give the same blocks ----------------------------------------------------
