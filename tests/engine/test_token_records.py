@@ -188,6 +188,36 @@ def test_the_map_stage_maps_token_records_as_the_same_records_in_a_list(
     assert got.columns["input_ids"].dtype == np.int32
 
 
+def test_a_task_of_token_records_is_mapped_without_walking_its_values(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stage, source = _stage(tmp_path)
+    formats = [format_for(f.format, source.source) for f in source.files]
+    records = TokenRecords([0, 0], [0, 1], np.array([5, 6, 7], np.uint16), np.array([0, 2, 3]))
+
+    def walked(values: Any) -> None:
+        raise AssertionError("the values were walked one by one")
+
+    monkeypatch.setattr(stage.kind, "tokenize_values", walked)
+    monkeypatch.setattr(stage, "_whole", walked)
+    got = stage.run(records, formats)
+    assert got.columns["input_ids"].tolist() == [5, 6, 7] and got.bounds == [0, 2, 3]
+
+
+def test_token_records_the_span_path_refuses_are_mapped_as_a_whole_task(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stage, source = _stage(tmp_path)
+    formats = [format_for(f.format, source.source) for f in source.files]
+    records = TokenRecords([0, 0], [0, 1], np.array([5, 6, 7], np.uint32), np.array([0, 2, 3]))
+    assert stage.kind.tokenize_span(*records.tokens()) is None  # (uint32: not the common case)
+
+    def rendered(*args: Any) -> None:
+        raise AssertionError("the records were mapped one at a time")
+
+    monkeypatch.setattr(stage, "_render", rendered)
+    got = stage.run(records, formats)
+    assert got.columns["input_ids"].tolist() == [5, 6, 7] and got.bounds == [0, 2, 3]
+
+
 def test_tokenize_span_takes_only_the_common_case(tmp_path: Path) -> None:
     stage, _ = _stage(tmp_path)
     kind = stage.kind
