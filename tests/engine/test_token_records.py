@@ -287,7 +287,8 @@ def _blocks(stream: DocStream) -> list[tuple[Any, ...]]:
     out = []
     while (block := stream._read_block()) is not None:
         out.append((block.epoch, block.index, block.chunk, block.pos, block.after,
-                    type(block.records).__name__, _plain(block.records)))
+                    type(block.records).__name__,
+                    [(f, p, raw.dtype.str, raw.tolist()) for f, p, raw in block.records]))
     stream.close()
     return out
 
@@ -322,7 +323,7 @@ def test_spans_and_records_give_the_same_blocks_by_hand(tmp_path: Path,
     # 9 documents an epoch, 2 epochs: blocks 3, 3, 3 each
     assert [(x[0], x[1], len(x[6])) for x in spans] == [
         (0, 0, 3), (0, 1, 3), (0, 2, 3), (1, 0, 3), (1, 1, 3), (1, 2, 3)]
-    assert sorted((f, p) for x in spans[:3] for f, p, _ in x[6]) == [
+    assert sorted((f, p) for x in spans[:3] for f, p, _, _ in x[6]) == [
         (0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 0), (1, 1), (1, 2), (1, 3)]
     # where each block starts and where the next one does, from the lane's chunks in its
     # reading order: records listed chunk by chunk, 3 a block
@@ -337,6 +338,17 @@ def test_spans_and_records_give_the_same_blocks_by_hand(tmp_path: Path,
             assert got[4] == (SourceCursor(epoch, b + 1, *listed[3 * b + 3], 0) if b < 2
                               else SourceCursor(epoch + 1, 0, 0, -1, 0))
     stream.close()
+
+
+def test_a_block_over_datasets_of_two_id_types_is_read_record_by_record(
+        tmp_path: Path, pool: TaskPool) -> None:
+    write_dataset(str(tmp_path / "a"), [[1, 2], [3]], "uint16")
+    write_dataset(str(tmp_path / "b"), [[4], [5, 6]], "int32")
+    spans = _blocks(_stream(tmp_path, 2, 4, 1, 0, pool))
+    _same(spans, _blocks(_stream(tmp_path, 2, 4, 1, 0, pool, reads="records")))
+    assert [x[5] for x in spans] == ["list", "list"]  # (each epoch one block of both)
+    assert sorted((p, dtype) for f, p, dtype, _ in spans[0][6]) == [
+        (0, "<i4"), (0, "<u2"), (1, "<i4"), (1, "<u2")]
 
 
 @pytest.mark.parametrize("fmt", ["megatron", "offsets", "boundary"])
