@@ -564,8 +564,10 @@ def _ranges(lanes: list[int]) -> str:
 
 
 def _differing_fields(stored: Manifest, rebuilt: Manifest | None) -> str:
+    """The top-level keys in which a stored manifest differs from the one its objects give;
+    an optional key (``phases``, ``seq``) present in only one of them is such a key."""
     if rebuilt is None:
         return "lanes (its objects do not hold every lane)"
     a, b = stored.to_json(), rebuilt.to_json()
-    keys = [k for k in sorted(a) if a[k] != b[k]]
+    keys = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
     return ", ".join(keys) if keys else "encoding"
