@@ -1,0 +1,81 @@
+"""Garbage collection never deletes the checkpoint a restore would fall back to, and records
+exactly what it removes.
+
+``gc(keep)`` keeps the newest ``keep`` committed steps and, when those do not verify, the
+newest one that does; before it deletes a committed step it writes a gc record listing it
+(the audit tells a collection from a deletion by hand by it). A collection of uncommitted
+steps only writes no record. Local files only.
+"""
+
+from __future__ import annotations
+
+import json
+
+from datalane.store import CheckpointStore
+
+from .conftest import Backend
+from .support import commit_steps, write_step
+
+
+def _corrupt(local: Backend, step: int) -> None:
+    data = local.read(step, "pod-1.json")
+    local.write(step, "pod-1.json", data[:-10])
+
+
+def _records(local: Backend) -> dict[str, dict[str, object]]:
+    local.fs.invalidate_cache()
+    root = f"{local.base}/gc"
+    if not local.fs.exists(root):
+        return {}
+    return {p.rsplit("/", 1)[-1]: json.loads(local.fs.cat_file(p)) for p in local.fs.find(root)}
+
+
+def test_the_newest_checkpoint_that_verifies_is_kept(local: Backend) -> None:
+    store = local.store()
+    commit_steps(store, [10, 20, 30])
+    _corrupt(local, 30)
+    assert store.gc(keep=1) == [10]  # 30 is the newest, 20 the newest a restore can use
+    assert store.committed_steps() == [20, 30]
+    assert store.latest_committed(verify=True) == 20
+    assert store.load(20).step == 20
+    record = _records(local)[f"{10:012d}.json"]
+    assert record["kept"] == [20, 30]
+    assert [e["step"] for e in record["removed"]] == [10]  # type: ignore[union-attr]
+
+
+def test_a_corrupt_step_between_is_collected_and_the_older_usable_one_kept(
+        local: Backend) -> None:
+    store = local.store()
+    commit_steps(store, [10, 20, 30])
+    _corrupt(local, 30)
+    _corrupt(local, 20)
+    assert store.gc(keep=1) == [20]
+    assert store.committed_steps() == [10, 30]
+    assert store.load(10).step == 10
+    assert _records(local)[f"{20:012d}.json"]["kept"] == [10, 30]
+
+
+def test_a_collection_of_uncommitted_steps_only_writes_no_record(local: Backend) -> None:
+    store = local.store()
+    commit_steps(store, [10, 20])
+    write_step(store, 15, skip=(1,))  # abandoned below the newest committed step
+    assert store.gc(keep=2) == [15]
+    assert _records(local) == {}
+    assert store.committed_steps() == [10, 20]
+    assert store.audit().ok
+
+
+def test_gc_records_are_read_by_their_json_files_and_a_broken_one_is_named(
+        local: Backend) -> None:
+    store = local.store()
+    commit_steps(store, [10, 20, 30])
+    assert store.gc(keep=1) == [10, 20]
+    local.fs.pipe_file(f"{local.base}/gc/README.txt", b"not a record")
+    report = store.audit()
+    assert report.ok, report.text()
+    broken = f"{store.uri}/gc/{5:012d}.json"
+    local.fs.pipe_file(f"{local.base}/gc/{5:012d}.json", b'{"format": "datalane.gc')
+    report = CheckpointStore(store.uri).audit()
+    assert report.problems == (
+        f"gc record {broken} is not valid JSON (23 bytes); the steps it lists as removed are "
+        f"not accounted for",)
