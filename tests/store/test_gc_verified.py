@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from datalane.spec.errors import StorageError
 from datalane.store import CheckpointStore
 
 from .conftest import Backend
+from .faults import FaultyFS
 from .support import commit_steps, write_step
 
 
@@ -79,3 +83,21 @@ def test_gc_records_are_read_by_their_json_files_and_a_broken_one_is_named(
     assert report.problems == (
         f"gc record {broken} is not valid JSON (23 bytes); the steps it lists as removed are "
         f"not accounted for",)
+
+
+def test_a_transient_read_fault_is_raised_not_taken_for_a_broken_checkpoint(
+        local: Backend) -> None:
+    """A checkpoint that could not be read (503) is not one that does not verify: neither the
+    newest usable step, nor the audit, nor gc may act as if it were broken."""
+    store = local.store()
+    commit_steps(store, [10, 20])
+    faulty = local.store(filesystem=FaultyFS(local.fs).always_fail("cat_file", "server_error"),
+                         retries=0)
+    for call in (lambda: faulty.latest_committed(verify=True),
+                 lambda: faulty.committed_steps(verify=True),
+                 lambda: faulty.gc(keep=1), faulty.audit):
+        with pytest.raises(StorageError) as err:
+            call()
+        assert err.value.transient is True
+        assert "Please reduce your request rate" in str(err.value)
+    assert store.committed_steps(verify=True) == [10, 20]
