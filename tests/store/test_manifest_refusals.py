@@ -100,6 +100,13 @@ def test_a_lane_map_that_is_not_every_lane_once_is_refused() -> None:
         "corrupt manifest mem://m: lists lanes [0, 1, 2]..., not exactly 0..3")
     assert refused(edited(lanes_total=5)) == (
         "corrupt manifest mem://m: lists lanes [0, 1, 2, 3]..., not exactly 0..4")
+    wide = build_manifest(STEP, [read("a", {k: lane_state(k, STEP) for k in range(10)},
+                                      lanes=10)], None)
+    assert wide is not None
+    doc = json.loads(wide.encode())
+    doc["lanes_total"] = 11  # the first eight lanes are named
+    assert refused(json.dumps(doc).encode()) == (
+        "corrupt manifest mem://m: lists lanes [0, 1, 2, 3, 4, 5, 6, 7]..., not exactly 0..10")
 
 
 def test_a_lane_in_an_object_the_manifest_does_not_list_is_refused() -> None:
