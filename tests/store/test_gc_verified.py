@@ -101,3 +101,52 @@ def test_a_transient_read_fault_is_raised_not_taken_for_a_broken_checkpoint(
         assert err.value.transient is True
         assert "Please reduce your request rate" in str(err.value)
     assert store.committed_steps(verify=True) == [10, 20]
+
+
+def test_a_collection_interrupted_and_run_again_keeps_every_removed_step_recorded(
+        local: Backend) -> None:
+    """gc of 10 and 20 dies after deleting step 10 and before step 20's manifest; the next gc
+    removes step 20 alone. Its record has the same name as the first one (the newest step
+    removed): it must still list step 10, or the audit reports the oldest steps deleted."""
+    key = b"k" * 32
+    store = local.store(ledger_key=key)
+    commit_steps(store, [10, 20, 30])
+    io = store._io  # noqa: SLF001  (the crash is injected at the object layer)
+    real = io.delete
+    doomed_manifest = f"{local.base}/steps/{20:012d}/MANIFEST.json"
+
+    def crash(path: str) -> None:
+        if path == doomed_manifest:
+            raise KeyboardInterrupt  # the process dies here
+        real(path)
+
+    io.delete = crash  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        store.gc(keep=1)
+    assert local.names(10) == [] and "MANIFEST.json" in local.names(20)
+    again = local.store(ledger_key=key)
+    assert again.gc(keep=1) == [20]
+    record = _records(local)[f"{20:012d}.json"]
+    assert [e["step"] for e in record["removed"]] == [10, 20]  # type: ignore[union-attr]
+    report = again.audit(key=key)
+    assert report.ok, report.text()
+    assert report.history[1] == (
+        f"history: complete back to the first checkpoint; 2 checkpoints before step 30 were "
+        f"garbage-collected (steps 10, 20; {again.uri}/gc/{20:012d}.json)")
+
+
+def test_an_unsigned_record_under_a_collections_name_is_not_carried_into_its_record(
+        local: Backend) -> None:
+    """A writer without the key plants gc/<20>.json listing a step; the keyed gc that then
+    writes the record of that name does not sign what it did not remove."""
+    key = b"k" * 32
+    store = local.store(ledger_key=key)
+    commit_steps(store, [10, 20, 30])
+    planted = {"format": "datalane.gc-record/v1", "kept": [], "removed": [
+        {"step": 5, "sha256": "5" * 64, "seq": 0, "previous": None}]}
+    local.fs.makedirs(f"{local.base}/gc", exist_ok=True)
+    local.fs.pipe_file(f"{local.base}/gc/{20:012d}.json", json.dumps(planted).encode())
+    assert store.gc(keep=1) == [10, 20]
+    record = _records(local)[f"{20:012d}.json"]
+    assert [e["step"] for e in record["removed"]] == [10, 20]  # type: ignore[union-attr]
+    assert store.audit(key=key).ok
