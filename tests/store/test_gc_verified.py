@@ -111,7 +111,7 @@ def test_a_collection_interrupted_and_run_again_keeps_every_removed_step_recorde
     key = b"k" * 32
     store = local.store(ledger_key=key)
     commit_steps(store, [10, 20, 30])
-    io = store._io  # noqa: SLF001  (the crash is injected at the object layer)
+    io = store._io  # the crash is injected at the object layer
     real = io.delete
     doomed_manifest = f"{local.base}/steps/{20:012d}/MANIFEST.json"
 
