@@ -10,6 +10,7 @@ steps only writes no record. Local files only.
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -150,3 +151,15 @@ def test_an_unsigned_record_under_a_collections_name_is_not_carried_into_its_rec
     record = _records(local)[f"{20:012d}.json"]
     assert [e["step"] for e in record["removed"]] == [10, 20]  # type: ignore[union-attr]
     assert store.audit(key=key).ok
+
+
+def test_a_collection_is_logged_with_what_it_kept_and_deleted(
+        local: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    store = local.store()
+    commit_steps(store, [10, 20, 30])
+    write_step(store, 25, skip=(1,))
+    with caplog.at_level(logging.INFO, logger="datalane.store"):
+        assert store.gc(keep=1) == [10, 20, 25]
+        assert store.gc(keep=1) == []  # nothing to do: nothing logged
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("gc")] == [
+        f"gc of {store.uri}: kept steps 30, deleted steps 10, 20, 25"]
