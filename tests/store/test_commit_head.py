@@ -15,6 +15,7 @@ import logging
 
 import pytest
 
+from datalane.spec.errors import ConfigError
 from datalane.store.history import read_head
 
 from .conftest import Backend
@@ -91,3 +92,24 @@ def test_an_incomplete_step_is_logged_with_its_missing_lanes(
     assert [r.getMessage() for r in caplog.records] == [
         "step 10 not committed yet: 2 pod objects, lanes 2-3, 6-7 missing",
         "step 20 not committed yet: 0 pod objects, lanes all missing"]
+
+
+@pytest.mark.parametrize("step", [-1, True, 10**12, "3"])
+def test_every_step_argument_is_checked_before_storage_is_touched(local: Backend,
+                                                                   step: object) -> None:
+    store = local.store()
+    why = f"a checkpoint step must be an integer in [0, 10^12), got {step!r}"
+    calls = {
+        "commit": lambda: store.commit(step),  # type: ignore[arg-type]
+        "write_pod": lambda: store.write_pod(step, 0, {}, {}, "f" * 64, None, 8),  # type: ignore[arg-type]
+        "discard": lambda: store.discard(step),  # type: ignore[arg-type]
+        "is_committed": lambda: store.is_committed(step),  # type: ignore[arg-type]
+        "pod_uri": lambda: store.pod_uri(step, 0),  # type: ignore[arg-type]
+        "manifest": lambda: store.manifest(step),  # type: ignore[arg-type]
+        "load": lambda: store.load(step),  # type: ignore[arg-type]
+    }
+    for name, call in calls.items():
+        with pytest.raises(ConfigError) as err:
+            call()
+        assert (name, str(err.value)) == (name, why)
+    assert not local.fs.exists(local.base)
