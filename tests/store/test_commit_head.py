@@ -113,3 +113,18 @@ def test_every_step_argument_is_checked_before_storage_is_touched(local: Backend
             call()
         assert (name, str(err.value)) == (name, why)
     assert not local.fs.exists(local.base)
+
+
+def test_a_committed_step_committed_again_keeps_its_bytes_after_an_older_commit(
+        local: Backend) -> None:
+    """Step 20 committed after step 30 (out of order): committing 30 again returns its
+    manifest as committed (linking to 10), never one derived anew (linking to 20)."""
+    store = local.store()
+    commit_steps(store, [10, 30])
+    committed = local.read(30, "MANIFEST.json")
+    write_step(store, 20, since=10)
+    assert store.commit(20) is not None
+    again = store.commit(30)
+    assert again is not None and again.previous_step == 10
+    assert local.read(30, "MANIFEST.json") == committed
+    assert store.audit().ok
