@@ -89,9 +89,12 @@ def test_an_incomplete_step_is_logged_with_its_missing_lanes(
     with caplog.at_level(logging.INFO, logger="datalane.store"):
         assert store.commit(10) is None
         assert store.commit(20) is None
+        write_step(store, 10, pods=4)
+        assert store.commit(10) is not None
     assert [r.getMessage() for r in caplog.records] == [
         "step 10 not committed yet: 2 pod objects, lanes 2-3, 6-7 missing",
-        "step 20 not committed yet: 0 pod objects, lanes all missing"]
+        "step 20 not committed yet: 0 pod objects, lanes all missing",
+        f"committed step 10 in {store.uri} (8 lanes in 4 objects, 10 ledger entries)"]
 
 
 @pytest.mark.parametrize("step", [-1, True, 10**12, "3"])
