@@ -106,15 +106,16 @@ def test_a_transient_read_fault_is_raised_not_taken_for_a_broken_checkpoint(
 
 def test_a_collection_interrupted_and_run_again_keeps_every_removed_step_recorded(
         local: Backend) -> None:
-    """gc of 10 and 20 dies after deleting step 10 and before step 20's manifest; the next gc
-    removes step 20 alone. Its record has the same name as the first one (the newest step
-    removed): it must still list step 10, or the audit reports the oldest steps deleted."""
+    """gc of 10, 20 and 30 dies after deleting steps 10 and 20, before step 30's manifest; the
+    next gc removes step 30 alone. Its record has the same name as the first one (the newest
+    step removed): it must still list steps 10 and 20 (with 20's link to 10), or the audit
+    reports the oldest steps deleted."""
     key = b"k" * 32
     store = local.store(ledger_key=key)
-    commit_steps(store, [10, 20, 30])
+    commit_steps(store, [10, 20, 30, 40])
     io = store._io  # the crash is injected at the object layer
     real = io.delete
-    doomed_manifest = f"{local.base}/steps/{20:012d}/MANIFEST.json"
+    doomed_manifest = f"{local.base}/steps/{30:012d}/MANIFEST.json"
 
     def crash(path: str) -> None:
         if path == doomed_manifest:
@@ -124,16 +125,18 @@ def test_a_collection_interrupted_and_run_again_keeps_every_removed_step_recorde
     io.delete = crash  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
         store.gc(keep=1)
-    assert local.names(10) == [] and "MANIFEST.json" in local.names(20)
+    assert local.names(10) == local.names(20) == [] and "MANIFEST.json" in local.names(30)
     again = local.store(ledger_key=key)
-    assert again.gc(keep=1) == [20]
-    record = _records(local)[f"{20:012d}.json"]
-    assert [e["step"] for e in record["removed"]] == [10, 20]  # type: ignore[union-attr]
+    assert again.gc(keep=1) == [30]
+    removed: list[dict[str, object]] = _records(local)[f"{30:012d}.json"]["removed"]  # type: ignore[assignment]
+    assert [e["step"] for e in removed] == [10, 20, 30]
+    assert [e["previous"] for e in removed] == [None, {"step": 10, "sha256": removed[0]["sha256"]},
+                                                {"step": 20, "sha256": removed[1]["sha256"]}]
     report = again.audit(key=key)
     assert report.ok, report.text()
     assert report.history[1] == (
-        f"history: complete back to the first checkpoint; 2 checkpoints before step 30 were "
-        f"garbage-collected (steps 10, 20; {again.uri}/gc/{20:012d}.json)")
+        f"history: complete back to the first checkpoint; 3 checkpoints before step 40 were "
+        f"garbage-collected (steps 10, 20, 30; {again.uri}/gc/{30:012d}.json)")
 
 
 def test_an_unsigned_record_under_a_collections_name_is_not_carried_into_its_record(
