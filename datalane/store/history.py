@@ -110,14 +110,24 @@ def head_record(key: bytes | None, step: int, sha256: str, seq: int | None) -> b
 
 
 def gc_record(key: bytes | None, removed: Sequence[tuple[int, str, Manifest | None]],
-              kept: Sequence[int]) -> bytes:
+              kept: Sequence[int], carried: Sequence[Removed] = ()) -> bytes:
     """The bytes of a gc record for the committed steps ``removed`` (step, SHA-256 of its
-    manifest bytes, its manifest if it parses) and the committed steps ``kept``."""
-    entries = [{"step": step, "sha256": sha, "seq": m.seq if m is not None else None,
-                "previous": None if m is None or m.previous_step is None else
-                {"step": m.previous_step, "sha256": m.previous_sha256}}
-               for step, sha, m in sorted(removed, key=lambda r: r[0])]
-    doc = {"format": GC_FORMAT, "removed": entries, "kept": sorted(kept)}
+    manifest bytes, its manifest if it parses) and the committed steps ``kept``.
+
+    ``carried`` are the entries of the record this one replaces (a collection interrupted
+    after deleting some of its steps, run again: its record has the same name, the newest step
+    removed), kept for the steps ``removed`` does not list, so none goes unaccounted."""
+    entries = {step: {"step": step, "sha256": sha, "seq": m.seq if m is not None else None,
+                      "previous": None if m is None or m.previous_step is None else
+                      {"step": m.previous_step, "sha256": m.previous_sha256}}
+               for step, sha, m in removed}
+    for r in carried:
+        entries.setdefault(r.step, {
+            "step": r.step, "sha256": r.sha256, "seq": r.seq,
+            "previous": None if r.previous is None else
+            {"step": r.previous[0], "sha256": r.previous[1]}})
+    doc = {"format": GC_FORMAT, "removed": [entries[s] for s in sorted(entries)],
+           "kept": sorted(kept)}
     return canonical_json(sign_document(key, GC_FORMAT, doc)) + b"\n"
 
 

@@ -479,14 +479,23 @@ class CheckpointStore:
         return doomed
 
     def _record_gc(self, steps: list[int], kept: list[int]) -> None:
-        """Write the gc record of the committed ``steps`` about to be removed."""
+        """Write the gc record of the committed ``steps`` about to be removed.
+
+        A record of the same name (an earlier collection that died after deleting some of
+        its steps, and listed this one too) keeps its other entries in the new record, those
+        this store's key vouches for: the steps it already deleted stay accounted for.
+        """
         entries = []
         for step in steps:
             data = self._io.read_optional(manifest_path(self._base, step))
             if data is not None:
                 entries.append((step, sha256_hex(data), self._parsed_manifest(step, data)))
         if entries:
-            self._io.write(gc_path(self._base, steps[-1]), gc_record(self._key, entries, kept))
+            path = gc_path(self._base, steps[-1])
+            earlier = self._io.read_optional(path)
+            carried = ([] if earlier is None
+                       else read_gc_record(earlier, self._io.uri(path), self._key)[0])
+            self._io.write(path, gc_record(self._key, entries, kept, carried))
 
     def _history(self, key: bytes | None) -> History:
         """HEAD.json and the gc records, their signatures checked with ``key`` (if given)."""
@@ -564,8 +573,10 @@ def _ranges(lanes: list[int]) -> str:
 
 
 def _differing_fields(stored: Manifest, rebuilt: Manifest | None) -> str:
+    """The top-level keys in which a stored manifest differs from the one its objects give;
+    an optional key (``phases``, ``seq``) present in only one of them is such a key."""
     if rebuilt is None:
         return "lanes (its objects do not hold every lane)"
     a, b = stored.to_json(), rebuilt.to_json()
-    keys = [k for k in sorted(a) if a[k] != b[k]]
+    keys = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
     return ", ".join(keys) if keys else "encoding"
