@@ -78,3 +78,35 @@ def test_a_duplicate_json_key_is_still_named_as_such(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_recipe(path)
     assert str(info.value) == f"recipe {path}: the key 'lanes' appears twice in one mapping"
+
+
+def test_an_empty_or_null_recipe_file_is_named_empty(tmp_path: Path) -> None:
+    for name, text in (("e.yaml", ""), ("c.yaml", "# only a comment\n"), ("n.yaml", "null\n"),
+                       ("n.json", "null")):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(ConfigError) as info:
+            load_recipe(path)
+        assert str(info.value) == f"recipe {path} is empty"
+
+
+def test_a_key_given_twice_in_yaml_is_named_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("lanes: 2\nsources:\n  - name: a\n    uris: [a]\n    name: b\n")
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    assert str(info.value) == f"recipe {path} line 5: the key 'name' appears twice in one mapping"
+
+
+def test_a_json_recipe_is_read_as_json_and_a_yaml_one_as_yaml(tmp_path: Path) -> None:
+    """A ``.json`` file is JSON (a YAML-only spelling is an error); any other is YAML."""
+    text = "lanes: 1\nglobal_batch_size: 1\nseq_len: 8\ntokenizer: {uri: /t.json}\n" \
+           "sources: [{name: a, uris: [/a.jsonl]}]\n"
+    as_yaml = tmp_path / "r.yml"
+    as_yaml.write_text(text)
+    assert load_recipe(as_yaml).seq_len == 8
+    as_json = tmp_path / "r.json"
+    as_json.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_recipe(as_json)
+    assert str(info.value).startswith(f"recipe {as_json} is not valid JSON: ")
