@@ -8,6 +8,7 @@ below is written out token by token.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from datalane.engine.lane import LaneStream
 from datalane.engine.lanecheck import FRESH
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
+from datalane.spec.errors import MismatchError
 from datalane.spec.knobs import Knobs
 from datalane.spec.state import Counters, LaneState
 from tests.support.stages import (
@@ -137,3 +139,16 @@ def test_a_source_added_after_the_others_joins_fresh(tmp_path: Path, pool: TaskP
     assert state.mixture_base == saved.mixture_base.extended(2)
     first.close()
     resumed.close()
+
+
+def test_a_lane_checks_the_state_it_resumes_from(tmp_path: Path, pool: TaskPool) -> None:
+    """The lane refuses a state it could not have written (engine/lanecheck.py, one rule a
+    test there) before building anything from it."""
+    plan = plan_of(tmp_path, 6)
+    first = lane(plan, pool)
+    first.next_window()
+    saved = first.state()
+    first.close()
+    with pytest.raises(MismatchError) as info:
+        lane(plan, pool, state=dataclasses.replace(saved, lane=1))
+    assert str(info.value) == "the state of lane 1 cannot restore lane 0"
