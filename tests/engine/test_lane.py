@@ -152,3 +152,29 @@ def test_a_lane_checks_the_state_it_resumes_from(tmp_path: Path, pool: TaskPool)
     with pytest.raises(MismatchError) as info:
         lane(plan, pool, state=dataclasses.replace(saved, lane=1))
     assert str(info.value) == "the state of lane 1 cannot restore lane 0"
+
+
+@pytest.mark.parametrize(("start", "cut"), [(2, 1), (2, 2), (2, 3), (1, 1)])
+def test_a_lane_resumed_around_a_weight_change_continues_as_it_would_have(
+        tmp_path: Path, pool: TaskPool, start: int, cut: int) -> None:
+    """The mixture of a resumed lane starts from the weights of the state's last window (step
+    ``cut - 1``) and re-bases at the change as the lane that ran on did: ``b`` joins at step
+    ``start`` with 3 times ``a``'s weight, and every window after the resume point is the
+    same."""
+    b = write_jsonl(tmp_path / "b.jsonl", [text_of(100 + i, 3) for i in range(12)])
+    plan = plan_of(tmp_path, 12, more=[{"name": "b", "uris": [b], "weight": 0}],
+                   phases=[{"name": "b-in", "start_step": start, "weights": {"b": 3.0}}])
+    ran = lane(plan, pool)
+    windows, states = [], []
+    for _ in range(6):
+        windows.append(ran.next_window().input_ids.tolist())
+        states.append(ran.state())
+    ran.close()
+    a_only = [[doc(0) + doc(1), doc(2) + doc(3)], [doc(4) + doc(5), doc(6) + doc(7)]]
+    assert windows[:start] == a_only[:start]  # a alone before the phase, b from it on
+    assert any(DOC0 + 100 in row for row in windows[start])
+    resumed = lane(plan, pool, state=states[cut - 1])
+    for step in range(cut, 6):
+        assert resumed.next_window().input_ids.tolist() == windows[step], f"step {step}"
+    assert resumed.state() == states[-1]
+    resumed.close()
