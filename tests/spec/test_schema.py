@@ -50,6 +50,14 @@ def test_text_schema_orders_the_columns_per_image_last() -> None:
         schema.column("labels")
 
 
+def test_columns_schemas_and_slot_fields_are_frozen_values() -> None:
+    field = _text().layout(1, 1)[0]
+    for value, name in ((LOSS_MASK, "pad"), (_text(), "columns"), (field, "offset")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, None)
+    assert {LOSS_MASK: 1}[Column("loss_mask", "uint8", pad=0, default=1)] == 1  # hashable
+
+
 def test_shapes_and_capacities_of_each_kind_of_column() -> None:
     # 2 rows of 7 tokens: at most 7 // 3 = 2 images a row (a run is >= 3 tokens), 4 images;
     # at most 6 placeholders a row, 4 patch rows each: 2 * 6 * 4 = 48 patch rows
