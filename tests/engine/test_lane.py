@@ -63,15 +63,16 @@ def lane(plan: Plan, pool: TaskPool, bulk: bool = True,
     return stream
 
 
-@pytest.mark.parametrize(("packer", "bulk"), [("wrap", True), ("wrap", False),
-                                              ("bestfit", False)])
+@pytest.mark.parametrize(("packer", "one_by_one"), [("wrap", False), ("wrap", True),
+                                                    ("bestfit", False)])
 def test_a_lanes_windows_then_padding_once_its_data_ends(tmp_path: Path, pool: TaskPool,
-                                                         packer: str, bulk: bool) -> None:
+                                                         packer: str, one_by_one: bool) -> None:
     # 3 documents, 12 tokens: row 0 holds d0 and d1, row 1 d2 and 4 padding tokens (bestfit
     # too: every document fits whole); the next windows are all padding, ended. Only wrap
     # fills whole windows at once.
-    stream = lane(plan_of(tmp_path, 3, packing={"algorithm": packer}), pool, bulk)
-    assert (stream._fill is not None) == bulk
+    stream = lane(plan_of(tmp_path, 3, packing={"algorithm": packer}), pool, not one_by_one)
+    bulk = stream._fill is not None
+    assert bulk == (packer == "wrap" and not one_by_one)
     w0 = stream.next_window()
     assert w0.input_ids.tolist() == [doc(0) + doc(1), doc(2) + [PAD] * 4]
     assert w0.positions.tolist() == [[0, 1, 2, 3] * 2, [0, 1, 2, 3] + [-1] * 4]
