@@ -182,3 +182,22 @@ def test_a_lane_resumed_around_a_weight_change_continues_as_it_would_have(
         assert resumed.next_window().input_ids.tolist() == windows[step], f"step {step}"
     assert resumed.state() == states[-1]
     resumed.close()
+
+
+def test_a_source_counts_as_run_out_when_its_cursor_is_past_its_last_epoch(
+        tmp_path: Path, pool: TaskPool) -> None:
+    """What the lane tells the mixture's re-basing (``ran_out``): the resume point's epoch,
+    the same in a run and in its restore; a repeating source never runs out."""
+    b = write_jsonl(tmp_path / "b.jsonl", [text_of(100, 3)])
+    plan = plan_of(tmp_path, 3, more=[{"name": "b", "uris": [b], "epochs": None}])
+    stream = lane(plan, pool)
+    assert [stream._ran_out(0), stream._ran_out(1)] == [False, False]
+    for _ in range(3):
+        stream.next_window()
+    assert stream.streams[0].cursor.epoch == 1  # a read once: epoch 1 of 1
+    assert stream.streams[1].cursor.epoch >= 1  # b has come round at least once
+    assert [stream._ran_out(0), stream._ran_out(1)] == [True, False]
+    restored = lane(plan, pool, state=stream.state())
+    assert [restored._ran_out(0), restored._ran_out(1)] == [True, False]
+    stream.close()
+    restored.close()
