@@ -22,7 +22,7 @@ from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
 from datalane.spec.errors import MismatchError
 from datalane.spec.knobs import Knobs
-from datalane.spec.state import Counters, LaneState
+from datalane.spec.state import Counters, LaneState, PackerState
 from tests.support.stages import (
     DOC0,
     EOS,
@@ -201,3 +201,33 @@ def test_a_source_counts_as_run_out_when_its_cursor_is_past_its_last_epoch(
     assert [restored._ran_out(0), restored._ran_out(1)] == [True, False]
     stream.close()
     restored.close()
+
+
+def test_a_carried_piece_resumes_and_one_the_recipe_cannot_hold_is_refused(
+        tmp_path: Path, pool: TaskPool) -> None:
+    """Documents of 5 tokens (``"d<i> x x x"`` and EOS): window 0 ends 1 token into d3, so
+    the state carries d3's tokens 1..5 (source 0, the document at byte 63: three lines of
+    21 bytes before it). A piece of a source or document the recipe does not have is refused
+    naming it (a chunk 9 of a one-chunk source)."""
+    tok = write_tokenizer(tmp_path / "tokenizer.json")
+    a = write_jsonl(tmp_path / "a.jsonl", [text_of(i, 4) for i in range(6)])
+    plan = Plan.build(load_recipe(recipe_dict(tok, [{"name": "a", "uris": [a]}],
+                                              global_batch_size=2)))
+    first = lane(plan, pool)
+    five = [[DOC0 + i, X, X, X, EOS] for i in range(6)]
+    assert first.next_window().input_ids.tolist() == [five[0] + five[1][:3],
+                                                      five[1][3:] + five[2] + five[3][:1]]
+    saved = first.state()
+    first.close()
+    assert saved.packer == PackerState("wrap", {"held": [[0, [0, 63], 1, 5]]})
+    resumed = lane(plan, pool, state=saved)
+    assert resumed.next_window().input_ids.tolist() == [five[3][1:] + five[4][:4],
+                                                        five[4][4:] + five[5] + [PAD] * 2]
+    resumed.close()
+    for piece, named in (([1, [0, 63], 1, 5], "source 1, document [0, 63]"),
+                         ([0, [9, 0], 1, 5], "source 0, document [9, 0]")):
+        with pytest.raises(MismatchError) as info:
+            lane(plan, pool, state=dataclasses.replace(
+                saved, packer=PackerState("wrap", {"held": [piece]}))).next_window()
+        assert str(info.value) == (f"lane 0 state: carried piece of {named}, is not a "
+                                   f"document of the recipe")
