@@ -398,3 +398,10 @@ def test_a_negative_step_is_refused() -> None:
     with pytest.raises(ConfigError) as info:
         check_amend(r, r, -1)
     assert str(info.value) == "step must be >= 0, got -1"
+
+
+def test_every_table_of_a_document_whose_sources_are_all_used_is_kept() -> None:
+    """Nothing is dropped, so nothing is rewritten: even an empty table stays (the prefix is
+    the document itself, the fingerprint of a state saved before phases existed)."""
+    doc = {**document(recipe([ANNEAL])), "documents": {}, "compressed_chunks": {}}
+    assert prefix_document(doc, 11) == doc
