@@ -20,6 +20,7 @@ ledger), and :func:`phase_starts` lists where each phase begins.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -314,7 +315,9 @@ def phase_diff(saved: Mapping[str, Any], current: Mapping[str, Any], step: int,
             if wo.get(name) != wn.get(name):
                 lines.append(f"  {_phase_label(i, old, step)}: weights.{name} saved "
                              f"{wo.get(name, '<absent>')!r}, now {wn.get(name, '<absent>')!r}")
-    lines.extend(_named_sources(diff_documents(a, b, limit=limit), a, b))
+    # every field line, cut once below: a list the diff had cut already would be counted as
+    # its shown lines and one "... and N more" line, not as the lines it stands for
+    lines.extend(_named_sources(diff_documents(a, b, limit=sys.maxsize), a, b))
     if len(lines) > limit:
         lines = [*lines[:limit], f"  ... and {len(lines) - limit} more"]
     return lines

@@ -191,10 +191,11 @@ class Source:
             can = part_formats(self.kind_config)
             other = sorted(f for f in named if f is not None and f not in can)
             if other:
+                kind = self.kind_field
                 raise ConfigError(
-                    f"{_at(where, self.kind_field)}: a {self.kind_field} document is read from "
-                    f"several fields of a record at once, which the {other[0]} format does "
-                    f"not do; use {' or '.join(sorted(can))} files")
+                    f"{_at(where, kind)}: {'an' if kind[0] in 'aeiou' else 'a'} {kind} document "
+                    f"is read from several fields of a record at once, which the {other[0]} "
+                    f"format does not do; use {' or '.join(sorted(can))} files")
         if self.tokens is None:
             ids_only = sorted(f for f in named if f in TOKEN_FORMATS)
             if ids_only:

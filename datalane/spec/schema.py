@@ -131,6 +131,11 @@ class SampleSchema:
         for c in self.columns:
             if c.dtype not in DTYPES:
                 raise ValueError(f"column {c.name!r} has the unknown dtype {c.dtype!r}")
+            info = np.iinfo(DTYPES[c.dtype])  # every value array of the column holds them
+            for what, value in (("pad", c.pad), ("default", c.default)):
+                if not info.min <= value <= info.max:
+                    raise ValueError(f"column {c.name!r} has the {what} {value}, which "
+                                     f"{c.dtype} cannot hold ({info.min}..{info.max})")
             if c.image is not None and (c.per_token or c.image not in ("image", "bound", "patch")
                                         or c.width < 0 or (c.image == "patch")
                                         != (c.patches_per_token > 0)):

@@ -320,3 +320,88 @@ def test_mean_weights_without_phases_are_the_weights_as_written() -> None:
 
     # not normalized: (2, 6) stays (2, 6), not the shares (0.25, 0.75)
     assert mean_weights(load_recipe(recipe(weights=(2.0, 6.0))), 4) == (2.0, 6.0)
+
+
+# -- the prefix, the diff and amendments: edges -------------------------------------------------
+
+def test_a_document_without_a_recipe_object_is_its_own_prefix_less_eval() -> None:
+    assert prefix_document({"eval": [{"name": "x"}], "files": {}}, 5) == {"files": {}}
+    assert prefix_document({"recipe": "r", "eval": 1}, 5) == {"recipe": "r"}
+
+
+def test_the_prefix_drops_an_unused_sources_files_documents_and_chunks() -> None:
+    # hq has weight 0 at step 0 and in "web-up" (steps 2..9); ANNEAL starts at the step: at
+    # step 10 hq is unused, dropped with its entries; a table left empty goes, but "files"
+    # stays (a document always has its files)
+    doc = document(recipe([{"name": "web-up", "start_step": 2, "weights": {"web": 2.0, "hq": 0}},
+                           ANNEAL], weights=(1.0, 0.0)))
+    doc["documents"] = {"hq": "hq-docs"}
+    doc["compressed_chunks"] = {"web": [[0, 7]], "hq": [[0, 9]]}
+    out = prefix_document(doc, 10)
+    assert out["recipe"]["phases"] == [{"name": "web-up", "start_step": 2,
+                                        "weights": {"web": 2.0}, "ramp_steps": 1}]
+    assert [s["name"] for s in out["recipe"]["sources"]] == ["web"]
+    assert out["files"] == {"web": [["/data/web/0.jsonl", 10, "m"]]}
+    assert "documents" not in out
+    assert out["compressed_chunks"] == {"web": [[0, 7]]}
+    doc["files"] = {"hq": [["/data/hq/0.jsonl", 10, "m"]]}
+    assert prefix_document(doc, 10)["files"] == {}
+
+
+LATE = {"name": "late", "start_step": 3, "weights": {}}
+
+
+def test_the_diff_names_a_phase_field_or_weight_absent_on_one_side() -> None:
+    saved = {"recipe": {"phases": [LATE]}}
+    current = {"recipe": {"phases": [{**LATE, "ramp_steps": 2, "weights": {"hq": 0.5}}]}}
+    assert phase_diff(saved, current, 5) == [
+        "  phases[0] 'late' (starts at step 3, before the resume step 5): ramp_steps saved "
+        "'<absent>', now 2",
+        "  phases[0] 'late' (starts at step 3, before the resume step 5): weights.hq saved "
+        "'<absent>', now 0.5"]
+    assert phase_diff({"recipe": "a"}, {"recipe": "b"}, 5) == ["  recipe: saved 'a', now 'b'"]
+
+
+def test_the_diff_shows_limit_lines_and_counts_every_other_one() -> None:
+    # one phase line and 20 field lines: 12 shown (the phase's and 11 fields), 9 more
+    saved = {"recipe": {"phases": [LATE]}, "x": {f"k{i:02}": 0 for i in range(20)}}
+    current = {"recipe": {}, "x": {f"k{i:02}": 1 for i in range(20)}}
+    lines = phase_diff(saved, current, 5)
+    assert lines == [
+        "  phases[0] 'late' (starts at step 3, before the resume step 5): removed",
+        *(f"  x.k{i:02}: saved 0, now 1" for i in range(11)),
+        "  ... and 9 more"]
+    assert len(phase_diff(saved, current, 5, limit=21)) == 21  # all of them, no count
+    assert phase_diff(saved, current, 5, limit=20)[-1] == "  ... and 1 more"
+
+
+def test_a_source_is_named_only_where_both_sides_agree_on_its_name() -> None:
+    old, new = recipe(), recipe()
+    new["sources"][1]["name"] = "hq2"
+    assert amend_error(old, new, 5).splitlines()[1:] == [
+        "  recipe.sources[1].name: saved 'hq', now 'hq2'"]
+    gone = recipe()
+    gone["sources"].pop()
+    assert amend_error(old, gone, 5).splitlines()[1:] == [
+        *(f"  recipe.sources[1] 'hq'.{field}: saved {value}, now '<absent>'" for field, value in (
+            ("chunk_bytes", "1048576"), ("chunk_rows", "None"), ("epochs", "1"),
+            ("filters", "None"), ("format", "None"), ("name", "'hq'"),
+            ("text_field", "'text'"), ("uris", "['/data/hq/*.jsonl']"), ("weight", "1.0"))),
+        "  sources: 2 before, now 1; a source may be added after the others, never removed"]
+
+
+def test_a_negative_step_is_refused() -> None:
+    from datalane.spec.errors import ConfigError
+
+    r = load_recipe(recipe())
+    check_amend(r, r, 0)
+    with pytest.raises(ConfigError) as info:
+        check_amend(r, r, -1)
+    assert str(info.value) == "step must be >= 0, got -1"
+
+
+def test_every_table_of_a_document_whose_sources_are_all_used_is_kept() -> None:
+    """Nothing is dropped, so nothing is rewritten: even an empty table stays (the prefix is
+    the document itself, the fingerprint of a state saved before phases existed)."""
+    doc = {**document(recipe([ANNEAL])), "documents": {}, "compressed_chunks": {}}
+    assert prefix_document(doc, 11) == doc

@@ -72,9 +72,39 @@ def test_an_integer_too_long_to_convert_is_a_config_error(tmp_path: Path) -> Non
         read_json_file(str(state), "state file", MismatchError)
 
 
-def test_a_duplicate_json_key_is_still_named_as_such(tmp_path: Path) -> None:
-    path = tmp_path / "r.json"
-    path.write_text('{"lanes": 1, "lanes": 2}')
+@pytest.mark.parametrize(("name", "text", "where", "key"), [
+    ("r.json", '{"lanes": 1, "lanes": 2}', "", "lanes"),
+    ("r.yaml", "lanes: 2\nsources:\n  - name: a\n    uris: [a]\n    name: b\n", " line 5",
+     "name"),
+])
+def test_a_duplicate_key_is_still_named_as_such(tmp_path: Path, name: str, text: str,
+                                                 where: str, key: str) -> None:
+    """JSON names the file, YAML the line of the second key too."""
+    path = tmp_path / name
+    assert _refusal(path, text) == (
+        f"recipe {path}{where}: the key {key!r} appears twice in one mapping")
+
+
+def _refusal(path: Path, text: str) -> str:
+    """The ConfigError of loading ``text`` written to ``path``."""
+    path.write_text(text)
     with pytest.raises(ConfigError) as info:
         load_recipe(path)
-    assert str(info.value) == f"recipe {path}: the key 'lanes' appears twice in one mapping"
+    return str(info.value)
+
+
+def test_an_empty_or_null_recipe_file_is_named_empty(tmp_path: Path) -> None:
+    for name, text in (("e.yaml", ""), ("c.yaml", "# only a comment\n"), ("n.yaml", "null\n"),
+                       ("n.json", "null")):
+        assert _refusal(tmp_path / name, text) == f"recipe {tmp_path / name} is empty"
+
+
+def test_a_json_recipe_is_read_as_json_and_a_yaml_one_as_yaml(tmp_path: Path) -> None:
+    """A ``.json`` file is JSON (a YAML-only spelling is an error); any other is YAML."""
+    text = "lanes: 1\nglobal_batch_size: 1\nseq_len: 8\ntokenizer: {uri: /t.json}\n" \
+           "sources: [{name: a, uris: [/a.jsonl]}]\n"
+    as_yaml = tmp_path / "r.yml"
+    as_yaml.write_text(text)
+    assert load_recipe(as_yaml).seq_len == 8
+    as_json = tmp_path / "r.json"
+    assert _refusal(as_json, text).startswith(f"recipe {as_json} is not valid JSON: ")
