@@ -1,0 +1,404 @@
+"""A :class:`~datalane_sidecar.session.Session` driven in the test's own process.
+
+A tiny endless recipe (4 lanes, a global batch of 8 sequences of 32 tokens): at world size 1
+with microbatches of 4 a step is 2 microbatches. Every microbatch, boundary and digest is
+compared with a plain :class:`~datalane.engine.loader.Loader` run of the same recipe; the
+refusals are checked by their messages. No sidecar process: each test takes about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from datalane_sidecar.session import Session
+
+from datalane import load_recipe
+from datalane.corpus import tokenizer_path
+from datalane.engine.loader import Loader
+from datalane.engine.plan import Plan
+from datalane.engine.pool import TaskPool
+from datalane.spec.errors import ConfigError, StorageError
+from datalane.spec.knobs import Knobs
+from datalane.spec.recipe import Recipe
+from datalane.spec.state import Checkpoint
+
+MB = 4  # microbatch size: 8 sequences a step at world size 1 are 2 microbatches
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory: pytest.TempPathFactory) -> Recipe:
+    root: Path = tmp_path_factory.mktemp("docs")
+    for i in range(4):
+        (root / f"f{i}.jsonl").write_text("".join(
+            json.dumps({"text": f"doc {j} of file {i} " + "abc def ghi " * (j % 7 + 1)}) + "\n"
+            for j in range(40)))
+    return load_recipe({
+        "lanes": 4, "global_batch_size": 8, "seq_len": 32, "seed": 3,
+        "tokenizer": {"uri": tokenizer_path()},
+        "sources": [{"name": "tiny", "uris": [str(root / "*.jsonl")], "epochs": None}],
+        "shuffle": {"block_size": 16}})
+
+
+@pytest.fixture(scope="module")
+def plan(recipe: Recipe) -> Plan:
+    return Plan.build(recipe)
+
+
+@pytest.fixture(scope="module")
+def reference(recipe: Recipe) -> dict[str, Any]:
+    """Six steps of the plain loader at world size 1: each step's microbatches (input_ids
+    bytes), lane digests, trained tokens, and the checkpoint JSON before each step."""
+    loader = Loader(recipe, 0, 1)
+    out: dict[str, Any] = {"ids": {}, "digests": {}, "tokens": {}, "real": {}, "states": {}}
+    try:
+        for s in range(6):
+            out["states"][s] = json.dumps(loader.state_dict(), separators=(",", ":"))
+            step = loader.next_step()
+            out["ids"][s] = [step.microbatch(i, MB).columns["input_ids"].tobytes()
+                             for i in range(2)]
+            out["digests"][s] = step.lane_digests
+            out["tokens"][s] = step.step_tokens
+            out["real"][s] = int((step.positions >= 0).sum())
+        out["states"][6] = json.dumps(loader.state_dict(), separators=(",", ":"))
+    finally:
+        loader.close()
+    return out
+
+
+@pytest.fixture
+def open_session(plan: Plan) -> Iterator[Callable[..., Session]]:
+    """``open_session(**overrides)``: a session of rank 0 of 1 from the start, prefetch 4."""
+    pool = TaskPool(1)
+    made: list[Session] = []
+
+    def make(**kw: Any) -> Session:
+        args: dict[str, Any] = dict(session_id="s", plan=plan, pool=pool,
+                                    knobs=Knobs(workers=1), rank=0, world_size=1,
+                                    microbatch_size=MB, start=None, skip_microbatches=0,
+                                    prefetch=4)
+        args.update(kw)
+        made.append(Session(**args))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+    pool.shutdown()
+
+
+def _settle(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def _checkpoint(text: str) -> Checkpoint:
+    return Checkpoint.from_json(json.loads(text))
+
+
+def _lanes(text: str) -> dict[int, str]:
+    """The lane -> compact JSON of a checkpoint text, as Session.attach expects them."""
+    return {int(k): json.dumps(v, separators=(",", ":"))
+            for k, v in json.loads(text)["lanes"].items()}
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+def test_a_session_without_readers_is_refused(open_session) -> None:
+    with pytest.raises(ConfigError, match="^a session needs at least one reader, got 0$"):
+        open_session(readers=0)
+
+
+def test_a_skip_of_a_whole_step_is_refused_naming_both(open_session) -> None:
+    with pytest.raises(ConfigError, match="^skip_microbatches 2 must be below the 2 "
+                                          "microbatches of a step$"):
+        open_session(skip_microbatches=2)
+
+
+def test_an_eval_session_at_or_past_its_steps_is_refused(open_session, reference) -> None:
+    start = _checkpoint(reference["states"][2])
+    with pytest.raises(ConfigError, match=r"^step 2 is past the 2 steps of eval stream 'ev'; "
+                                          r"an evaluation opens it from the start$"):
+        open_session(start=start, stream="ev", steps=2)
+    session = open_session(start=start, stream="ev", steps=3)  # one step left: served
+    assert session.first_step == 2 and session.is_eval
+
+
+# -- the stream -------------------------------------------------------------------------------
+
+def test_the_microbatches_are_the_loaders_and_the_last_of_a_step_carries_its_end(
+        open_session, reference) -> None:
+    session = open_session()
+    assert (session.per_step, session.first_step, session.lanes) == (2, 0, range(0, 4))
+    assert not session.is_eval and session.lost is None and session.stream == "train"
+    gen = session.claim(0)
+    assert gen == 1 and session.attached() == [0]
+    got = [session.next(0, gen, 10.0) for _ in range(6)]
+    for k, item in enumerate(got):
+        assert item is not None
+        s, i = divmod(k, 2)
+        assert (item.step, item.index, item.rows) == (s, i, MB)
+        assert item.columns["input_ids"].tobytes() == reference["ids"][s][i]
+        assert item.step_tokens == reference["tokens"][s]
+        assert item.nbytes == sum(a.nbytes for a in item.columns.values())
+        if i == 1:  # the step's last: the boundary after it and the step's digests
+            assert item.after is not None and item.after.step == s + 1
+            assert session.texts.text(item.after) == reference["states"][s + 1]
+            assert item.lane_digests == reference["digests"][s]
+        else:
+            assert item.after is None and item.lane_digests == {}
+    assert session.digests_between(0, 3) == {s: reference["digests"][s] for s in range(3)}
+    assert session.digests_between(1, 2) == {1: reference["digests"][1]}
+    # the producer counted the real (not padded) tokens of every step it made
+    made = session.loader.step
+    assert session.produced_tokens == sum(reference["real"][s] for s in range(made))
+
+
+def test_a_skip_starts_at_that_microbatch_of_the_first_step(open_session, reference) -> None:
+    session = open_session(skip_microbatches=1)
+    gen = session.claim(0)
+    first = session.next(0, gen, 10.0)
+    second = session.next(0, gen, 10.0)
+    assert first is not None and second is not None
+    assert [(first.step, first.index), (second.step, second.index)] == [(0, 1), (1, 0)]
+    assert first.columns["input_ids"].tobytes() == reference["ids"][0][1]
+
+
+def test_nobody_reading_the_producer_stops_prefetch_ahead(open_session) -> None:
+    session = open_session(prefetch=3)
+    _settle(lambda: session.queue_depth() == 3, "3 microbatches made")
+    time.sleep(0.3)  # room for a fourth, had the bound slipped
+    assert session.queue_depth() == 3 and session.queue_depth(0) == 3
+    # 3 microbatches: steps 0 and 1 computed, boundaries 0, 1 and 2 recorded
+    assert session.kept_boundaries()["count"] == 3
+    info = session.describe()
+    assert (info["next_step"], info["first_step"], info["queue_depth"]) == (2, 0, 3)
+    assert info["lanes"] == [0, 4] and info["readers"] == 1 and info["attached"] == []
+    assert info["acked"] is None and info["stream"] == "train"
+    assert info["reader_positions"] == [{"attached": False, "sent": None, "acked": None,
+                                         "ready": 3}]
+    gauges = session.gauges()
+    assert gauges["step"] == 2 and len(gauges["mixture_tokens"]) == 1
+
+
+def test_a_reader_that_waits_for_nothing_gets_none_at_once(open_session) -> None:
+    session = open_session(prefetch=1)
+    gen = session.claim(0)
+    _settle(lambda: session.queue_depth(0) == 1, "1 microbatch made")
+    assert session.next(0, gen, 0.0) is not None
+    t0 = time.monotonic()
+    assert session.next(0, gen + 1, 0.5) is None  # a stale generation takes nothing
+    assert time.monotonic() - t0 < 0.45  # and is woken at once: its slot is another's
+
+
+# -- readers and positions --------------------------------------------------------------------
+
+def test_sent_and_acked_positions_are_the_slowest_readers(open_session) -> None:
+    session = open_session(readers=2)
+    g0, g1 = session.claim(0), session.claim(1)
+    assert session.sent is None and session.acked is None
+    session.sent_to(0, g0, (1, 1))
+    session.sent_to(1, g1, (0, 1))
+    session.sent_to(1, g1 + 1, (5, 0))  # another generation's: ignored
+    assert session.sent == (0, 1)
+    session.acked_by(0, g0, (1, 0))
+    session.acked_by(1, g1, (0, 1))
+    session.acked_by(1, g1 + 1, (4, 0))  # ignored
+    assert session.acked == (0, 1)
+    positions = session.reader_positions()
+    assert [(p["attached"], p["sent"], p["acked"]) for p in positions] == [
+        (True, [1, 1], [1, 0]), (True, [0, 1], [0, 1])]
+    assert session.describe()["acked"] == [0, 1]
+    # acknowledged 1 and 2 microbatches: the fanout counts them from the session's start
+    assert [s.acked for s in session._fanout.slots] == [2, 1]
+    session.detach(1, g1)
+    assert session.attached() == [0]
+
+
+def test_a_reader_attaches_where_the_session_holds_its_lane_states(open_session,
+                                                                   reference) -> None:
+    session = open_session(readers=2, prefetch=4)
+    g0 = session.claim(0)
+    for _ in range(4):  # reader 0 reads 2 steps: boundaries 0-2 recorded
+        assert session.next(0, g0, 10.0) is not None
+    one = _lanes(reference["states"][1])
+    # refusals: a reader or a skip out of range, a boundary not held, other lane states
+    assert session.attach(2, 1, one, 0) is None
+    assert session.attach(-1, 1, one, 0) is None
+    assert session.attach(1, 1, one, 2) is None
+    assert session.attach(1, 1, one, -1) is None
+    assert session.attach(1, 9, one, 0) is None
+    assert session.attach(1, 0, one, 0) is None  # step 0's states are not step 1's
+    assert session.attach(1, 1, {**one, 0: "{}"}, 0) is None
+    # step 1, microbatch 1: item 3 of the session; the reader's position is set to it
+    gen = session.attach(1, 1, one, 1)
+    assert gen == 1
+    assert session.reader_positions()[1]["acked"] == [1, 1]
+    item = session.next(1, gen, 10.0)
+    assert item is not None and (item.step, item.index) == (1, 1)
+    assert item.columns["input_ids"].tobytes() == reference["ids"][1][1]
+    assert session.attach(1, 1, one, 1) == 2  # again: a new generation
+
+
+def test_an_attach_before_a_skipped_start_is_refused(open_session, reference) -> None:
+    session = open_session(readers=2, skip_microbatches=1)
+    assert session.attach(1, 0, _lanes(reference["states"][0]), 0) is None
+    assert session.attach(1, 0, _lanes(reference["states"][0]), 1) == 1
+
+
+def test_an_attach_waits_for_the_boundary_being_computed(open_session, reference,
+                                                        monkeypatch) -> None:
+    """Step 1 is held in the loader until released: boundary 2 is the one being computed
+    (the producer has room), so an attach there waits for it; boundary 3 is not next, and
+    an attach without a wait does not wait."""
+    release = threading.Event()
+    real = Loader.next_step
+
+    def held(self: Loader) -> Any:
+        if self.step == 1:
+            assert release.wait(30)
+        return real(self)
+
+    monkeypatch.setattr(Loader, "next_step", held)
+    session = open_session(prefetch=4)
+    session.claim(0)
+    _settle(lambda: session.queue_depth() == 2, "step 0 made")
+    two, three = _lanes(reference["states"][2]), _lanes(reference["states"][3])
+    t0 = time.monotonic()
+    assert session.attach(0, 3, three, 0, wait=20.0) is None
+    assert session.attach(0, 2, two, 0) is None
+    assert time.monotonic() - t0 < 2.0  # neither waited
+    threading.Timer(0.3, release.set).start()
+    assert session.attach(0, 2, two, 0, wait=20.0) == 2
+    assert time.monotonic() - t0 >= 0.3
+
+
+# -- boundaries and digests -------------------------------------------------------------------
+
+def test_state_at_gives_the_boundary_text_or_says_why_not(open_session, reference) -> None:
+    session = open_session(prefetch=2)
+    gen = session.claim(0)
+    assert session.state_at(0) == reference["states"][0]
+    assert session.state_at(1, timeout=20) == reference["states"][1]
+    with pytest.raises(ConfigError, match=r"^step 9 was not reached within 0 s$"):
+        session.state_at(9, timeout=0.2)
+    for _ in range(4):
+        assert session.next(0, gen, 10.0) is not None
+    _settle(lambda: 3 in session.digests, "step 3 made")
+    session.forget_before(2)
+    assert session.kept_boundaries()["count"] >= 2
+    assert min(session._boundaries) == 2 and min(session.digests) == 2
+    assert session.state_at(2) == reference["states"][2]
+    with pytest.raises(ConfigError, match=r"^step 1 is no longer held by the session \(it "
+                                          r"keeps boundaries from step 2 on\); checkpoint at "
+                                          r"the current step$"):
+        session.state_at(1, timeout=5)
+    session.close()
+    with pytest.raises(StorageError, match="^the session of rank 0 closed before step 9 was "
+                                           "reached; open one at your position and ask "
+                                           "again$") as e:
+        session.state_at(9, timeout=5)
+    assert e.value.transient
+
+
+def test_forget_before_keeps_the_boundaries_a_slower_reader_may_attach_at(
+        open_session, reference) -> None:
+    session = open_session(readers=2, prefetch=4)
+    g0, g1 = session.claim(0), session.claim(1)
+    for _ in range(4):  # reader 0 reads 2 steps, reader 1 one step, nobody acknowledges
+        assert session.next(0, g0, 10.0) is not None
+    for _ in range(2):
+        assert session.next(1, g1, 10.0) is not None
+    _settle(lambda: 3 in session.digests, "step 3 computed")
+    session.forget_before(2)  # the trainer checkpointed step 2
+    # item 0 is still held (held for a re-attach): boundaries from step 0 on stay
+    assert min(session._boundaries) == 0 and min(session.digests) == 2
+    session.acked_by(0, g0, (2, 0))
+    session.acked_by(1, g1, (2, 0))
+    session.detach(1, g1)
+    session.forget_before(2)
+    assert min(session._boundaries) == 2
+
+
+def test_a_finite_stream_ends_once_its_reader_was_sent_every_step(open_session,
+                                                                  reference) -> None:
+    session = open_session(stream="ev", steps=2)
+    gen = session.claim(0)
+    assert not session.exhausted(0)
+    got = []
+    while (item := session.next(0, gen, 5.0)) is not None:
+        got.append((item.step, item.index))
+    assert got == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    _settle(lambda: session.done, "done")
+    assert session.exhausted(0) and session.loader.step == 2
+
+
+def test_a_producer_error_reaches_the_reader_after_what_was_made(open_session,
+                                                                 monkeypatch) -> None:
+    calls = {"n": 0}
+    real = Loader.next_step
+
+    def fails_second(self: Loader) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk gone")
+        return real(self)
+
+    monkeypatch.setattr(Loader, "next_step", fails_second)
+    session = open_session(stream="ev", steps=3)
+    gen = session.claim(0)
+    assert [(i.step, i.index) for i in (session.next(0, gen, 5.0) for _ in range(2))
+            if i is not None] == [(0, 0), (0, 1)]
+    with pytest.raises(OSError, match="disk gone"):
+        session.next(0, gen, 5.0)
+    assert not session.exhausted(0)
+
+
+# -- backfill ---------------------------------------------------------------------------------
+
+def test_backfill_rebuilds_the_digests_before_the_sessions_start(open_session,
+                                                                 reference) -> None:
+    session = open_session(start=_checkpoint(reference["states"][3]))
+    assert session.first_step == 3
+    session.backfill(1, lambda: _checkpoint(reference["states"][1]))
+    assert session.backfilled.wait(60)
+    assert session.digests_between(0, 3) == {1: reference["digests"][1],
+                                             2: reference["digests"][2]}
+    assert list(session.digests)[:2] == [1, 2]  # the oldest first
+    # nothing to rebuild from the session's own step or later, or from the start
+    session.backfill(3, lambda: pytest.fail("not loaded"))
+    assert session.backfilled.is_set()
+
+
+def test_a_backfill_that_does_not_land_on_the_start_keeps_no_digest(
+        open_session, reference, caplog) -> None:
+    session = open_session(start=_checkpoint(reference["states"][3]))
+    with caplog.at_level(logging.WARNING, "datalane.sidecar"):
+        session.backfill(1, lambda: _checkpoint(reference["states"][0]))  # not step 1's
+        assert session.backfilled.wait(60)
+    assert session.digests_between(0, 3) == {}
+    assert ("cannot rebuild the ledger of steps 1-2 for rank 0: replaying lane 0 from the "
+            "checkpoint of step 1 does not reach the state this session started from at "
+            "step 3") in caplog.text
+
+
+def test_a_session_from_the_start_backfills_nothing(open_session) -> None:
+    session = open_session()
+    session.backfill(0, lambda: pytest.fail("not loaded"))
+    assert session.backfilled.is_set()
+
+
+def test_a_prepared_microbatch_counts_its_rows_and_bytes() -> None:
+    from datalane_sidecar.session import Prepared
+    cols = {"input_ids": np.zeros((3, 8), np.int32), "positions": np.zeros((3, 8), np.int32)}
+    item = Prepared(0, 0, cols, False, None, {})
+    assert (item.rows, item.nbytes, item.step_tokens) == (3, 2 * 3 * 8 * 4, 0)
