@@ -12,17 +12,15 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from datalane_sidecar.checkpoints import STORE_SECONDS, PodCheckpoints, Saved
 
-from datalane import load_recipe
-from datalane.corpus import tokenizer_path
 from datalane.engine.loader import Loader
 from datalane.spec.errors import MismatchError, StorageError
 from datalane.spec.state import Checkpoint
+from tests.sidecar.inproc import tiny_recipe
 
 D0 = {3: {0: b"a" * 32, 1: b"b" * 32}, 4: {0: b"c" * 32, 1: b"d" * 32}}  # rank 0's ledger
 D1 = {3: {2: b"e" * 32, 3: b"f" * 32}, 4: {2: b"g" * 32, 3: b"h" * 32}}  # rank 1's
@@ -31,14 +29,7 @@ D1 = {3: {2: b"e" * 32, 3: b"f" * 32}, 4: {2: b"g" * 32, 3: b"h" * 32}}  # rank 
 @pytest.fixture(scope="module")
 def states(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """Rank -> its checkpoint JSON (world size 2, at the start)."""
-    root: Path = tmp_path_factory.mktemp("docs")
-    for i in range(4):  # a file per lane
-        (root / f"a{i}.jsonl").write_text("".join(
-            json.dumps({"text": f"doc {j} abc def"}) + "\n" for j in range(20)))
-    recipe = load_recipe({"lanes": 4, "global_batch_size": 8, "seq_len": 16, "seed": 1,
-                          "tokenizer": {"uri": tokenizer_path()},
-                          "sources": [{"name": "a", "uris": [str(root / "*.jsonl")],
-                                       "epochs": None}]})
+    recipe = tiny_recipe(tmp_path_factory.mktemp("docs"))
     out = {}
     for rank in (0, 1):
         loader = Loader(recipe, rank, 2)

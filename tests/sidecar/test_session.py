@@ -13,15 +13,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from datalane_sidecar.session import Session
 
-from datalane import load_recipe
-from datalane.corpus import tokenizer_path
 from datalane.engine.loader import Loader
 from datalane.engine.plan import Plan
 from datalane.engine.pool import TaskPool
@@ -29,22 +26,14 @@ from datalane.spec.errors import ConfigError, StorageError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe
 from datalane.spec.state import Checkpoint
+from tests.sidecar.inproc import tiny_recipe
 
 MB = 4  # microbatch size: 8 sequences a step at world size 1 are 2 microbatches
 
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory: pytest.TempPathFactory) -> Recipe:
-    root: Path = tmp_path_factory.mktemp("docs")
-    for i in range(4):
-        (root / f"f{i}.jsonl").write_text("".join(
-            json.dumps({"text": f"doc {j} of file {i} " + "abc def ghi " * (j % 7 + 1)}) + "\n"
-            for j in range(40)))
-    return load_recipe({
-        "lanes": 4, "global_batch_size": 8, "seq_len": 32, "seed": 3,
-        "tokenizer": {"uri": tokenizer_path()},
-        "sources": [{"name": "tiny", "uris": [str(root / "*.jsonl")], "epochs": None}],
-        "shuffle": {"block_size": 16}})
+    return tiny_recipe(tmp_path_factory.mktemp("docs"))
 
 
 @pytest.fixture(scope="module")
@@ -114,13 +103,13 @@ def _lanes(text: str) -> dict[int, str]:
 # -- refusals ---------------------------------------------------------------------------------
 
 def test_a_session_without_readers_is_refused(open_session) -> None:
-    with pytest.raises(ConfigError, match="^a session needs at least one reader, got 0$"):
+    with pytest.raises(ConfigError, match=r"^a session needs at least one reader, got 0$"):
         open_session(readers=0)
 
 
 def test_a_skip_of_a_whole_step_is_refused_naming_both(open_session) -> None:
-    with pytest.raises(ConfigError, match="^skip_microbatches 2 must be below the 2 "
-                                          "microbatches of a step$"):
+    with pytest.raises(ConfigError, match=r"^skip_microbatches 2 must be below the 2 "
+                                          r"microbatches of a step$"):
         open_session(skip_microbatches=2)
 
 
@@ -303,9 +292,9 @@ def test_state_at_gives_the_boundary_text_or_says_why_not(open_session, referenc
                                           r"the current step$"):
         session.state_at(1, timeout=5)
     session.close()
-    with pytest.raises(StorageError, match="^the session of rank 0 closed before step 9 was "
-                                           "reached; open one at your position and ask "
-                                           "again$") as e:
+    with pytest.raises(StorageError, match=r"^the session of rank 0 closed before step 9 was "
+                                           r"reached; open one at your position and ask "
+                                           r"again$") as e:
         session.state_at(9, timeout=5)
     assert e.value.transient
 
