@@ -80,7 +80,8 @@ class _Store:
 
 def _in_thread(fn: Callable[[], Saved]) -> tuple[threading.Thread, dict[str, Saved]]:
     out: dict[str, Saved] = {}
-    t = threading.Thread(target=lambda: out.setdefault("saved", fn()))
+    # a daemon: a slip that leaves a rank waiting must not keep the test process alive
+    t = threading.Thread(target=lambda: out.setdefault("saved", fn()), daemon=True)
     t.start()
     return t, out
 
@@ -101,7 +102,7 @@ def test_without_a_store_a_checkpoint_only_returns() -> None:
 def test_the_pod_object_is_written_once_both_ranks_asked(states) -> None:
     store = _Store()
     pods = PodCheckpoints(store, "p", 2)
-    first, out = _in_thread(lambda: pods.save(5, "a", states[0], D0))
+    first, out = _in_thread(lambda: pods.save(5, "a", states[0], D0, timeout=20))
     first.join(0.3)
     assert first.is_alive() and store.writes == [] and store.asked == [5]
     mine = pods.save(5, "b", states[1], D1)
@@ -115,7 +116,7 @@ def test_the_pod_object_is_written_once_both_ranks_asked(states) -> None:
     assert digests == {s: {**D0[s], **D1[s]} for s in (3, 4)}
     assert store.commits == [5] and pods.last_step == 5
     # a later step's first rank does not ask the store whether it was committed before
-    t, _ = _in_thread(lambda: pods.save(6, "a", states[0], {}))
+    t, _ = _in_thread(lambda: pods.save(6, "a", states[0], {}, timeout=20))
     pods.save(6, "b", states[1], {})
     t.join(10)
     assert store.asked == [5] and store.commits == [5, 6]
@@ -221,7 +222,7 @@ def test_a_rank_past_ranks_per_pod_rewrites_the_object_with_every_lane(states) -
 def test_abort_ends_every_wait_with_a_transient_error(states) -> None:
     store = _Store()
     pods = PodCheckpoints(store, "p", 2)
-    t, out = _in_thread(lambda: pods.save(5, "a", states[0], D0))
+    t, out = _in_thread(lambda: pods.save(5, "a", states[0], D0, timeout=20))
     t.join(0.3)
     pods.abort("the sidecar is stopping")
     t.join(10)

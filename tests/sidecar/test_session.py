@@ -83,7 +83,7 @@ def open_session(plan: Plan) -> Iterator[Callable[..., Session]]:
     pool.shutdown()
 
 
-def _settle(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+def _settle(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, what
@@ -131,7 +131,7 @@ def test_the_microbatches_are_the_loaders_and_the_last_of_a_step_carries_its_end
     assert not session.is_eval and session.lost is None and session.stream == "train"
     gen = session.claim(0)
     assert gen == 1 and session.attached() == [0]
-    got = [session.next(0, gen, 10.0) for _ in range(6)]
+    got = [session.next(0, gen, 5.0) for _ in range(6)]
     for k, item in enumerate(got):
         assert item is not None
         s, i = divmod(k, 2)
@@ -155,8 +155,8 @@ def test_the_microbatches_are_the_loaders_and_the_last_of_a_step_carries_its_end
 def test_a_skip_starts_at_that_microbatch_of_the_first_step(open_session, reference) -> None:
     session = open_session(skip_microbatches=1)
     gen = session.claim(0)
-    first = session.next(0, gen, 10.0)
-    second = session.next(0, gen, 10.0)
+    first = session.next(0, gen, 5.0)
+    second = session.next(0, gen, 5.0)
     assert first is not None and second is not None
     assert [(first.step, first.index), (second.step, second.index)] == [(0, 1), (1, 0)]
     assert first.columns["input_ids"].tobytes() == reference["ids"][0][1]
@@ -218,7 +218,7 @@ def test_a_reader_attaches_where_the_session_holds_its_lane_states(open_session,
     session = open_session(readers=2, prefetch=4)
     g0 = session.claim(0)
     for _ in range(4):  # reader 0 reads 2 steps: boundaries 0-2 recorded
-        assert session.next(0, g0, 10.0) is not None
+        assert session.next(0, g0, 5.0) is not None
     one = _lanes(reference["states"][1])
     # refusals: a reader or a skip out of range, a boundary not held, other lane states
     assert session.attach(2, 1, one, 0) is None
@@ -232,7 +232,7 @@ def test_a_reader_attaches_where_the_session_holds_its_lane_states(open_session,
     gen = session.attach(1, 1, one, 1)
     assert gen == 1
     assert session.reader_positions()[1]["acked"] == [1, 1]
-    item = session.next(1, gen, 10.0)
+    item = session.next(1, gen, 5.0)
     assert item is not None and (item.step, item.index) == (1, 1)
     assert item.columns["input_ids"].tobytes() == reference["ids"][1][1]
     assert session.attach(1, 1, one, 1) == 2  # again: a new generation
@@ -262,13 +262,16 @@ def test_an_attach_waits_for_the_boundary_being_computed(open_session, reference
     session.claim(0)
     _settle(lambda: session.queue_depth() == 2, "step 0 made")
     two, three = _lanes(reference["states"][2]), _lanes(reference["states"][3])
-    t0 = time.monotonic()
-    assert session.attach(0, 3, three, 0, wait=20.0) is None
-    assert session.attach(0, 2, two, 0) is None
-    assert time.monotonic() - t0 < 2.0  # neither waited
-    threading.Timer(0.3, release.set).start()
-    assert session.attach(0, 2, two, 0, wait=20.0) == 2
-    assert time.monotonic() - t0 >= 0.3
+    try:
+        t0 = time.monotonic()
+        assert session.attach(0, 3, three, 0, wait=20.0) is None
+        assert session.attach(0, 2, two, 0) is None
+        assert time.monotonic() - t0 < 2.0  # neither waited
+        threading.Timer(0.3, release.set).start()
+        assert session.attach(0, 2, two, 0, wait=20.0) == 2
+        assert time.monotonic() - t0 >= 0.3
+    finally:
+        release.set()
 
 
 # -- boundaries and digests -------------------------------------------------------------------
@@ -281,7 +284,7 @@ def test_state_at_gives_the_boundary_text_or_says_why_not(open_session, referenc
     with pytest.raises(ConfigError, match=r"^step 9 was not reached within 0 s$"):
         session.state_at(9, timeout=0.2)
     for _ in range(4):
-        assert session.next(0, gen, 10.0) is not None
+        assert session.next(0, gen, 5.0) is not None
     _settle(lambda: 3 in session.digests, "step 3 made")
     session.forget_before(2)
     assert session.kept_boundaries()["count"] >= 2
@@ -304,9 +307,9 @@ def test_forget_before_keeps_the_boundaries_a_slower_reader_may_attach_at(
     session = open_session(readers=2, prefetch=4)
     g0, g1 = session.claim(0), session.claim(1)
     for _ in range(4):  # reader 0 reads 2 steps, reader 1 one step, nobody acknowledges
-        assert session.next(0, g0, 10.0) is not None
+        assert session.next(0, g0, 5.0) is not None
     for _ in range(2):
-        assert session.next(1, g1, 10.0) is not None
+        assert session.next(1, g1, 5.0) is not None
     _settle(lambda: 3 in session.digests, "step 3 computed")
     session.forget_before(2)  # the trainer checkpointed step 2
     # item 0 is still held (held for a re-attach): boundaries from step 0 on stay
@@ -324,8 +327,10 @@ def test_a_finite_stream_ends_once_its_reader_was_sent_every_step(open_session,
     gen = session.claim(0)
     assert not session.exhausted(0)
     got = []
+    t0 = time.monotonic()
     while (item := session.next(0, gen, 5.0)) is not None:
         got.append((item.step, item.index))
+    assert time.monotonic() - t0 < 4.0  # the end wakes the reader: no timeout waited out
     assert got == [(0, 0), (0, 1), (1, 0), (1, 1)]
     _settle(lambda: session.done, "done")
     assert session.exhausted(0) and session.loader.step == 2
@@ -347,19 +352,23 @@ def test_a_producer_error_reaches_the_reader_after_what_was_made(open_session,
     gen = session.claim(0)
     assert [(i.step, i.index) for i in (session.next(0, gen, 5.0) for _ in range(2))
             if i is not None] == [(0, 0), (0, 1)]
+    t0 = time.monotonic()
     with pytest.raises(OSError, match="disk gone"):
         session.next(0, gen, 5.0)
+    assert time.monotonic() - t0 < 4.0  # the error wakes the reader
     assert not session.exhausted(0)
 
 
 # -- backfill ---------------------------------------------------------------------------------
 
-def test_backfill_rebuilds_the_digests_before_the_sessions_start(open_session,
-                                                                 reference) -> None:
+def test_backfill_rebuilds_the_digests_before_the_sessions_start(open_session, reference,
+                                                                 caplog) -> None:
     session = open_session(start=_checkpoint(reference["states"][3]))
     assert session.first_step == 3
-    session.backfill(1, lambda: _checkpoint(reference["states"][1]))
-    assert session.backfilled.wait(60)
+    with caplog.at_level(logging.INFO, "datalane.sidecar"):
+        session.backfill(1, lambda: _checkpoint(reference["states"][1]))
+        assert session.backfilled.wait(20)
+    assert "ledger of steps 1-2 rebuilt for rank 0" in caplog.text
     assert session.digests_between(0, 3) == {1: reference["digests"][1],
                                              2: reference["digests"][2]}
     assert list(session.digests)[:2] == [1, 2]  # the oldest first
@@ -373,7 +382,7 @@ def test_a_backfill_that_does_not_land_on_the_start_keeps_no_digest(
     session = open_session(start=_checkpoint(reference["states"][3]))
     with caplog.at_level(logging.WARNING, "datalane.sidecar"):
         session.backfill(1, lambda: _checkpoint(reference["states"][0]))  # not step 1's
-        assert session.backfilled.wait(60)
+        assert session.backfilled.wait(20)
     assert session.digests_between(0, 3) == {}
     assert ("cannot rebuild the ledger of steps 1-2 for rank 0: replaying lane 0 from the "
             "checkpoint of step 1 does not reach the state this session started from at "
@@ -391,3 +400,63 @@ def test_a_prepared_microbatch_counts_its_rows_and_bytes() -> None:
     cols = {"input_ids": np.zeros((3, 8), np.int32), "positions": np.zeros((3, 8), np.int32)}
     item = Prepared(0, 0, cols, False, None, {})
     assert (item.rows, item.nbytes, item.step_tokens) == (3, 2 * 3 * 8 * 4, 0)
+
+
+def test_a_single_reader_holds_nothing_it_was_sent(open_session) -> None:
+    """One reader never attaches again: what it was sent is dropped at once, acknowledged
+    or not, and a checkpoint drops the boundaries before it."""
+    session = open_session(prefetch=4)
+    gen = session.claim(0)
+    for _ in range(4):
+        assert session.next(0, gen, 5.0) is not None
+    assert session._fanout.base == 4
+    _settle(lambda: 3 in session.digests, "step 3 computed")
+    session.forget_before(2)
+    assert min(session._boundaries) == 2
+
+
+def test_kept_boundaries_and_digests_are_capped_oldest_first(open_session, monkeypatch) -> None:
+    import datalane_sidecar.session as module
+    monkeypatch.setattr(module, "_KEEP_BOUNDARIES", 3)
+    monkeypatch.setattr(module, "_KEEP_DIGEST_STEPS", 2)
+    session = open_session(prefetch=12)
+    # 6 steps put, step 6 computed (its boundary after, 7, recorded) while the producer
+    # waits for room: boundaries 0..7 and digests of steps 0..6, the newest 3 and 2 kept
+    _settle(lambda: 6 in session.digests, "step 6 computed")
+    assert list(session._boundaries) == [5, 6, 7] and list(session.digests) == [5, 6]
+    assert session.kept_boundaries()["count"] == 3
+
+
+def test_the_kept_boundaries_cost_their_lane_states(open_session, reference) -> None:
+    session = open_session(prefetch=2)
+    # step 0 put, step 1 computed while the producer waits for room: boundaries 0, 1, 2
+    _settle(lambda: 1 in session.digests, "step 1 computed")
+    want = sum(len(text) for step in (0, 1, 2) for text in _lanes(reference["states"][step])
+               .values())
+    assert session.kept_boundaries() == {"count": 3, "bytes": want}
+
+
+def test_a_reader_acknowledges_from_a_skipped_start(open_session) -> None:
+    session = open_session(skip_microbatches=1)
+    gen = session.claim(0)
+    session.acked_by(0, gen, (1, 0))  # step 0's second microbatch: the session's first
+    assert session._fanout.slots[0].acked == 1
+
+
+def test_a_closed_reader_is_no_longer_attached(open_session) -> None:
+    session = open_session(readers=2)
+    g0 = session.claim(0)
+    session.detach(0, g0)
+    assert [p["attached"] for p in session.reader_positions()] == [False, False]
+
+
+def test_close_wakes_a_waiting_reader_and_the_wait_is_counted(open_session) -> None:
+    session = open_session(readers=2, prefetch=1)
+    g1 = session.claim(1)
+    assert session.next(1, g1, 5.0) is not None  # reader 0 never reads: nothing more
+    t0 = time.monotonic()
+    assert session.next(1, g1, 0.3) is None
+    assert session.gauges()["waited_seconds"] >= 0.3
+    threading.Timer(0.3, session.close).start()
+    assert session.next(1, g1, 5.0) is None
+    assert time.monotonic() - t0 < 3.0  # woken by the close, not by its timeout
