@@ -231,3 +231,18 @@ def test_abort_ends_every_wait_with_a_transient_error(states) -> None:
     assert isinstance(error, StorageError) and error.transient
     assert str(error) == "step 5: the sidecar is stopping; ask again"
     assert not out["saved"].from_store and store.writes == []
+
+
+def test_only_a_steps_first_rank_asks_the_store_whether_it_was_committed(states) -> None:
+    store = _Store()
+    pods = PodCheckpoints(store, "p", 3)
+    waiting = [_in_thread(lambda sid=sid: pods.save(5, sid, states[0], D0, timeout=20))
+               for sid in ("a", "b")]
+    for t, _ in waiting:
+        t.join(0.3)
+    assert store.asked == [5]  # rank b is not the first: the store is not asked again
+    pods.save(5, "c", states[1], D1)
+    for t, out in waiting:
+        t.join(10)
+        assert out["saved"].committed
+    assert store.asked == [5] and len(store.writes) == 1

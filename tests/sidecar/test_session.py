@@ -26,6 +26,8 @@ from datalane.spec.errors import ConfigError, StorageError
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe
 from datalane.spec.state import Checkpoint
+from datalane.wire.layout import Layout
+from datalane.wire.shm import ShmReader
 from tests.sidecar.inproc import tiny_recipe
 
 MB = 4  # microbatch size: 8 sequences a step at world size 1 are 2 microbatches
@@ -460,3 +462,23 @@ def test_close_wakes_a_waiting_reader_and_the_wait_is_counted(open_session) -> N
     threading.Timer(0.3, session.close).start()
     assert session.next(1, g1, 5.0) is None
     assert time.monotonic() - t0 < 3.0  # woken by the close, not by its timeout
+
+
+def test_a_ring_of_the_session_carries_its_layout(open_session, plan, reference,
+                                                  tmp_path) -> None:
+    session = open_session()
+    assert session.layout == Layout.of(plan.schema, MB, plan.recipe.sequence_tokens)
+    path = str(tmp_path / "ring.shm")
+    ring = session.new_ring("h", path, 2, 0o600)
+    try:
+        gen = session.claim(0)
+        item = session.next(0, gen, 5.0)
+        assert item is not None
+        slot = ring.acquire(timeout=1.0)
+        assert slot is not None
+        offset = ring.write(slot, item.columns)
+        reader = ShmReader(path, ring.size, session.layout)
+        assert reader.columns(offset)["input_ids"].tobytes() == reference["ids"][0][0]
+        reader.close()
+    finally:
+        ring.close()
