@@ -52,6 +52,7 @@ class _Store:
         self.hang: threading.Event | None = None
         self.committed: bool | BaseException = False
         self.manifest: object | None = "manifest"
+        self.commit_fails: BaseException | None = None  # once
 
     def pod_uri(self, step: int, pod: str) -> str:
         return f"{self.uri}/step-{step}/pod-{pod}.json"
@@ -75,6 +76,9 @@ class _Store:
 
     def commit(self, step: int) -> object | None:
         self.commits.append(step)
+        if self.commit_fails is not None:
+            error, self.commit_fails = self.commit_fails, None
+            raise error
         return self.manifest
 
 
@@ -246,3 +250,16 @@ def test_only_a_steps_first_rank_asks_the_store_whether_it_was_committed(states)
         t.join(10)
         assert out["saved"].committed
     assert store.asked == [5] and len(store.writes) == 1
+
+
+def test_a_failed_commit_writes_the_object_again_when_asked_again(states) -> None:
+    """The object was written but the commit failed: asking again writes and commits again
+    (the earlier error is not the answer to the new request)."""
+    store = _Store()
+    store.commit_fails = StorageError("throttled", transient=True)
+    pods = PodCheckpoints(store, "p", 1)
+    saved = pods.save(5, "a", states[0], D0)
+    assert str(saved.error) == ("pod p's object mem://ckpt/step-5/pod-p.json in the "
+                                "checkpoint store mem://ckpt: throttled")
+    assert pods.save(5, "a", states[0], D0) == Saved(5, "mem://ckpt/step-5/pod-p.json", True)
+    assert len(store.writes) == 2 and store.commits == [5, 5]
