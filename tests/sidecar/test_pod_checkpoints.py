@@ -263,3 +263,29 @@ def test_a_failed_commit_writes_the_object_again_when_asked_again(states) -> Non
                                 "checkpoint store mem://ckpt: throttled")
     assert pods.save(5, "a", states[0], D0) == Saved(5, "mem://ckpt/step-5/pod-p.json", True)
     assert len(store.writes) == 2 and store.commits == [5, 5]
+
+
+def test_a_write_asked_again_is_waited_for_not_answered_by_the_last_failure(states) -> None:
+    store = _Store()
+    store.fail = StorageError("disk full")
+    pods = PodCheckpoints(store, "p", 1)
+    assert pods.save(5, "a", states[0], D0).error is not None
+    store.fail, store.hang = None, threading.Event()
+    threading.Timer(0.3, store.hang.set).start()
+    assert pods.save(5, "a", states[0], D0) == Saved(5, "mem://ckpt/step-5/pod-p.json", True)
+
+
+def test_abort_answers_a_write_asked_again_with_its_own_error(states) -> None:
+    store = _Store()
+    store.fail = StorageError("disk full")
+    pods = PodCheckpoints(store, "p", 1)
+    assert pods.save(5, "a", states[0], D0).error is not None
+    store.fail, store.hang = None, threading.Event()
+    try:
+        t, out = _in_thread(lambda: pods.save(5, "a", states[0], D0))
+        t.join(0.3)
+        pods.abort("stopping")
+        t.join(10)
+        assert str(out["saved"].error) == "step 5: stopping; ask again"
+    finally:
+        store.hang.set()

@@ -482,3 +482,25 @@ def test_a_ring_of_the_session_carries_its_layout(open_session, plan, reference,
         reader.close()
     finally:
         ring.close()
+
+
+def test_two_readers_hold_an_unacknowledged_microbatch_prefetch_2_steps_and_64_back(
+        open_session, reference) -> None:
+    """With readers that may attach again, a microbatch sent but not acknowledged is kept
+    until every reader's cursor is prefetch + 2 steps + 64 = 4 + 4 + 64 = 72 past it."""
+    session = open_session(readers=2, prefetch=4)
+    gens = [session.claim(0), session.claim(1)]
+    assert session._thread.daemon  # a session never closed does not hold the process
+
+    def take(n: int) -> None:
+        for _ in range(n):
+            for reader, gen in enumerate(gens):
+                assert session.next(reader, gen, 5.0) is not None
+
+    take(72)
+    assert session._fanout.base == 0
+    take(1)
+    assert session._fanout.base == 1
+    lanes = _lanes(reference["states"][0])
+    assert session.attach(1, 0, lanes, 0) is None  # microbatch 0 is gone
+    assert session.attach(1, 0, lanes, 1) is not None  # microbatch 1 is still held
