@@ -459,6 +459,8 @@ def test_close_wakes_a_waiting_reader_and_the_wait_is_counted(open_session) -> N
     t0 = time.monotonic()
     assert session.next(1, g1, 0.3) is None
     assert session.gauges()["waited_seconds"] >= 0.3
+    waited = session.waited_seconds
+    assert session.describe()["waited_seconds"] == round(waited, 4)
     threading.Timer(0.3, session.close).start()
     assert session.next(1, g1, 5.0) is None
     assert time.monotonic() - t0 < 3.0  # woken by the close, not by its timeout
@@ -504,3 +506,15 @@ def test_two_readers_hold_an_unacknowledged_microbatch_prefetch_2_steps_and_64_b
     lanes = _lanes(reference["states"][0])
     assert session.attach(1, 0, lanes, 0) is None  # microbatch 0 is gone
     assert session.attach(1, 0, lanes, 1) is not None  # microbatch 1 is still held
+
+
+def test_a_gather_sends_the_readers_next_microbatches_inline(open_session, plan,
+                                                             reference) -> None:
+    session = open_session()
+    assert session.plan is plan
+    gen = session.claim(0)
+    sent = session.gather(0, gen, None, 5.0)
+    assert [(m.step, m.index) for m in sent[:2]] == [(0, 0), (0, 1)]
+    assert sent[0].columns is not None
+    assert sent[0].columns[0] == reference["ids"][0][0]  # input_ids first, in schema order
+    assert sent[1].state_json == reference["states"][1]
