@@ -518,3 +518,27 @@ def test_a_gather_sends_the_readers_next_microbatches_inline(open_session, plan,
     assert sent[0].columns is not None
     assert sent[0].columns[0] == reference["ids"][0][0]  # input_ids first, in schema order
     assert sent[1].state_json == reference["states"][1]
+
+
+def test_a_checkpoint_waiting_for_a_boundary_is_woken_when_it_is_recorded(
+        open_session, reference, monkeypatch) -> None:
+    """Boundary 2 is recorded while the producer then waits for room (nobody reads, prefetch
+    2): the recording itself must wake the request waiting for it."""
+    release = threading.Event()
+    real = Loader.next_step
+
+    def held(self: Loader) -> Any:
+        if self.step == 1:
+            assert release.wait(30)
+        return real(self)
+
+    monkeypatch.setattr(Loader, "next_step", held)
+    session = open_session(prefetch=2)
+    try:
+        _settle(lambda: session.queue_depth() == 2, "step 0 made")
+        threading.Timer(0.3, release.set).start()
+        t0 = time.monotonic()
+        assert session.state_at(2, timeout=10) == reference["states"][2]
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        release.set()

@@ -204,6 +204,7 @@ def test_close_and_exit_close_every_session_and_ring(serve, tmp_path) -> None:
     assert not serve.thread.is_alive() and serve.exits == []
     assert serve.worker.sessions == {} and kept._stop.is_set()
     assert serve.worker.rings == {} and not os.path.exists(path)
+    assert serve.worker.pool._closed  # its map pool too
 
 
 @pytest.mark.parametrize("gone", [EOFError(), OSError("bad fd")])
