@@ -542,3 +542,56 @@ def test_a_checkpoint_waiting_for_a_boundary_is_woken_when_it_is_recorded(
         assert time.monotonic() - t0 < 5.0
     finally:
         release.set()
+
+
+@pytest.mark.parametrize("end", ["close", "producer error"])
+def test_an_attach_waiting_for_a_boundary_ends_when_the_producer_does(
+        open_session, reference, monkeypatch, end) -> None:
+    """Boundary 2 is being computed (step 1 is held) when the session is closed or its
+    producer fails: the attach waiting for it is refused at once, not at its wait's end."""
+    release = threading.Event()
+    real = Loader.next_step
+
+    def held(self: Loader) -> Any:
+        if self.step == 1:
+            assert release.wait(30)
+            if end == "producer error":
+                raise OSError("disk gone")
+        return real(self)
+
+    monkeypatch.setattr(Loader, "next_step", held)
+    session = open_session(prefetch=4)
+    try:
+        _settle(lambda: session.queue_depth() == 2, "step 0 made")
+        if end == "close":
+            threading.Timer(0.3, session.close).start()
+        else:
+            threading.Timer(0.3, release.set).start()
+        t0 = time.monotonic()
+        assert session.attach(0, 2, _lanes(reference["states"][2]), 0, wait=20.0) is None
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        release.set()
+
+
+def test_forget_before_keeps_the_step_of_a_skipped_starts_held_microbatch(
+        open_session) -> None:
+    """Started at microbatch 1 of step 0: after 2 microbatches sent, (1, 1) is the next one
+    held, so boundary 1 stays; after 3, (2, 0) is, and boundary 2 is the oldest kept."""
+    session = open_session(skip_microbatches=1, prefetch=4)
+    gen = session.claim(0)
+    for _ in range(2):
+        assert session.next(0, gen, 5.0) is not None
+    session.forget_before(3)
+    assert min(session._boundaries) == 1
+    assert session.next(0, gen, 5.0) is not None
+    session.forget_before(3)
+    assert min(session._boundaries) == 2
+
+
+def test_close_lets_go_of_the_lane_streams(open_session) -> None:
+    session = open_session(prefetch=1)
+    _settle(lambda: session.queue_depth() == 1, "1 made")
+    assert session.loader._streams is not None
+    session.close()
+    assert session.loader._streams is None and not session._thread.is_alive()
