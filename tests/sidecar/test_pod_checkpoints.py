@@ -289,3 +289,21 @@ def test_abort_answers_a_write_asked_again_with_its_own_error(states) -> None:
         assert str(out["saved"].error) == "step 5: stopping; ask again"
     finally:
         store.hang.set()
+
+
+def test_a_rank_asking_during_a_hung_write_waits_only_what_is_left_of_the_bound(
+        states) -> None:
+    """The store's bound runs from the start of the write: a request made 1.2 s into a
+    write bounded at 2 s fails about 0.8 s later, not 2 s later."""
+    store = _Store()
+    store.hang = threading.Event()
+    pods = PodCheckpoints(store, "p", 1, store_seconds=2.0)
+    try:
+        _in_thread(lambda: pods.save(5, "a", states[0], D0))
+        time.sleep(1.2)
+        t0 = time.monotonic()
+        saved = pods.save(5, "a", states[0], D0)
+        assert time.monotonic() - t0 < 1.6
+        assert saved.from_store and "did not answer within 2 s" in str(saved.error)
+    finally:
+        store.hang.set()

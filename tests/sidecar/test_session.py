@@ -595,3 +595,24 @@ def test_close_lets_go_of_the_lane_streams(open_session) -> None:
     assert session.loader._streams is not None
     session.close()
     assert session.loader._streams is None and not session._thread.is_alive()
+
+
+def test_the_end_of_a_finite_stream_wakes_its_waiting_reader(open_session,
+                                                            monkeypatch) -> None:
+    """The producer is slow to see the end (held after its last put): the reader, already
+    waiting for more, is woken when the stream is marked done, not at its timeout."""
+    real = Session._put
+
+    def slow_last(self: Session, item: Any) -> bool:
+        put = real(self, item)
+        if (item.step, item.index) == (0, 1):
+            time.sleep(0.5)
+        return put
+
+    monkeypatch.setattr(Session, "_put", slow_last)
+    session = open_session(stream="ev", steps=1)
+    gen = session.claim(0)
+    assert session.next(0, gen, 5.0) is not None and session.next(0, gen, 5.0) is not None
+    t0 = time.monotonic()
+    assert session.next(0, gen, 5.0) is None
+    assert time.monotonic() - t0 < 3.0 and session.exhausted(0)
