@@ -234,6 +234,7 @@ def test_main_ignores_the_servers_signals_and_logs_at_its_level(plan, monkeypatc
     worker.main(pipe, pickle.dumps({TRAIN: plan}), Knobs(workers=1), 2,  # type: ignore[arg-type]
                 "debug")
     assert seen == [(signal.SIGTERM, signal.SIG_IGN), (signal.SIGINT, signal.SIG_IGN), "debug"]
+    assert pipe.inbox.empty()  # it served the pipe until told to exit
 
 
 def test_errors_cross_the_pipe_as_their_own_types() -> None:
