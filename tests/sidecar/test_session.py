@@ -269,9 +269,9 @@ def test_an_attach_waits_for_the_boundary_being_computed(open_session, reference
         assert session.attach(0, 3, three, 0, wait=20.0) is None
         assert session.attach(0, 2, two, 0) is None
         assert time.monotonic() - t0 < 2.0  # neither waited
-        threading.Timer(0.3, release.set).start()
-        assert session.attach(0, 2, two, 0, wait=20.0) == 2
-        assert time.monotonic() - t0 >= 0.3
+        threading.Timer(0.1, release.set).start()
+        assert session.attach(0, 2, two, 0, wait=0.9) == 2  # a short wait is a wait too
+        assert time.monotonic() - t0 >= 0.1
     finally:
         release.set()
 
@@ -616,3 +616,28 @@ def test_the_end_of_a_finite_stream_wakes_its_waiting_reader(open_session,
     t0 = time.monotonic()
     assert session.next(0, gen, 5.0) is None
     assert time.monotonic() - t0 < 3.0 and session.exhausted(0)
+
+
+def test_a_resumed_session_counts_positions_from_its_first_step(open_session,
+                                                               reference) -> None:
+    """Opened at step 2: step 3's first microbatch is the session's third (number 2)."""
+    session = open_session(start=_checkpoint(reference["states"][2]), readers=2)
+    g0 = session.claim(0)
+    for _ in range(4):
+        assert session.next(0, g0, 5.0) is not None
+    gen = session.attach(1, 3, _lanes(reference["states"][3]), 0)
+    assert gen is not None
+    item = session.next(1, gen, 5.0)
+    assert item is not None and (item.step, item.index) == (3, 0)
+    assert item.columns["input_ids"].tobytes() == reference["ids"][3][0]
+    session.acked_by(1, gen, (3, 1))  # 3 microbatches of the session handed over
+    assert session._fanout.slots[1].acked == 3
+
+
+def test_the_queue_depth_is_counted_from_the_slowest_reader(open_session) -> None:
+    session = open_session(prefetch=3)
+    gen = session.claim(0)
+    assert session.next(0, gen, 5.0) is not None
+    # 1 sent, the producer 3 ahead of it again: 4 made, 3 ready
+    _settle(lambda: session._fanout.produced == 4, "4 made")
+    assert session.queue_depth() == 3 and session.describe()["queue_depth"] == 3
