@@ -102,6 +102,24 @@ def _lanes(text: str) -> dict[int, str]:
             for k, v in json.loads(text)["lanes"].items()}
 
 
+def _hold_step_1(monkeypatch: pytest.MonkeyPatch,
+                 then: BaseException | None = None) -> threading.Event:
+    """Make every loader hold its step 1 until the returned event is set (then raise
+    ``then``, if given): the producer is caught computing boundary 2."""
+    release = threading.Event()
+    real = Loader.next_step
+
+    def held(self: Loader) -> Any:
+        if self.step == 1:
+            assert release.wait(30)
+            if then is not None:
+                raise then
+        return real(self)
+
+    monkeypatch.setattr(Loader, "next_step", held)
+    return release
+
+
 # -- refusals ---------------------------------------------------------------------------------
 
 def test_a_session_without_readers_is_refused(open_session) -> None:
@@ -251,15 +269,7 @@ def test_an_attach_waits_for_the_boundary_being_computed(open_session, reference
     """Step 1 is held in the loader until released: boundary 2 is the one being computed
     (the producer has room), so an attach there waits for it; boundary 3 is not next, and
     an attach without a wait does not wait."""
-    release = threading.Event()
-    real = Loader.next_step
-
-    def held(self: Loader) -> Any:
-        if self.step == 1:
-            assert release.wait(30)
-        return real(self)
-
-    monkeypatch.setattr(Loader, "next_step", held)
+    release = _hold_step_1(monkeypatch)
     session = open_session(prefetch=4)
     session.claim(0)
     _settle(lambda: session.queue_depth() == 2, "step 0 made")
@@ -524,15 +534,7 @@ def test_a_checkpoint_waiting_for_a_boundary_is_woken_when_it_is_recorded(
         open_session, reference, monkeypatch) -> None:
     """Boundary 2 is recorded while the producer then waits for room (nobody reads, prefetch
     2): the recording itself must wake the request waiting for it."""
-    release = threading.Event()
-    real = Loader.next_step
-
-    def held(self: Loader) -> Any:
-        if self.step == 1:
-            assert release.wait(30)
-        return real(self)
-
-    monkeypatch.setattr(Loader, "next_step", held)
+    release = _hold_step_1(monkeypatch)
     session = open_session(prefetch=2)
     try:
         _settle(lambda: session.queue_depth() == 2, "step 0 made")
@@ -549,17 +551,8 @@ def test_an_attach_waiting_for_a_boundary_ends_when_the_producer_does(
         open_session, reference, monkeypatch, end) -> None:
     """Boundary 2 is being computed (step 1 is held) when the session is closed or its
     producer fails: the attach waiting for it is refused at once, not at its wait's end."""
-    release = threading.Event()
-    real = Loader.next_step
-
-    def held(self: Loader) -> Any:
-        if self.step == 1:
-            assert release.wait(30)
-            if end == "producer error":
-                raise OSError("disk gone")
-        return real(self)
-
-    monkeypatch.setattr(Loader, "next_step", held)
+    release = _hold_step_1(monkeypatch, OSError("disk gone") if end == "producer error"
+                           else None)
     session = open_session(prefetch=4)
     try:
         _settle(lambda: session.queue_depth() == 2, "step 0 made")
