@@ -102,15 +102,15 @@ def _lanes(text: str) -> dict[int, str]:
             for k, v in json.loads(text)["lanes"].items()}
 
 
-def _hold_step_1(monkeypatch: pytest.MonkeyPatch,
-                 then: BaseException | None = None) -> threading.Event:
-    """Make every loader hold its step 1 until the returned event is set (then raise
-    ``then``, if given): the producer is caught computing boundary 2."""
+def _hold_step_1(monkeypatch: pytest.MonkeyPatch, then: BaseException | None = None,
+                 step: int = 1) -> threading.Event:
+    """Make every loader hold its step 1 (or ``step``) until the returned event is set (then
+    raise ``then``, if given): the producer is caught computing boundary 2."""
     release = threading.Event()
     real = Loader.next_step
 
     def held(self: Loader) -> Any:
-        if self.step == 1:
+        if self.step == step:
             assert release.wait(30)
             if then is not None:
                 raise then
@@ -634,3 +634,43 @@ def test_the_queue_depth_is_counted_from_the_slowest_reader(open_session) -> Non
     # 1 sent, the producer 3 ahead of it again: 4 made, 3 ready
     _settle(lambda: session._fanout.produced == 4, "4 made")
     assert session.queue_depth() == 3 and session.describe()["queue_depth"] == 3
+
+
+def test_one_new_microbatch_wakes_a_waiting_reader(open_session, monkeypatch) -> None:
+    """Reader 1 never reads and prefetch is 3: once step 1 is released exactly one more
+    microbatch is made, and reader 0, waiting for it, is woken by it."""
+    release = _hold_step_1(monkeypatch)
+    session = open_session(readers=2, prefetch=3)
+    try:
+        g0 = session.claim(0)
+        session.claim(1)
+        for _ in range(2):
+            assert session.next(0, g0, 5.0) is not None
+        threading.Timer(0.3, release.set).start()
+        t0 = time.monotonic()
+        item = session.next(0, g0, 5.0)
+        assert item is not None and (item.step, item.index) == (1, 0)
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        release.set()
+
+
+def test_a_backfill_replays_only_once_the_sessions_first_step_is_made(
+        open_session, reference, monkeypatch) -> None:
+    release = _hold_step_1(monkeypatch, step=3)
+    session = open_session(start=_checkpoint(reference["states"][3]))
+    loaded = threading.Event()
+
+    def load() -> Checkpoint:
+        loaded.set()
+        return _checkpoint(reference["states"][1])
+
+    try:
+        session.backfill(1, load)
+        assert not loaded.wait(0.5)  # the trainer's first step comes first
+        release.set()
+        assert session.backfilled.wait(20) and loaded.is_set()
+        assert session.digests_between(1, 3) == {1: reference["digests"][1],
+                                                 2: reference["digests"][2]}
+    finally:
+        release.set()
