@@ -414,3 +414,27 @@ def test_a_loader_over_spans_makes_the_steps_records_do(tmp_path: Path,
     assert len(blocks) > 10  # (blocks of 16 of 105 documents, 2 epochs, 2 lanes)
     monkeypatch.setattr(chunks.RecordReader, "span", lambda self, *a: None)
     assert run() == spans and len(spans) > 10
+
+
+@pytest.mark.slow
+def test_token_records_go_to_a_map_process_as_records(tmp_path: Path) -> None:
+    """A map process gets a task's records one by one (pickled as a list) and maps them as
+    the thread maps the arrays: the same steps."""
+    rng = np.random.default_rng(3)
+    _write(tmp_path, [rng.integers(1, 40, 50).tolist()])
+    recipe = load_recipe({
+        "lanes": 1, "global_batch_size": 2, "seq_len": 32, "seed": 1,
+        "tokenizer": {"uri": tokenizer_path()},
+        "sources": [{"name": "ids", "uris": [str(tmp_path / "*.idx")], "epochs": 1,
+                     "tokens": {}}],
+        "shuffle": {"block_size": 16}})
+
+    def run(knobs: Knobs) -> list[dict[int, bytes]]:
+        with Loader(recipe, 0, 1, knobs) as loader:
+            out = []
+            while not (step := loader.next_step()).ended:
+                out.append(step.lane_digests)
+            return out
+
+    threads = run(Knobs(workers=1))
+    assert run(Knobs(workers=1, map_processes=1)) == threads and len(threads) > 5
