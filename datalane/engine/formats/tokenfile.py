@@ -4,8 +4,8 @@ Shared by the formats whose files hold token ids only (:mod:`.megatron`, :mod:`.
 A file is read through fsspec (a local path or any URI) in ranges of whole documents, at most
 :data:`WINDOW_BYTES` at a time unless one document is longer; each document is a numpy view
 of the range it was read in (the document kind copies the ids into the sample). A block of a
-Megatron source is read a span at a time instead (:func:`span`, up to :data:`SPAN_BYTES`;
-:mod:`datalane.engine.tokenrecords`). A short read
+Megatron source (or of flat files listed in offsets files) is read a span at a time instead
+(:func:`span`, up to :data:`SPAN_BYTES`; :mod:`datalane.engine.tokenrecords`). A short read
 (a file shorter than its index says) is a DataError naming the file, never a shorter document.
 
 A *document index* lists where each document starts, in tokens: document ``d`` is tokens
