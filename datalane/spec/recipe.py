@@ -325,24 +325,32 @@ class Recipe:
     def filters_for(self, source: Source) -> Filters:
         return source.filters if source.filters is not None else self.filters
 
-    def validate(self, where: str) -> None:
+    def validate(self, where: str, inherited: Mapping[str, str] | None = None) -> None:
+        """``inherited``: where each field this recipe took from another one is written (an
+        eval stream's recipe: :func:`stream_recipe`), the path its errors name."""
+
+        def at(name: str) -> str:
+            field = name.split(".", maxsplit=1)[0]
+            if inherited is not None and field in inherited:
+                return _at(inherited[field], name)
+            return _at(where, name)
+
         for name, value, top, unit in (
                 ("seq_len", self.seq_len, MAX_SEQ_LEN, "tokens"),
                 ("global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH, "sequences")):
             if value > top:
-                raise ConfigError(f"{_at(where, name)} {value} is above the limit of {top:,} "
-                                  f"{unit}")
+                raise ConfigError(f"{at(name)} {value} is above the limit of {top:,} {unit}")
         tokens = self.global_batch_size * self.sequence_tokens
         if tokens > MAX_STEP_TOKENS:
             raise ConfigError(
-                f"{_at(where, 'global_batch_size')} {self.global_batch_size} x "
-                f"({_at(where, 'seq_len')} {self.seq_len} + 1) = {tokens:,} tokens per step is "
+                f"{at('global_batch_size')} {self.global_batch_size} x "
+                f"({at('seq_len')} {self.seq_len} + 1) = {tokens:,} tokens per step is "
                 f"above the limit of {MAX_STEP_TOKENS:,}; use a smaller batch or sequence length")
         if self.global_batch_size % self.lanes:
             options = " or ".join(str(m) for m in
                                   nearest_multiples(self.global_batch_size, self.lanes))
             raise ConfigError(
-                f"{_at(where, 'global_batch_size')} {self.global_batch_size} is not a multiple "
+                f"{at('global_batch_size')} {self.global_batch_size} is not a multiple "
                 f"of lanes {self.lanes}; try {options}")
         seen: set[str] = set()
         for i, src in enumerate(self.sources):
@@ -355,7 +363,7 @@ class Recipe:
                     self.packing.algorithm not in WHOLE_PACKERS:
                 raise ConfigError(
                     f"{_at(where, f'sources[{i}].{src.kind_field}')}: its documents must never "
-                    f"be split across sequences, but {_at(where, 'packing.algorithm')} "
+                    f"be split across sequences, but {at('packing.algorithm')} "
                     f"{self.packing.algorithm!r} cuts documents anywhere; use "
                     f"{' or '.join(repr(p) for p in WHOLE_PACKERS)}")
         check_phases(self, where)
@@ -393,7 +401,11 @@ def validate_streams(recipe: Recipe, where: str) -> None:
             raise ConfigError(f"{at}.name {stream.name!r} is used by another eval stream; "
                               f"names must be unique")
         seen.add(stream.name)
-        stream_recipe(recipe, stream).validate(at)
+        # the fields the stream takes from the recipe are named where the recipe writes them
+        inherited = {f: where for f in INHERITED}
+        if stream.global_batch_size is None:
+            inherited["global_batch_size"] = where
+        stream_recipe(recipe, stream).validate(at, inherited)
 
 
 def _at(where: str, name: str) -> str:

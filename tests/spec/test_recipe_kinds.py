@@ -146,10 +146,21 @@ def test_a_kind_of_whole_documents_needs_a_packer_that_never_splits_them(kind: s
 
 
 def test_an_eval_stream_of_whole_documents_is_checked_with_the_recipes_packer() -> None:
+    """The refusal names the recipe's own packing.algorithm, which the stream inherits (an
+    eval stream has no packing of its own to set)."""
     data = minimal(eval=[{"name": "e", "steps": 1, "sources": [source(vision={})]}])
     assert error_of(data) == (
         "eval[0].sources[0].vision: its documents must never be split across sequences, but "
-        "eval[0].packing.algorithm 'wrap' cuts documents anywhere; use 'bestfit'")
+        "packing.algorithm 'wrap' cuts documents anywhere; use 'bestfit'")
+
+
+def test_an_eval_streams_step_limit_names_its_batch_and_the_recipes_seq_len() -> None:
+    data = minimal(seq_len=1 << 20, global_batch_size=1, lanes=1,
+                   eval=[{"name": "e", "steps": 1, "global_batch_size": 1024,
+                          "sources": [source()]}])
+    assert error_of(data) == (
+        "eval[0].global_batch_size 1024 x (seq_len 1048576 + 1) = 1,073,742,848 tokens per "
+        "step is above the limit of 1,073,741,824; use a smaller batch or sequence length")
 
 
 def test_a_kinds_own_files_are_relative_to_the_recipe_file(tmp_path: Path) -> None:
