@@ -140,15 +140,19 @@ class DocStream:
         epochs = self.source.source.epochs
         return epochs is not None and epoch >= epochs
 
+    def _epoch_chunks(self) -> list[Chunk]:
+        """The chunks the lane reads in the reader's epoch, in reading order."""
+        if self._r_chunks_epoch != self._r_epoch:
+            self._r_chunks = self.source.lane_chunks(self.lane, self._r_epoch)
+            self._r_chunks_epoch = self._r_epoch
+        return self._r_chunks
+
     def _next_record(self) -> tuple[int, Record] | None:
         """``(chunk ordinal, record)`` of the next record of the reader's epoch, or None."""
         if self._r_peek is not None:
             rec, self._r_peek = self._r_peek, None
             return rec
-        if self._r_chunks_epoch != self._r_epoch:
-            self._r_chunks = self.source.lane_chunks(self.lane, self._r_epoch)
-            self._r_chunks_epoch = self._r_epoch
-        chunks = self._r_chunks
+        chunks = self._epoch_chunks()
         while self._r_chunk < len(chunks):
             if self._r_iter is None:
                 self._r_iter = self._reader.records(chunks[self._r_chunk], self._r_start)
@@ -227,10 +231,7 @@ class DocStream:
         record: its records in the same order, where it starts, where the next one does."""
         if self._exhausted_epoch(self._r_epoch):
             return None
-        if self._r_chunks_epoch != self._r_epoch:
-            self._r_chunks = self.source.lane_chunks(self.lane, self._r_epoch)
-            self._r_chunks_epoch = self._r_epoch
-        chunks = self._r_chunks
+        chunks = self._epoch_chunks()
         c, start = self._r_chunk, self._r_start
         if self._r_peek is not None:  # the record a full block looked at: read again
             c, start = self._r_peek[0], self._r_peek[1][1]

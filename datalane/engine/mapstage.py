@@ -154,24 +154,11 @@ class MapStage:
         docs: list[Rendered] = []
         keep: list[int]
         got: Tokenized | None = None
-        if self._whole is not None and isinstance(records, TokenRecords):
-            got = self.kind.tokenize_span(*records.tokens())  # (ids end to end: at once)
-            if got is not None:
-                keep = list(range(n))
-        if self._whole is not None and got is None:  # a kind that checks a whole task at once
-            if all(formats[f].passes_arrays for f in {file for file, _, _ in records}):
-                # the raw records are the values if they are all arrays (the kind checks that;
-                # any other raw, a TooLarge, None, is mapped one record at a time below)
-                got = self._whole([raw for _, _, raw in records])
-            else:
-                values = []
-                for file, _, raw in records:
-                    value, reason, _ = _decode(formats[file], raw, self.field)
-                    if reason is not None:
-                        break
-                    values.append(value)
-                else:
-                    got = self._whole(values)
+        if self._whole is not None:  # a kind that checks a whole task at once (token ids)
+            if isinstance(records, TokenRecords):
+                got = self.kind.tokenize_span(*records.tokens())  # (ids end to end: at once)
+            if got is None:
+                got = self._whole_values(records, formats)
             if got is not None:
                 keep = list(range(n))
         if got is None:
@@ -189,6 +176,23 @@ class MapStage:
             result.attached = attached
             result.attached_bytes = list(itertools.accumulate(held))
         return result
+
+    def _whole_values(self, records: Sequence[Record],
+                      formats: Sequence[Format]) -> Tokenized | None:
+        """The kind's whole-task tokens of the records' decoded values, or None: a value is
+        bad, or one does not decode (mapped one record at a time, which names it)."""
+        assert self._whole is not None
+        if all(formats[f].passes_arrays for f in {file for file, _, _ in records}):
+            # the raw records are the values if they are all arrays (the kind checks that;
+            # any other raw, a TooLarge, None, is mapped one record at a time)
+            return self._whole([raw for _, _, raw in records])
+        values = []
+        for file, _, raw in records:
+            value, reason, _ = _decode(formats[file], raw, self.field)
+            if reason is not None:
+                return None
+            values.append(value)
+        return self._whole(values)
 
     def _render(self, records: Sequence[Record], formats: Sequence[Format],
                 status: list[str | None], detail: list[str | None],

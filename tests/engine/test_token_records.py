@@ -225,7 +225,10 @@ def test_tokenize_span_takes_only_the_common_case(tmp_path: Path) -> None:
     cols, offsets, lens = kind.tokenize_span(ids, np.array([2, 1]))
     assert cols["input_ids"].tolist() == [3, 4, 5] and cols["input_ids"].dtype == np.int32
     assert offsets.tolist() == [0, 2, 3] and lens.tolist() == [2, 1]
-    assert cols["input_ids"].base is None or cols["input_ids"].base is not ids  # (a copy)
+    ids32 = np.array([3, 4, 5], np.int32)  # (a copy even when the ids are int32 already:
+    cols, _, _ = kind.tokenize_span(ids32, np.array([3]))  # a task never pins its block)
+    assert cols["input_ids"].tolist() == [3, 4, 5] and not np.shares_memory(cols["input_ids"],
+                                                                            ids32)
     vocab = kind.vocab_size
     refused = [
         (ids, np.array([], np.int64)),  # no document

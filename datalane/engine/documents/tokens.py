@@ -143,12 +143,10 @@ class TokensKind(KindBase):
             return None
         # one dtype over them all: a mix of signed and unsigned ids, or a float array, is no
         # longer an integer kind
-        if flat.ndim != 1 or flat.dtype.kind not in "iu" or int(lens.min()) == 0:
+        if flat.ndim != 1 or flat.dtype.kind not in "iu":
             return None
         unsigned = wide and one is not None and one.kind == "u"  # (widened: no id below 0)
-        if flat.dtype.kind == "i" and not unsigned and int(flat.min()) < 0:
-            return None
-        if int(flat.max()) >= self.vocab_size:
+        if not self._ids_fit(flat, lens, unsigned):
             return None
         if wide:
             offsets = np.zeros(len(values) + 1, dtype=np.int64)
@@ -163,15 +161,18 @@ class TokensKind(KindBase):
         if (not len(lens) or ids.ndim != 1 or ids.dtype.kind not in "iu"
                 or not np.can_cast(ids.dtype, np.int32, "safe")
                 or self.bos_id is not None or self.eos_id is not None
-                or int(lens.min()) == 0):
-            return None
-        if ids.dtype.kind == "i" and int(ids.min()) < 0:
-            return None
-        if int(ids.max()) >= self.vocab_size:
+                or not self._ids_fit(ids, lens, False)):
             return None
         offsets = np.zeros(len(lens) + 1, dtype=np.int64)
         np.cumsum(lens, out=offsets[1:])
         return {"input_ids": ids.astype(np.int32)}, offsets, lens
+
+    def _ids_fit(self, ids: np.ndarray, lens: np.ndarray, unsigned: bool) -> bool:
+        """No value empty and every id (integers, end to end) in ``[0, V)``; ``unsigned``:
+        none can be below 0 (widened from an unsigned type), so that pass is skipped."""
+        return not (int(lens.min()) == 0
+                    or (ids.dtype.kind == "i" and not unsigned and int(ids.min()) < 0)
+                    or int(ids.max()) >= self.vocab_size)
 
     def _concat(self, values: list[Any], flat: np.ndarray | None = None,
                 lens: np.ndarray | None = None) -> Tokenized:
