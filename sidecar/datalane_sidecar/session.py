@@ -396,10 +396,12 @@ class Session:
                        or self._stop.is_set() or not self._thread.is_alive()
                        or time.monotonic() > deadline):
                 self._lock.wait(0.5)
-        pool = TaskPool(1, "datalane-backfill")
-        loader = Loader(self._plan.recipe, self.rank, self.world_size, self._knobs,
-                        plan=self._plan, pool=pool)
-        try:
+        pool: TaskPool | None = None
+        loader: Loader | None = None
+        try:  # (a pool or loader that cannot be made is a failed rebuild: backfilled is set)
+            pool = TaskPool(1, "datalane-backfill")
+            loader = Loader(self._plan.recipe, self.rank, self.world_size, self._knobs,
+                            plan=self._plan, pool=pool)
             loader.load_state_dict(load())
             got: dict[int, dict[int, bytes]] = {}
             for s in range(since, self.first_step):
@@ -422,8 +424,10 @@ class Session:
             log.warning("cannot rebuild the ledger of steps %d-%d for rank %d: %s", since,
                         self.first_step - 1, self.rank, e)
         finally:
-            loader.close()
-            pool.shutdown(wait=False, cancel_futures=True)
+            if loader is not None:
+                loader.close()
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
             self.backfilled.set()
 
     def forget_before(self, step: int) -> None:

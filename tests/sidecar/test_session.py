@@ -401,6 +401,40 @@ def test_a_backfill_that_does_not_land_on_the_start_keeps_no_digest(
             "step 3") in caplog.text
 
 
+@pytest.mark.parametrize("fails", ["pool", "loader"])
+def test_a_backfill_whose_pool_or_loader_cannot_be_made_still_ends(
+        open_session, reference, monkeypatch, caplog, fails) -> None:
+    """A rebuild that cannot start (no thread left for its pool, a loader that refuses)
+    fails like any other rebuild: logged, no digest kept, ``backfilled`` set, so the worker
+    that waits for it (datalane_sidecar.worker) and the first checkpoint go on."""
+    from datalane_sidecar import session as session_module
+
+    session = open_session(start=_checkpoint(reference["states"][3]))
+    made: list[TaskPool] = []
+
+    class Pool(TaskPool):
+        def __init__(self, *args: Any) -> None:
+            if fails == "pool":
+                raise RuntimeError("can't start new thread")
+            super().__init__(*args)
+            made.append(self)
+
+    def no_loader(*args: Any, **kw: Any) -> Loader:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(session_module, "TaskPool", Pool)
+    if fails == "loader":
+        monkeypatch.setattr(session_module, "Loader", no_loader)
+    with caplog.at_level(logging.WARNING, "datalane.sidecar"):
+        session.backfill(1, lambda: pytest.fail("not loaded"))
+        assert session.backfilled.wait(20)
+    assert ("cannot rebuild the ledger of steps 1-2 for rank 0: can't start new thread"
+            in caplog.text)
+    assert session.digests_between(0, 3) == {}
+    if fails == "loader":  # the pool made for it is shut down
+        assert len(made) == 1 and made[0]._closed
+
+
 def test_a_session_from_the_start_backfills_nothing(open_session) -> None:
     session = open_session()
     session.backfill(0, lambda: pytest.fail("not loaded"))
