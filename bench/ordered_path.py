@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/ordered_path.py            # ~1 min, on bench/pretokenized.py's corpus
     .venv/bin/python bench/ordered_path.py --batch 32
+    .venv/bin/python bench/ordered_path.py --threads  # each thread's CPU in a real run (~20 s)
 
 ``bench/pretokenized.py`` measures datalane end to end against ``memmap_limit_contract`` (a
 memmap copied into the batch, the positions from the index, the SHA-256 of both columns, on
@@ -106,6 +107,48 @@ def plain_run(corpus: Path, batch: int, workers: int = 1, hashed: bool = True) -
         lane.window_digest = digest
 
 
+def thread_cpu(corpus: Path, batch: int, workers: int = 1) -> tuple[dict[str, float], float]:
+    """The same run's CPU seconds per step of each of its threads (``/proc/self/task``, from
+    its first step to its last; the loader's threads by name, the reading ones summed) and its
+    wall seconds per step. Their sum against the wall says what bounds the run: about one
+    core's worth is the interpreter lock (every thread but the hashing waits for it)."""
+    import os
+    import threading
+
+    from datalane import Knobs, Loader
+
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu() -> dict[int, float]:
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # (a thread that ended meanwhile)
+                continue
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+        return out
+
+    with Loader(pt._recipe(corpus, "megatron", batch), 0, 1, Knobs(workers=workers)) as loader:
+        loader.next_step()  # (opened: the lanes' first blocks read)
+        before = cpu()
+        t0 = time.perf_counter()
+        steps = 0
+        while not loader.next_step().ended:
+            steps += 1
+        wall = (time.perf_counter() - t0) / steps
+        after = cpu()
+        names = {t.native_id: t.name for t in threading.enumerate()}
+    per: dict[str, float] = {}
+    for tid, seconds in after.items():
+        name = names.get(tid, "other")
+        name = "the ordered thread (this one)" if name == threading.current_thread().name else \
+            name.rstrip("0123456789").rstrip("_")
+        per[name] = per.get(name, 0.0) + (seconds - before.get(tid, 0.0)) / steps
+    return per, wall
+
+
 def replay(corpus: Path, batch: int, runs: list[list[Any]],
            digests: list[dict[int, bytes]]) -> tuple[float, float]:
     """Seconds (wall, and of which hashing) to make every step again from the recorded runs
@@ -158,11 +201,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=50_000_000)
     ap.add_argument("--plot", help="draw the breakdown here (a PNG; matplotlib, the dev extra)")
+    ap.add_argument("--threads", action="store_true",
+                    help="only the real run's CPU per step of each thread, 1 and 2 map workers")
     args = ap.parse_args()
     corpus = pt.corpus_dir(args.tokens)
     if not (corpus / "MANIFEST.json").exists():
         pt.make_corpus(corpus, args.tokens)
     import fsspec  # noqa: F401  (imports out of every clock, as bench/pretokenized.py does)
+    if args.threads:
+        for workers in (1, 2):
+            for _ in range(args.rounds):
+                per, wall = thread_cpu(corpus, args.batch, workers)
+                parts = ", ".join(f"{name} {seconds * 1e6:.0f}"
+                                  for name, seconds in sorted(per.items(), key=lambda x: -x[1])
+                                  if seconds > 0)
+                print(f"{workers} map worker{'s' if workers > 1 else ''}: wall {wall * 1e6:.0f} "
+                      f"us per step, CPU {sum(per.values()) * 1e6:.0f} ({parts})")
+        return
 
     replays, hashes, limits, reals, mixtures = [], [], [], [], []
     others: dict[tuple[int, bool], list[float]] = {}

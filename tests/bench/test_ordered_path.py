@@ -80,3 +80,32 @@ def test_a_run_without_the_hash_hashes_nothing_and_puts_the_digest_back(
     with pytest.raises(ZeroDivisionError):
         bench.plain_run(tmp_path, 8, 1, hashed=False)
     assert lane.window_digest is counted
+
+
+def test_thread_cpu_names_the_runs_threads_and_counts_per_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``thread_cpu`` gives the CPU per step of the ordered thread, the readers (both lanes'
+    summed under one name) and the map workers, and the wall per step; a thread that spins a
+    known time on the ordered thread shows in the ordered thread's share."""
+    import time as clock
+
+    from datalane import Loader
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    bench = _bench()
+    _small_chunks(monkeypatch)
+    bench.pt.make_corpus(tmp_path, 100_000)
+    real = Loader.next_step
+
+    def spin(self: Any) -> Any:  # 20 ms of CPU on the ordered thread every step
+        t = clock.thread_time()
+        while clock.thread_time() - t < 0.02:
+            pass
+        return real(self)
+
+    monkeypatch.setattr(Loader, "next_step", spin)
+    per, wall = bench.thread_cpu(tmp_path, 8, 2)
+    assert {"the ordered thread (this one)", "datalane-read", "datalane-map"} <= set(per)
+    assert not any(name[-1].isdigit() for name in per)  # (the lanes' threads summed)
+    assert per["the ordered thread (this one)"] >= 0.015  # (counted in clock ticks of 10 ms)
+    assert wall >= 0.02 and all(seconds >= 0 for seconds in per.values())
