@@ -137,8 +137,8 @@ class SampleSchema:
                     raise ValueError(f"column {c.name!r} has the {what} {value}, which "
                                      f"{c.dtype} cannot hold ({info.min}..{info.max})")
             if c.image is not None and (c.per_token or c.image not in ("image", "bound", "patch")
-                                        or c.width < 0 or (c.image == "patch")
-                                        != (c.patches_per_token > 0)):
+                                        or c.width < 0 or c.patches_per_token < 0
+                                        or (c.image == "patch") != (c.patches_per_token > 0)):
                 raise ValueError(f"column {c.name!r} is not a per-image column: per_token "
                                  f"{c.per_token}, image {c.image!r}, width {c.width}, "
                                  f"patches_per_token {c.patches_per_token}")

@@ -194,6 +194,12 @@ def test_check_takes_per_image_rows_from_none_up_to_the_capacity() -> None:
     ((dataclasses.replace(BOUND, patches_per_token=1),),
      "column 'b' is not a per-image column: per_token False, image 'bound', width 0, "
      "patches_per_token 1"),
+    ((dataclasses.replace(BOUND, patches_per_token=-1),),
+     "column 'b' is not a per-image column: per_token False, image 'bound', width 0, "
+     "patches_per_token -1"),
+    ((dataclasses.replace(PATCH, patches_per_token=-4),),
+     "column 'p' is not a per-image column: per_token False, image 'patch', width 6, "
+     "patches_per_token -4"),
     ((IMAGE, LOSS_MASK),
      "a sample schema's per-image columns come after the others: ['i', 'loss_mask']"),
 ])
