@@ -133,8 +133,8 @@ class CheckpointStore:
         the same run) and the manifest's URI is returned.
         """
         check_step(step)
+        pod_object_name(pod_id)  # validates the id (not its str: True is no pod) before any read
         pod = str(pod_id)
-        pod_object_name(pod)  # validates the id before anything is read
         obj = PodObject.build(step, pod, lanes, digests, fingerprint, fingerprint_doc,
                               lanes_total)
         mpath = manifest_path(self._base, step)
@@ -256,7 +256,7 @@ class CheckpointStore:
 
     def pod_uri(self, step: int, pod_id: str | int) -> str:
         """The URI of pod ``pod_id``'s object of ``step`` (what an error names)."""
-        return self._io.uri(pod_path(self._base, check_step(step), str(pod_id)))
+        return self._io.uri(pod_path(self._base, check_step(step), pod_id))
 
     def latest_committed(self, verify: bool = False) -> int | None:
         """The newest committed step (the newest that verifies, with ``verify``), or None."""

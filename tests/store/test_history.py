@@ -263,3 +263,17 @@ def test_an_interrupted_collection_is_a_note_and_many_steps_are_abridged() -> No
     assert verdict.lines[1] == (
         f"history: complete back to the first checkpoint; 6 checkpoints before step 70 were "
         f"garbage-collected (steps 10, 20, 30, 40, 50, 60; {GC})")
+
+
+def test_a_counted_gc_record_below_uncounted_manifests_makes_a_cut_a_problem() -> None:
+    """The oldest manifest present carries no ``seq`` (an older datalane wrote it), but the gc
+    record of the step it links to puts that step at place 1 of the chain: one checkpoint came
+    before it, and its removal without a record is a problem, not a line."""
+    old = store((30, None, 20), (40, None, 30))
+    removed = {20: Removed(20, sha("2"), 1, (10, sha("1")), GC)}
+    verdict = audit_history(old, History(HEAD, head=Head(40, sha("4"), None), removed=removed))
+    assert verdict.problems == (
+        "the oldest checkpoints were removed: step 20 links to step 10, which is not in the "
+        "store, and no gc record says it was garbage-collected (1 checkpoints came before "
+        "step 20)",)
+    assert verdict.lines == (f"head: step 40, as {HEAD} records",)

@@ -143,3 +143,13 @@ def test_a_committed_step_cannot_be_discarded(local: Backend, store: CheckpointS
     assert local.names(30) == [] and local.names(20) == ["MANIFEST.json", "pod-0.json",
                                                          "pod-1.json"]
     assert store.pod_uri(30, 1) == _uri(store, 30, "pod-1.json")
+
+
+def test_an_object_that_is_not_the_listed_bytes_names_both_hashes(
+        local: Backend, store: CheckpointStore) -> None:
+    listed = sha256_hex(local.read(20, "pod-1.json"))
+    local.write(20, "pod-1.json", b"x")  # sha256(b"x") = 2d711642b726b044...
+    assert _refusal(store, 20) == (
+        f"corrupt object {_uri(store, 20, 'pod-1.json')}: its 1 bytes hash to "
+        f"2d711642b726b044..., but {_uri(store, 20, 'MANIFEST.json')} lists {listed[:16]}...; "
+        f"the object is truncated or altered and will not be used")
