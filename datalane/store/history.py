@@ -44,6 +44,7 @@ Pure functions, no I/O. Callers: :mod:`datalane.store.store` (writing, reading),
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +68,7 @@ __all__ = [
 
 HEAD_FORMAT = "datalane.head/v1"
 GC_FORMAT = "datalane.gc-record/v1"
+_HEX64 = re.compile(r"[0-9a-f]{64}")  # a SHA-256, whole (fullmatch)
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,8 @@ def _int(v: Any) -> int:
 
 
 def _hex(v: Any) -> str:
-    if not isinstance(v, str) or len(v) != 64:
-        raise ValueError(f"expected a SHA-256, got {v!r}")
+    if not isinstance(v, str) or not _HEX64.fullmatch(v):
+        raise ValueError(f"expected a SHA-256 (64 lowercase hex digits), got {v!r}")
     return v
 
 

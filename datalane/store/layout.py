@@ -48,9 +48,9 @@ HEAD_NAME = "HEAD.json"
 GC_DIR = "gc"
 STEP_DIGITS = 12
 
-_POD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_POD_OBJECT = re.compile(r"^pod-([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.json$")
-_STEP_DIR = re.compile(rf"^[0-9]{{{STEP_DIGITS}}}$")
+_POD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_POD_OBJECT = re.compile(r"pod-([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.json")
+_STEP_DIR = re.compile(rf"[0-9]{{{STEP_DIGITS}}}")
 
 
 def check_step(step: int) -> int:
@@ -61,7 +61,7 @@ def check_step(step: int) -> int:
 def pod_object_name(pod_id: str | int) -> str:
     """``pod-<pod_id>.json``; pod ids are pod names or ordinals (letters, digits, ``._-``)."""
     text = str(pod_id)
-    if isinstance(pod_id, bool) or not _POD_ID.match(text):
+    if isinstance(pod_id, bool) or not _POD_ID.fullmatch(text):
         raise ConfigError(f"pod id {pod_id!r} cannot name an object: use 1-128 letters, digits, "
                           f"'.', '_' or '-', starting with a letter or digit")
     return f"pod-{text}.json"
@@ -69,12 +69,12 @@ def pod_object_name(pod_id: str | int) -> str:
 
 def is_pod_object_name(name: str) -> bool:
     """Whether a file name inside a step directory is a pod object."""
-    return _POD_OBJECT.match(name) is not None
+    return _POD_OBJECT.fullmatch(name) is not None
 
 
 def pod_id_of(name: str) -> str:
     """The pod id encoded in a pod object's name."""
-    m = _POD_OBJECT.match(name)
+    m = _POD_OBJECT.fullmatch(name)
     if m is None:
         raise ConfigError(f"{name!r} is not a pod object name")
     return m.group(1)
@@ -128,7 +128,7 @@ def basename(path: str) -> str:
 def step_of_dir(path: str) -> int | None:
     """The step a step directory stands for, or None for anything else."""
     name = basename(path)
-    return int(name) if _STEP_DIR.match(name) else None
+    return int(name) if _STEP_DIR.fullmatch(name) else None
 
 
 def step_of_manifest(path: str) -> int | None:

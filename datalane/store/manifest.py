@@ -67,7 +67,7 @@ from datalane.store.podstate import (
 __all__ = ["MANIFEST_FORMAT", "LaneEntry", "Manifest", "PodRead", "build_manifest"]
 
 MANIFEST_FORMAT = "datalane.manifest/v1"
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")  # whole strings only (fullmatch: "$" passes a "\n")
 _KEYS = {"format", "step", "fingerprint", "fingerprint_doc", "lanes_total", "lanes", "objects",
          "ledger", "previous"}
 _OPTIONAL = {"phases",  # only when the recipe has phases: older manifests keep their bytes
@@ -199,7 +199,7 @@ def _str(v: Any) -> str:
 
 
 def _hex(v: Any) -> str:
-    if not isinstance(v, str) or not _HEX64.match(v):
+    if not isinstance(v, str) or not _HEX64.fullmatch(v):
         raise ValueError(f"expected a 64-character lowercase hex SHA-256, got {v!r}")
     return v
 

@@ -40,7 +40,7 @@ __all__ = ["SidecarConfig", "serve", "write_termination_message"]
 log = logging.getLogger("datalane.sidecar")
 _MAX_MESSAGE = 256 << 20
 _SIGNAL_POLL_SECONDS = 0.2
-_STALE_RING = re.compile(r"^datalane-[0-9a-f]{16}\.shm$")  # ShmWriter files (service.py)
+_STALE_RING = re.compile(r"datalane-[0-9a-f]{16}\.shm")  # ShmWriter files (service.py)
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def _check_socket_path(path: str) -> None:
     # the shared-memory rings of a previous run that was killed (kill -9, OOM): each holds
     # memory of the emptyDir (a tmpfs) until it is removed, and nothing else would remove it
     for name in os.listdir(folder):
-        if _STALE_RING.match(name):
+        if _STALE_RING.fullmatch(name):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(folder, name))
 

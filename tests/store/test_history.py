@@ -73,8 +73,10 @@ def test_a_head_json_a_reader_cannot_use_says_why() -> None:
     for field, value, why in (("step", -1, "expected a non-negative integer, got -1"),
                               ("step", True, "expected a non-negative integer, got True"),
                               ("seq", "3", "expected a non-negative integer, got '3'"),
-                              ("sha256", "4" * 63, f"expected a SHA-256, got '{'4' * 63}'"),
-                              ("sha256", None, "expected a SHA-256, got None")):
+                              ("sha256", "4" * 63, "expected a SHA-256 (64 lowercase hex "
+                                                    f"digits), got '{'4' * 63}'"),
+                              ("sha256", None, "expected a SHA-256 (64 lowercase hex digits), "
+                                               "got None")):
         doc = json.loads(head_record(None, 40, sha("4"), 3))
         doc[field] = value
         assert read_head(json.dumps(doc).encode(), HEAD, None) == (
