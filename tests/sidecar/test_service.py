@@ -12,6 +12,8 @@ ledger its checkpoints write by the steps whose digests a recording store was gi
 from __future__ import annotations
 
 import json
+import logging
+import os
 import queue
 import threading
 import time
@@ -22,14 +24,16 @@ from typing import Any
 import grpc
 import pytest
 from datalane_sidecar.metrics import Metrics
+from datalane_sidecar.remote import RemoteSession
 from datalane_sidecar.service import DataLaneService, _abort, _ring_slots
+from datalane_sidecar.session import Session
 
 from datalane import load_recipe
 from datalane.corpus import tokenizer_path
 from datalane.engine.loader import Loader
 from datalane.engine.plan import Plan
 from datalane.spec.errors import ConfigError, DataError, MismatchError, StorageError
-from datalane.spec.evals import eval_recipe
+from datalane.spec.evals import TRAIN, eval_recipe
 from datalane.spec.knobs import Knobs
 from datalane.spec.recipe import Recipe
 from datalane.spec.state import Checkpoint
@@ -302,12 +306,14 @@ def test_a_draining_sidecar_refuses_an_open_as_unavailable(service) -> None:
 @pytest.mark.parametrize(("fields", "message"), [
     ({"stream": "nope"}, "no stream is named 'nope'"),
     ({"world_size": 5}, "4 lanes cannot be split over 5 ranks"),
+    # before the resume is looked at (a store is neither needed nor asked)
+    ({"world_size": 5, "from_step": 3}, "4 lanes cannot be split over 5 ranks"),
     ({"reader": 1}, "reader 1 is outside 0..0 for 1 readers of rank 0"),
     ({"readers": 2, "reader": 2}, "reader 2 is outside 0..1 for 2 readers of rank 0"),
     ({"from_step": 3}, "resume from_step needs a checkpoint store"),
     ({"stream": "held", "from_step": 3},
      "eval stream 'held' is never checkpointed, so it cannot resume from_step 3"),
-], ids=["stream", "world", "reader", "readers", "store", "eval"])
+], ids=["stream", "world", "world-first", "reader", "readers", "store", "eval"])
 def test_a_bad_request_is_refused_naming_the_value(service, fields: dict[str, Any],
                                                    message: str) -> None:
     e = aborted(lambda: service.Open(request(**fields), Context()))
@@ -392,6 +398,7 @@ def test_a_second_reader_attaches_to_the_ranks_session(service) -> None:
     again = service.Open(request(readers=2, reader=1, transport=pb.TRANSPORT_SHM), Context())
     assert list(service.sessions) == [first.session_id]
     assert second.session_id not in service.handles and again.session_id in service.handles
+    assert first.session_id in service.handles
     assert again.session_id in service.rings
 
 
@@ -766,3 +773,268 @@ def test_concurrent_opens_of_a_rank_build_one_session(service) -> None:
         t.join(30)
     assert len(replies) == 2 and len(service.sessions) == 1
     assert {service.handles[r.session_id].reader for r in replies} == {0, 1}
+
+
+# -- what the sweep of service.py left alive --------------------------------------------------
+
+def _samples(metric: Any, suffix: str) -> float:
+    return sum(s.value for m in metric.collect() for s in m.samples if s.name.endswith(suffix))
+
+
+def test_opens_are_measured_and_only_a_training_resume_replays(service, reference,
+                                                               eval_reference) -> None:
+    metrics = service.metrics
+    service.Open(request(), Context())
+    service.Open(request(stream="held", state_json=eval_reference["states"][1]), Context())
+    assert (_samples(metrics.open_seconds, "_count"), _samples(metrics.replay_seconds,
+                                                               "_count")) == (2, 0)
+    service.Open(request(state_json=reference["states"][2]), Context())
+    assert (_samples(metrics.open_seconds, "_count"), _samples(metrics.replay_seconds,
+                                                               "_count")) == (3, 1)
+    # seconds the calls took, not clock readings
+    assert 0 < _samples(metrics.open_seconds, "_sum") < 30
+    assert 0 < _samples(metrics.replay_seconds, "_sum") < 30
+
+
+def test_what_is_sent_is_counted_per_stream_and_the_first_is_logged_once(service, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="datalane.sidecar")
+    first = service.Open(request(readers=2), Context())
+    second = service.Open(request(readers=2, reader=1), Context())
+    sent = len(next(service.Stream(Acks(first.session_id), Context())).items)  # type: ignore[arg-type]
+    sent += len(next(service.Stream(Acks(second.session_id), Context())).items)  # type: ignore[arg-type]
+    metrics = service.metrics
+    assert _samples(metrics.microbatches, "_total") == sent
+    assert _samples(metrics.eval_microbatches, "_total") == 0
+    assert 0 <= _samples(metrics.first_microbatch, "_sum") < 30
+    logged = [r for r in caplog.records if r.getMessage() == "first microbatch sent"]
+    assert [r.session for r in logged] == [first.session_id] * 2  # type: ignore[attr-defined]
+    # only the process's first microbatch says how long after the start it was sent
+    assert [hasattr(r, "seconds_after_start") for r in logged] == [True, False]
+    held = service.Open(request(stream="held"), Context())
+    items = [m for d in service.Stream(Acks(held.session_id), Context()) for m in d.items]  # type: ignore[arg-type]
+    assert _samples(metrics.eval_microbatches, "_total") == len(items) == 4
+    assert _samples(metrics.microbatches, "_total") == sent
+
+
+def test_a_reader_past_the_position_asked_for_gets_a_new_session(service) -> None:
+    first = service.Open(request(), Context())
+    _read(service, first.session_id, 2)  # a single reader holds nothing it was sent
+    again = service.Open(request(), Context())
+    assert list(service.sessions) == [again.session_id] and list(service.handles) == [
+        again.session_id]
+
+
+def test_a_replaced_reader_and_a_replaced_session_leave_no_ring(service) -> None:
+    first = service.Open(request(readers=2), Context())
+    second = service.Open(request(readers=2, reader=1, transport=pb.TRANSPORT_SHM), Context())
+    again = service.Open(request(readers=2, reader=1), Context())
+    assert not Path(second.shm_path).exists()
+    assert second.session_id not in service.rings and second.session_id not in service.opened_at
+    assert set(service.handles) == {first.session_id, again.session_id}
+    third = service.Open(request(readers=2, reader=1, transport=pb.TRANSPORT_SHM), Context())
+    other = service.Open(request(microbatch_size=2), Context())  # replaces the session
+    assert not Path(third.shm_path).exists() and not service.rings
+    assert list(service.opened_at) == [other.session_id]
+
+
+def test_a_session_that_cannot_claim_its_reader_is_closed_with_its_ring(service, tmp_path,
+                                                                        monkeypatch) -> None:
+    closed: list[str] = []
+    real_close = Session.close
+
+    def refuse(self: Session, reader: int) -> int:
+        raise DataError("cannot claim")
+
+    def close(self: Session) -> None:
+        closed.append(self.id)
+        real_close(self)
+
+    monkeypatch.setattr(Session, "claim", refuse)
+    monkeypatch.setattr(Session, "close", close)
+    e = aborted(lambda: service.Open(request(transport=pb.TRANSPORT_SHM), Context()))
+    assert (e.code, e.details) == (Code.FAILED_PRECONDITION, "cannot claim")
+    assert len(closed) == 1 and not list(tmp_path.glob("datalane-*.shm"))
+    assert not service.sessions and not service.rings
+
+
+def test_an_attach_that_fails_leaves_no_ring(service, tmp_path, monkeypatch) -> None:
+    service.Open(request(readers=2), Context())
+
+    def fails(self: Session, *args: Any, **kwargs: Any) -> int | None:
+        raise DataError("its worker died")
+
+    monkeypatch.setattr(Session, "attach", fails)
+    e = aborted(lambda: service.Open(request(readers=2, reader=1,
+                                             transport=pb.TRANSPORT_SHM), Context()))
+    assert e.details == "its worker died" and not list(tmp_path.glob("datalane-*.shm"))
+
+
+def test_closing_a_session_forgets_its_ledger_start(make_service) -> None:
+    store = Store()
+    store.commits = False
+    service = make_service(store)
+    hid = service.Open(request(), Context()).session_id
+    _checkpoint(service, hid, 1)
+    assert hid in service.uncommitted and service.last_checkpoint == {}
+    service.Close(pb.CloseRequest(session_id=hid), Context())
+    assert not service.uncommitted
+    hid = service.Open(request(), Context()).session_id
+    store.commits = True
+    _checkpoint(service, hid, 1)
+    assert service.last_checkpoint == {hid: 1}
+    service.Close(pb.CloseRequest(session_id=hid), Context())
+    assert service.last_checkpoint == {}
+
+
+def test_a_committed_checkpoint_ignores_what_other_pods_committed(make_service,
+                                                                  caplog) -> None:
+    store = Store()
+    service = make_service(store)
+    hid = service.Open(request(), Context()).session_id
+    _read(service, hid, 12)  # steps 0 to 5
+    _checkpoint(service, hid, 2)
+    store.committed = [3]  # this pod's last object committed: its ledger starts at 2
+    _checkpoint(service, hid, 4)
+    session = service.sessions[hid]
+    assert min(session.digests) == 4  # forgotten before the last committed step
+    store.commits = False
+    store.committed = [5]
+    _checkpoint(service, hid, 6)  # uncommitted: the ledger still starts at 4 ...
+    assert hid in service.uncommitted
+    store.commits = True
+    _checkpoint(service, hid, 7)  # ... until a later pod committed 5
+    assert all(s >= 7 for s in session.digests) and not service.uncommitted
+    assert [(step, sorted(d)) for step, d in store.written] == [
+        (2, [0, 1]), (4, [2, 3]), (6, [4, 5]), (7, [5, 6])]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_checkpoint_of_a_step_not_reached_is_refused_naming_it(service,
+                                                                 monkeypatch) -> None:
+    hid = service.Open(request(), Context()).session_id
+
+    def never(step: int, timeout: float = 60.0) -> str:
+        raise ConfigError(f"step {step} was not reached within 60 s")
+
+    monkeypatch.setattr(service.sessions[hid], "state_at", never)
+    e = aborted(lambda: _checkpoint(service, hid, 9))
+    assert (e.code, e.details) == (Code.INVALID_ARGUMENT, "step 9 was not reached within 60 s")
+
+
+def test_a_producer_error_ends_the_stream_after_what_was_made(service, reference,
+                                                              monkeypatch) -> None:
+    real = Loader.next_step
+
+    def fails_at_2(self: Loader) -> Any:
+        if self.step == 2:
+            raise DataError("record 7 of f1.jsonl is not JSON")
+        return real(self)
+
+    monkeypatch.setattr(Loader, "next_step", fails_at_2)
+    hid = service.Open(request(), Context()).session_id
+    stream = service.Stream(Acks(hid), Context())  # type: ignore[arg-type]
+    got: list[Any] = []
+    with pytest.raises(Aborted) as e:
+        while True:
+            got.extend(next(stream).items)
+    assert [(m.step, m.index) for m in got] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert (e.value.code, e.value.details) == (Code.FAILED_PRECONDITION,
+                                               "record 7 of f1.jsonl is not JSON")
+
+
+def test_an_error_of_a_reader_replaced_meanwhile_ends_its_stream_as_replaced(service,
+                                                                             monkeypatch) -> None:
+    hid = service.Open(request(), Context()).session_id
+    session = service.sessions[hid]
+
+    def replaced(*args: Any, **kwargs: Any) -> list[Any]:
+        del service.handles[hid]  # (its reader was opened again while it waited)
+        raise DataError("the reader was attached again")
+
+    monkeypatch.setattr(session, "gather", replaced)
+    e = aborted(lambda: next(service.Stream(Acks(hid), Context())))  # type: ignore[arg-type]
+    assert e.code == Code.ABORTED and e.details.startswith(f"reader 0 of session {hid}")
+
+
+def test_rank_workers_that_die_close_only_their_sessions(service, plan) -> None:
+    class Worker:
+        lost = None
+
+        def call(self, *args: Any) -> Any:
+            return None
+
+        def tell(self, *args: Any) -> None:
+            return None
+
+    a, b = Worker(), Worker()
+    local = service.Open(request(rank=1, world_size=2, microbatch_size=2), Context())
+    for worker, sid in ((a, "a" * 16), (b, "b" * 16)):
+        service.sessions[sid] = RemoteSession(
+            worker, sid, plan, service.stream_texts[TRAIN], TRAIN, 0, 2, 2, 1, 0,  # type: ignore[arg-type]
+            None, None, {"first_step": 0, "per_step": 2, "lanes": (0, 2)})
+    service._worker_lost(a)  # type: ignore[arg-type]
+    assert set(service.sessions) == {"b" * 16, local.session_id}
+
+
+def test_drain_ends_a_checkpoint_waiting_for_the_pods_other_rank(make_service) -> None:
+    service = make_service(Store(), ranks_per_pod=2)
+    hid = service.Open(request(), Context()).session_id
+    out: dict[str, Aborted] = {}
+
+    def checkpoint() -> None:
+        try:
+            _checkpoint(service, hid, 1)
+        except Aborted as e:
+            out["aborted"] = e
+
+    t = threading.Thread(target=checkpoint, daemon=True)
+    t.start()
+    _settle(lambda: 1 in service.checkpoints._pending, "the checkpoint waiting")
+    service.drain()
+    t.join(10)
+    assert out["aborted"].code == Code.UNAVAILABLE
+    assert out["aborted"].details == ("checkpoint of step 1 failed: step 1: the sidecar is "
+                                      "shutting down; ask again")
+    assert service.pool._closed
+
+
+def test_the_metrics_export_the_call_limit_and_the_calls_in_flight(service) -> None:
+    registry = service.metrics.registry
+    assert registry.get_sample_value("datalane_max_streams") == 256
+    assert registry.get_sample_value("datalane_calls_in_flight", {"kind": "open"}) == 0
+    service.admission.active["open"] = 3  # (as three Opens in flight count themselves)
+    assert registry.get_sample_value("datalane_calls_in_flight", {"kind": "open"}) == 3
+
+
+def test_a_ring_is_mapped_by_the_sockets_users_only(service) -> None:
+    reply = service.Open(request(transport=pb.TRANSPORT_SHM), Context())
+    assert os.stat(reply.shm_path).st_mode & 0o777 == 0o600
+
+
+def test_a_resume_state_without_every_lane_of_the_rank_leaves_its_session(service,
+                                                                          recipe) -> None:
+    loader = Loader(recipe, 0, 2)  # lanes 0 and 1 of 4
+    try:
+        half = json.dumps(loader.state_dict(), separators=(",", ":"))
+    finally:
+        loader.close()
+    first = service.Open(request(), Context())
+    e = aborted(lambda: service.Open(request(state_json=half), Context()))
+    assert e.code == Code.FAILED_PRECONDITION and "lane" in e.details, e.details
+    assert list(service.sessions) == [first.session_id]
+
+
+def test_a_ring_that_cannot_be_made_closes_the_new_session(service, tmp_path,
+                                                           monkeypatch) -> None:
+    closed: list[str] = []
+    real_close = Session.close
+
+    def close(self: Session) -> None:
+        closed.append(self.id)
+        real_close(self)
+
+    monkeypatch.setattr(Session, "close", close)
+    service.shm_dir = str(tmp_path / "gone")
+    with pytest.raises(FileNotFoundError):
+        service.Open(request(transport=pb.TRANSPORT_SHM), Context())
+    assert len(closed) == 1 and not service.sessions
