@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 import pytest
+from datalane_sidecar.delivery import RingClosed
 from datalane_sidecar.metrics import Metrics
 from datalane_sidecar.remote import RemoteSession
 from datalane_sidecar.service import DataLaneService, _abort, _ring_slots
@@ -46,6 +47,7 @@ from datalane.wire import (
 )
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire.layout import announce_schema
+from datalane.wire.shm import ShmWriter
 
 MB = 4  # microbatch size: 8 sequences a step at world size 1 are 2 microbatches
 Code = grpc.StatusCode
@@ -1038,3 +1040,145 @@ def test_a_ring_that_cannot_be_made_closes_the_new_session(service, tmp_path,
     with pytest.raises(FileNotFoundError):
         service.Open(request(transport=pb.TRANSPORT_SHM), Context())
     assert len(closed) == 1 and not service.sessions
+
+
+class _Worker:
+    """A rank worker as a RemoteSession calls it: every call answers 1; the worker is lost
+    once it answered a call named ``dies_at``."""
+
+    def __init__(self, dies_at: str = "") -> None:
+        self.lost: str | None = None
+        self.dies_at = dies_at
+
+    def call(self, *args: Any) -> Any:
+        if args[2:3] == (self.dies_at,):
+            self.lost = "the rank worker process 0 (pid 4242) was killed by signal 9"
+        return 1
+
+    def tell(self, *args: Any) -> None:
+        return None
+
+
+class _Ranks:
+    """Rank worker processes that open each session in a new :class:`_Worker`."""
+
+    def __init__(self, dies_at: str = "") -> None:
+        self.workers: list[_Worker] = []
+        self.dies_at = dies_at
+
+    def open(self, hid: str, plan: Plan, texts: Any, stream: str, rank: int, world_size: int,
+             microbatch_size: int, start: Checkpoint | None, skip: int, readers: int,
+             steps: int | None) -> RemoteSession:
+        self.workers.append(_Worker(self.dies_at))
+        return RemoteSession(self.workers[-1], hid, plan, texts, stream, rank,  # type: ignore[arg-type]
+                             world_size, microbatch_size, readers, skip, steps, start,
+                             {"first_step": 0, "per_step": 2, "lanes": (0, 4)})
+
+
+def test_a_session_whose_worker_died_as_it_opened_is_closed_and_unavailable(service) -> None:
+    service.ranks = _Ranks(dies_at="claim")
+    e = aborted(lambda: service.Open(request(), Context()))
+    assert (e.code, e.details) == (Code.UNAVAILABLE, service.ranks.workers[0].lost)
+    assert not service.sessions and not service.handles
+
+
+def test_a_session_whose_worker_died_is_replaced_not_attached_to(service) -> None:
+    ranks = service.ranks = _Ranks()
+    first = service.Open(request(), Context())
+    ranks.workers[0].lost = "the rank worker process 0 (pid 4242) was killed by signal 9"
+    again = service.Open(request(), Context())
+    assert list(service.sessions) == [again.session_id] != [first.session_id]
+    assert service.sessions[again.session_id].worker is ranks.workers[1]
+
+
+def test_an_attach_to_a_session_closed_meanwhile_opens_a_new_one(service, monkeypatch) -> None:
+    first = service.Open(request(readers=2), Context())
+    old = service.sessions[first.session_id]
+    real_attach, real_close = Session.attach, ShmWriter.close
+    closed: list[ShmWriter] = []
+
+    def closing(self: Session, *args: Any, **kwargs: Any) -> int | None:
+        generation = real_attach(self, *args, **kwargs)
+        service._close(self.id)  # (the rank was opened again elsewhere as it attached)
+        return generation
+
+    def close(self: ShmWriter) -> None:
+        closed.append(self)
+        real_close(self)
+
+    monkeypatch.setattr(Session, "attach", closing)
+    monkeypatch.setattr(ShmWriter, "close", close)
+    again = service.Open(request(readers=2, reader=1, transport=pb.TRANSPORT_SHM), Context())
+    assert list(service.sessions) == [again.session_id] != [first.session_id]
+    assert old.attached() == [0]  # the attachment made as it closed was undone
+    assert len(closed) == 1 and closed[0] is not service.rings[again.session_id]
+
+
+def test_opens_and_attaches_are_logged_with_their_session_and_reader(service, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="datalane.sidecar")
+    first = service.Open(request(readers=2), Context())
+    service.Open(request(readers=2, reader=1), Context())
+    assert [(r.getMessage(), r.session, r.reader) for r in caplog.records  # type: ignore[attr-defined]
+            if r.name == "datalane.sidecar"] == [("session opened", first.session_id, 0),
+                                                 ("reader attached", first.session_id, 1)]
+
+
+def test_a_store_that_cannot_list_its_commits_is_logged_and_the_session_starts(
+        make_service, reference, caplog) -> None:
+    store = Store(reference["states"])
+    store.committed = StorageError("cannot list")
+    service = make_service(store)
+    hid = service.Open(request(state_json=reference["states"][2]), Context()).session_id
+    assert service.sessions[hid].backfilled.wait(10)
+    (warned,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned.startswith("cannot list committed checkpoints to start the ledger: ")
+    assert warned.endswith("cannot list")
+
+
+def test_a_release_on_an_inline_stream_is_ignored(service) -> None:
+    hid = service.Open(request(), Context()).session_id
+    acks = Acks(hid)
+    _items(service.Stream(acks, Context()), 2)  # type: ignore[arg-type]
+    acks.put(session_id=hid, release=[0])  # (no ring to release it to)
+    acks.put(session_id=hid, has_position=True, step=0, consumed=1)
+    _settle(lambda: service.sessions[hid].acked == (0, 1), "the ack after the release")
+    acks.end()
+
+
+def test_the_stream_of_a_session_whose_worker_died_is_unavailable(service) -> None:
+    ranks = service.ranks = _Ranks()
+    hid = service.Open(request(), Context()).session_id
+    ranks.workers[0].lost = "the rank worker process 0 (pid 4242) was killed by signal 9"
+    e = aborted(lambda: next(service.Stream(Acks(hid), Context())))  # type: ignore[arg-type]
+    assert (e.code, e.details) == (Code.UNAVAILABLE, ranks.workers[0].lost)
+
+
+@pytest.mark.parametrize(("draining", "code"), [(False, Code.ABORTED),
+                                                (True, Code.UNAVAILABLE)])
+def test_a_ring_closed_under_a_stream_ends_it(service, monkeypatch, draining: bool,
+                                              code: grpc.StatusCode) -> None:
+    hid = service.Open(request(transport=pb.TRANSPORT_SHM), Context()).session_id
+
+    def closed(*args: Any, **kwargs: Any) -> list[Any]:
+        service.serving = not draining  # (a drain that began while it waited)
+        raise RingClosed(f"session {hid} was closed while it waited for a free slot")
+
+    monkeypatch.setattr(service.sessions[hid], "gather", closed)
+    e = aborted(lambda: next(service.Stream(Acks(hid), Context())))  # type: ignore[arg-type]
+    assert (e.code, e.details) == (code, f"session {hid} was closed while it waited for a "
+                                         f"free slot")
+
+
+def test_a_worker_lost_while_gathering_ends_the_stream_unavailable(service,
+                                                                  monkeypatch) -> None:
+    ranks = service.ranks = _Ranks()
+    hid = service.Open(request(), Context()).session_id
+    lost = "the rank worker process 0 (pid 4242) was killed by signal 9"
+
+    def dies(*args: Any, **kwargs: Any) -> list[Any]:
+        ranks.workers[0].lost = lost
+        raise DataError("the pipe to the rank worker broke")
+
+    monkeypatch.setattr(service.sessions[hid], "gather", dies)
+    e = aborted(lambda: next(service.Stream(Acks(hid), Context())))  # type: ignore[arg-type]
+    assert (e.code, e.details) == (Code.UNAVAILABLE, lost)
