@@ -30,7 +30,6 @@ from datalane_sidecar.service import DataLaneService, _abort, _ring_slots
 from datalane_sidecar.session import Session
 
 from datalane import load_recipe
-from datalane.corpus import tokenizer_path
 from datalane.engine.loader import Loader
 from datalane.engine.plan import Plan
 from datalane.spec.errors import ConfigError, DataError, MismatchError, StorageError
@@ -48,6 +47,7 @@ from datalane.wire import (
 from datalane.wire import datalane_pb2 as pb
 from datalane.wire.layout import announce_schema
 from datalane.wire.shm import ShmWriter
+from tests.sidecar.inproc import tiny_recipe
 
 MB = 4  # microbatch size: 8 sequences a step at world size 1 are 2 microbatches
 Code = grpc.StatusCode
@@ -56,20 +56,15 @@ Code = grpc.StatusCode
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory: pytest.TempPathFactory) -> Recipe:
     root = tmp_path_factory.mktemp("docs")
+    (root / "train").mkdir()
+    train = tiny_recipe(root / "train")
     for i in range(4):
-        (root / f"f{i}.jsonl").write_text("".join(
-            json.dumps({"text": f"doc {j} of file {i} " + "abc def ghi " * (j % 7 + 1)}) + "\n"
-            for j in range(40)))
         (root / f"held{i}.jsonl").write_text("".join(
             json.dumps({"text": f"held out {j} of {i} " + "xyz " * (j % 5 + 6)}) + "\n"
             for j in range(20)))
-    return load_recipe({
-        "lanes": 4, "global_batch_size": 8, "seq_len": 32, "seed": 3,
-        "tokenizer": {"uri": tokenizer_path()},
-        "sources": [{"name": "tiny", "uris": [str(root / "f*.jsonl")], "epochs": None}],
-        "shuffle": {"block_size": 16},
-        "eval": [{"name": "held", "steps": 2,
-                  "sources": [{"name": "h", "uris": [str(root / "held*.jsonl")]}]}]})
+    return load_recipe({**train.to_dict(), "eval": [
+        {"name": "held", "steps": 2,
+         "sources": [{"name": "h", "uris": [str(root / "held*.jsonl")]}]}]})
 
 
 @pytest.fixture(scope="module")
@@ -594,12 +589,20 @@ def test_a_checkpoint_without_a_store_returns_the_state(service, reference) -> N
     assert service.last_checkpoint == {hid: 2} and not service.uncommitted
 
 
-def test_a_checkpoint_lists_the_digests_since_the_last_committed_one(make_service,
-                                                                     reference) -> None:
+def _with_store(make_service: Callable[..., DataLaneService],
+                read: int) -> tuple[Store, DataLaneService, str]:
+    """A service with a recording store, its rank 0 opened from the start and ``read``
+    microbatches streamed (the producer goes on two steps ahead)."""
     store = Store()
     service = make_service(store)
     hid = service.Open(request(), Context()).session_id
-    _read(service, hid, 10)  # steps 0 to 4
+    _read(service, hid, read)
+    return store, service, hid
+
+
+def test_a_checkpoint_lists_the_digests_since_the_last_committed_one(make_service,
+                                                                     reference) -> None:
+    store, service, hid = _with_store(make_service, 10)  # steps 0 to 4
     reply = _checkpoint(service, hid, 2)
     assert (reply.object, reply.committed) == ("mem://ckpt/step-2/pod-pod.json", True)
     store.commits = False  # step 4 is not committed: step 5 lists the digests since 2
@@ -890,10 +893,7 @@ def test_closing_a_session_forgets_its_ledger_start(make_service) -> None:
 
 def test_a_committed_checkpoint_ignores_what_other_pods_committed(make_service,
                                                                   caplog) -> None:
-    store = Store()
-    service = make_service(store)
-    hid = service.Open(request(), Context()).session_id
-    _read(service, hid, 12)  # steps 0 to 5
+    store, service, hid = _with_store(make_service, 12)  # steps 0 to 5
     _checkpoint(service, hid, 2)
     store.committed = [3]  # this pod's last object committed: its ledger starts at 2
     _checkpoint(service, hid, 4)
