@@ -101,6 +101,11 @@ def test_v1_states_of_the_first_clients_load_with_an_unknown_layout() -> None:
     first.check_layout(8, 4)  # an unknown layout is not refused inside a step
 
 
+def test_a_v1_state_of_only_its_format_and_step_is_at_that_step_with_nothing_known() -> None:
+    assert _fields(Position.from_state({"format": "datalane.client/v1", "step": 5})) == (
+        5, 0, None, "", 0, 0)
+
+
 # -- refusals ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("state", [V2_MID, V1_MID])
@@ -168,6 +173,17 @@ def test_a_bad_value_is_refused_naming_the_field_and_the_value(
         base: dict[str, Any], key: str, value: Any, message: str) -> None:
     with pytest.raises(MismatchError, match=message):
         Position.from_state({**base, key: value})
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    ("x" * 78, "'" + "x" * 78 + "'"),  # a repr of 80 characters is shown whole
+    ("x" * 79, "'" + "x" * 76 + "..."),  # one of 81 is cut to 77 and "..."
+])
+def test_a_long_bad_value_is_shown_cut_to_80_characters(value: str, shown: str) -> None:
+    with pytest.raises(MismatchError) as e:
+        Position.from_state({**V2_MID, "state": value})
+    assert str(e.value) == ("client state.state: the lane states must be an object or null, "
+                            f"got str {shown}")
 
 
 # -- consumed against the layout ----------------------------------------------------------------
