@@ -378,6 +378,18 @@ def test_bgzf_members_are_indexed_from_their_lengths_past_other_subfields(
     assert index_of(sf) == ([(0, 0), (a, 200), (b, 480)], b + len(end) + 7, 480)
 
 
+def test_a_bc_subfield_cut_short_by_the_extra_length_is_not_a_bgzf_length(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # XLEN 4: 'BC' and its length 2, but none of its 2 bytes: an ordinary gzip member
+    data = b"short bc\n"
+    member = (b"\x1f\x8b\x08\x04" + b"\0\0\0\0" + b"\0\xff" + struct.pack("<H", 4) + b"BC\x02\0"
+              + deflated(data) + struct.pack("<II", zlib.crc32(data), len(data)))
+    assert gzip.decompress(member) == data
+    sf = write(tmp_path, "bc.jsonl.gz", member)
+    no_decompressing(monkeypatch)
+    assert index_of(sf) == ([(0, 0)], len(member), -1)
+
+
 def test_a_plain_gzip_member_among_bgzf_members_is_inflated_to_find_its_end(
         tmp_path: Path) -> None:
     one, plain, two = bgzf_member(b"one\n"), gzip.compress(b"plain\n" * 9), bgzf_member(b"2\n")
