@@ -67,8 +67,8 @@ import numpy as np
 from datalane.engine.files import SourceFile, open_file
 from datalane.spec.errors import DataError, StorageError
 
-__all__ = ["CACHE_MIN_BYTES", "FrameIndex", "clear_index_memo", "frame_index", "known_index",
-           "open_stream"]
+__all__ = ["CACHE_MIN_BYTES", "FrameIndex", "clear_index_memo", "frame_index", "frames_begun",
+           "known_index", "open_stream"]
 
 ZSTD_MAGIC = 0xFD2FB528
 SKIPPABLE_MASK, SKIPPABLE_MAGIC = 0xFFFFFFF0, 0x184D2A50
@@ -334,6 +334,16 @@ def open_stream(source: str | SourceFile, compression: str, offset: int = 0) -> 
     return io.BufferedReader(_Stream(raw, uri, compression, offset), buffer_size=_READ)
 
 
+def frames_begun(stream: IO[bytes]) -> list[tuple[int, int]]:
+    """``(compressed, decompressed)`` offsets of the frames (members) that ``stream``, opened
+    by :func:`open_stream`, has begun so far, decompressed offsets counted from where it was
+    opened: what a reader checks the file's frame index against."""
+    raw = getattr(stream, "raw", None)
+    if not isinstance(raw, _Stream):
+        raise TypeError(f"not a stream of open_stream: {stream!r}")
+    return raw.starts
+
+
 def open_content(sf: SourceFile) -> IO[bytes]:
     """The content of ``sf`` from its start: decompressed (:func:`open_stream`) when the plan
     found it compressed, else its bytes (:func:`~datalane.engine.files.open_file`)."""
@@ -539,6 +549,8 @@ def _zstd_index(f: IO[bytes], sf: SourceFile) -> FrameIndex:
             continue
         if magic != ZSTD_MAGIC:
             raise _corrupt(uri, f"no zstd frame at byte {pos} (it starts {head[:4].hex()})")
+        if len(head) < 5:  # (the header's first byte, the descriptor, is past the end)
+            raise _corrupt(uri, f"the zstd frame at byte {pos} is cut off in its header")
         fhd = head[4]
         if fhd & 0x08:
             raise _corrupt(uri, f"the zstd frame at byte {pos} has a reserved header bit set")
@@ -654,6 +666,11 @@ def _bgzf_index(p: _Peeker, sf: SourceFile) -> FrameIndex:
                 isize = s.drain()
                 end = s.offset
         else:
+            least = 12 + int.from_bytes(head[10:12], "little") + 8  # header and trailer
+            if length < least:
+                raise _corrupt(uri, f"the BGZF member at byte {pos} gives its length as "
+                                    f"{length} bytes, less than its header and trailer "
+                                    f"({least} bytes)")
             end = pos + length
             if end > size:
                 raise _corrupt(uri, f"the gzip member that starts at byte {pos} is cut off at "

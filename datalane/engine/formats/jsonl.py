@@ -42,7 +42,13 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from datalane.engine.compressed import FrameIndex, frame_index, known_index, open_stream
+from datalane.engine.compressed import (
+    FrameIndex,
+    frame_index,
+    frames_begun,
+    known_index,
+    open_stream,
+)
 from datalane.engine.files import SourceFile, open_file
 from datalane.engine.formats.base import Chunk, Decoded, FormatBase, Ref, TooLarge
 from datalane.spec.errors import DataError, StorageError
@@ -145,6 +151,10 @@ class JsonlReader:
                     pos += used
                 if not used and pos < stop:
                     raise _ended_early(sf.uri, pos, chunk)
+                # read past its end: a frame must start there (a seek table's or a header's
+                # size too small would otherwise lose the records up to the real frame end)
+                if used and stop >= 0 and all(d != stop - doffset for _, d in frames_begun(f)):
+                    raise _no_frame_at_end(sf.uri, chunk)
         except DataError:
             raise
         except Exception as e:
@@ -360,6 +370,14 @@ def _ended_early(uri: str, pos: int, chunk: Chunk) -> DataError:
         f"{uri}: the compressed stream ends at decompressed byte {pos}, before the end of its "
         f"chunk (bytes {chunk.start}-{chunk.stop}) that the file's frame index promised when "
         f"the plan was made: the file was truncated or rewritten since")
+
+
+def _no_frame_at_end(uri: str, chunk: Chunk) -> DataError:
+    return DataError(
+        f"{uri}: the file's frame index does not match its compressed stream: no frame starts "
+        f"at decompressed byte {chunk.stop}, where the chunk (bytes {chunk.start}-{chunk.stop}) "
+        f"ends - a seek table or frame header with a wrong size, or a file rewritten since the "
+        f"plan was made")
 
 
 def _skip(f: Any, pos: int) -> None:
