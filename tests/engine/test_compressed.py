@@ -18,7 +18,7 @@ import shutil
 import struct
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +41,7 @@ from datalane.runner import run_world
 from datalane.spec.state import Counters, SourceCursor
 from datalane.verify import verify
 from tests.guarantees.test_resume import assert_resume_anywhere
-
-
-@pytest.fixture(autouse=True)
-def _fresh_indexes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No index from another test (memory) or another run (disk) is used."""
-    monkeypatch.setenv("DATALANE_CACHE_DIR", str(tmp_path / "cache"))
-    compressed.clear_index_memo()
-    yield
-    compressed.clear_index_memo()
-
+from tests.support.indexes import fresh_indexes  # noqa: F401  (autouse)
 
 # -- writers: content, frames, and where each frame starts ----------------------------------------
 

@@ -13,7 +13,6 @@ import gzip
 import io
 import struct
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +24,7 @@ from datalane import DataError
 from datalane.engine.chunks import Chunk, RecordReader, cut_file
 from datalane.engine.files import SourceFile, compression_of, expand, format_of
 from datalane.spec.errors import StorageError
-
-
-@pytest.fixture(autouse=True)
-def _fresh_indexes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("DATALANE_CACHE_DIR", str(tmp_path / "cache"))
-    compressed.clear_index_memo()
-    yield
-    compressed.clear_index_memo()
+from tests.support.indexes import fresh_indexes  # noqa: F401  (autouse)
 
 
 def write(tmp_path: Path, name: str, data: bytes) -> SourceFile:
