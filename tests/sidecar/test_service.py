@@ -702,13 +702,15 @@ def test_close_detaches_a_reader_and_the_last_closes_the_session(service, tmp_pa
     first = service.Open(request(readers=2, transport=pb.TRANSPORT_SHM), Context())
     second = service.Open(request(readers=2, reader=1), Context())
     session = service.sessions[first.session_id]
-    service.Close(pb.CloseRequest(session_id=first.session_id), Context())
+    reply = service.Close(pb.CloseRequest(session_id=first.session_id), Context())
+    assert isinstance(reply, pb.CloseReply)  # (gRPC refuses a None reply)
     assert session.attached() == [1] and first.session_id in service.sessions
     assert not Path(first.shm_path).exists() and first.session_id not in service.rings
     assert first.session_id not in service.opened_at
     service.Close(pb.CloseRequest(session_id=second.session_id), Context())
     assert not service.sessions and not service.handles and session._stop.is_set()
-    service.Close(pb.CloseRequest(session_id="nope"), Context())
+    assert isinstance(service.Close(pb.CloseRequest(session_id="nope"), Context()),
+                      pb.CloseReply)  # (an unknown session: nothing to close, still a reply)
 
 
 def test_health_names_the_recipe_and_its_schema(service, plan) -> None:
