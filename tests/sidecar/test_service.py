@@ -736,6 +736,30 @@ def test_stats_describe_every_live_session(service, plan, monkeypatch) -> None:
     assert json.loads(service.Stats(pb.StatsRequest(), Context()).json)["sessions"] == {}
 
 
+class _DescribedRanks:
+    """Rank workers as Stats and drain see them: their description, and a stop."""
+
+    def __init__(self) -> None:
+        self.stopped = 0
+
+    def describe(self) -> list[dict[str, int]]:
+        return [{"worker": 0, "pid": 4242, "rss_bytes": 1 << 20}]
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+def test_stats_and_drain_of_a_sidecar_with_rank_workers(service) -> None:
+    """Stats names each rank worker (and no map processes: they live in the workers); drain
+    stops the workers once."""
+    ranks = service.ranks = _DescribedRanks()
+    out = json.loads(service.Stats(pb.StatsRequest(), Context()).json)
+    assert out["rank_workers"] == [{"worker": 0, "pid": 4242, "rss_bytes": 1 << 20}]
+    assert "map_processes" not in out
+    assert service.drain() == {} and ranks.stopped == 1
+    service.ranks = None
+
+
 def test_drain_gives_each_ranks_acknowledged_position_and_closes(service, reference) -> None:
     hid = service.Open(request(), Context()).session_id
     service.Open(request(stream="held"), Context())
