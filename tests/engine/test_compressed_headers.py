@@ -739,3 +739,18 @@ def test_open_content_decompresses_what_the_plan_found_compressed(tmp_path: Path
     plain = write(tmp_path, "two.jsonl", ONE + TWO)
     with compressed.open_content(plain) as f:
         assert f.read() == ONE + TWO
+
+
+def test_a_member_scan_whose_read_fails_is_a_transient_storage_error(tmp_path: Path) -> None:
+    """The scan for a second gzip member reads the file in windows; a read that fails (the
+    storage, not the bytes) is a transient StorageError naming the file, for a retry."""
+    sf = write(tmp_path, "a.jsonl.gz", gzip.compress(b'{"text": "a"}\n'))
+
+    class Failing(io.BytesIO):
+        def read(self, size: int | None = -1) -> bytes:
+            raise OSError("connection reset")
+
+    with pytest.raises(StorageError) as e:
+        compressed._second_member_possible(Failing(b""), sf)
+    assert e.value.transient
+    assert str(e.value) == f"cannot read {sf.uri}: connection reset"
