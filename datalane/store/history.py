@@ -44,13 +44,12 @@ Pure functions, no I/O. Callers: :mod:`datalane.store.store` (writing, reading),
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from datalane.store.manifest import Manifest
-from datalane.store.podstate import canonical_json
+from datalane.store.podstate import SHA256_HEX, canonical_json
 from datalane.store.signing import document_signature_problem, sign_document
 
 __all__ = [
@@ -68,7 +67,6 @@ __all__ = [
 
 HEAD_FORMAT = "datalane.head/v1"
 GC_FORMAT = "datalane.gc-record/v1"
-_HEX64 = re.compile(r"[0-9a-f]{64}")  # a SHA-256, whole (fullmatch)
 
 
 @dataclass(frozen=True)
@@ -155,7 +153,7 @@ def _int(v: Any) -> int:
 
 
 def _hex(v: Any) -> str:
-    if not isinstance(v, str) or not _HEX64.fullmatch(v):
+    if not isinstance(v, str) or not SHA256_HEX.fullmatch(v):
         raise ValueError(f"expected a SHA-256 (64 lowercase hex digits), got {v!r}")
     return v
 

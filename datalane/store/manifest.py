@@ -45,7 +45,6 @@ Pure functions, no I/O. Callers: :mod:`datalane.store.store`, :mod:`datalane.sto
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +54,7 @@ from datalane.spec.hashing import global_hash
 from datalane.store.amendments import PhaseStart, recorded_phases, same_consumed_prefix
 from datalane.store.layout import is_pod_object_name
 from datalane.store.podstate import (
+    SHA256_HEX,
     PodObject,
     canonical_json,
     corrupt_error,
@@ -67,7 +67,6 @@ from datalane.store.podstate import (
 __all__ = ["MANIFEST_FORMAT", "LaneEntry", "Manifest", "PodRead", "build_manifest"]
 
 MANIFEST_FORMAT = "datalane.manifest/v1"
-_HEX64 = re.compile(r"[0-9a-f]{64}")  # whole strings only (fullmatch: "$" passes a "\n")
 _KEYS = {"format", "step", "fingerprint", "fingerprint_doc", "lanes_total", "lanes", "objects",
          "ledger", "previous"}
 _OPTIONAL = {"phases",  # only when the recipe has phases: older manifests keep their bytes
@@ -199,7 +198,7 @@ def _str(v: Any) -> str:
 
 
 def _hex(v: Any) -> str:
-    if not isinstance(v, str) or not _HEX64.fullmatch(v):
+    if not isinstance(v, str) or not SHA256_HEX.fullmatch(v):
         raise ValueError(f"expected a 64-character lowercase hex SHA-256, got {v!r}")
     return v
 

@@ -29,11 +29,13 @@ from typing import Any
 from datalane.spec.errors import ConfigError, MismatchError, StorageError
 from datalane.spec.state import LaneState
 
-__all__ = ["POD_STATE_FORMAT", "PodObject", "canonical_json", "lane_sha256", "number_key",
-           "sha256_hex"]
+__all__ = ["POD_STATE_FORMAT", "SHA256_HEX", "PodObject", "canonical_json", "lane_sha256",
+           "number_key", "sha256_hex"]
 
 POD_STATE_FORMAT = "datalane.pod-state/v1"
-_HEX64 = re.compile(r"[0-9a-f]{64}")  # whole strings only (fullmatch: "$" passes a "\n")
+#: a SHA-256 in lowercase hex; match whole strings with ``fullmatch`` (a ``$`` lets a final
+#: newline through)
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _KEYS = {"format", "step", "pod", "fingerprint", "fingerprint_doc", "lanes_total", "lanes",
          "digests"}
 
@@ -83,7 +85,7 @@ def _digest_hex(value: bytes | str, where: str) -> str:
         if len(value) != 32:
             raise ConfigError(f"{where} must be a 32-byte SHA-256 digest, got {len(value)} bytes")
         return value.hex()
-    if isinstance(value, str) and _HEX64.fullmatch(value.lower()):
+    if isinstance(value, str) and SHA256_HEX.fullmatch(value.lower()):
         return value.lower()
     raise ConfigError(f"{where} must be a 32-byte digest or 64 hex characters, got {value!r}")
 
@@ -194,7 +196,7 @@ class PodObject:
             states[lane] = state
         for s, row in digests.items():
             for lane, d in row.items():
-                if not _HEX64.fullmatch(d) or not 0 <= lane < lanes_total or not 0 <= s < step:
+                if not SHA256_HEX.fullmatch(d) or not 0 <= lane < lanes_total or not 0 <= s < step:
                     raise corrupt(f"bad digest entry step {s} lane {lane}: {d!r}")
         return cls(step, doc["pod"], doc["fingerprint"], fp_doc, lanes_total, states,
                    lane_json, digests)
